@@ -1,1 +1,178 @@
-//! proxy
+//! The proxy: listener, per-client sessions, handshake handling, graceful shutdown.
+//!
+//! [`Proxy::start`] binds and returns a [`ProxyHandle`]; everything a session needs travels in
+//! one `Arc<Context>` (no global state, so tests run several proxies in one process).
+
+mod error;
+mod hello;
+mod inspect;
+mod listener;
+mod session;
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+};
+
+use tokio::{net::TcpListener, sync::Semaphore, task::JoinHandle};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{info, warn};
+
+pub use error::{ProxyError, SessionError};
+pub use hello::ClientMetadata;
+
+use crate::{config::Config, wire::RequestIds};
+
+/// A monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds one.
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    /// Subtracts one (gauges only).
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+    /// Current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Process-wide counters (exported as metrics by a later layer).
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    /// Client connections accepted.
+    pub accepted: Counter,
+    /// Client connections open now.
+    pub active: Counter,
+    /// Client connections closed at accept because `max_client_connections` was reached.
+    pub rejected: Counter,
+    /// Requests forwarded upstream.
+    pub requests: Counter,
+    /// Sessions closed because the client sent an invalid message.
+    pub client_protocol_errors: Counter,
+    /// Sessions closed because of the upstream (unreachable, closed, invalid, timed out).
+    pub upstream_errors: Counter,
+}
+
+/// Shared state of one running proxy.
+pub(crate) struct Context {
+    pub config: Arc<Config>,
+    pub stats: Arc<ProxyStats>,
+    pub request_ids: RequestIds,
+    /// Cancelled at shutdown: stop accepting, finish in-flight requests.
+    pub drain: CancellationToken,
+    /// Cancelled when the drain deadline passes: close everything now.
+    pub kill: CancellationToken,
+    pub limiter: Arc<Semaphore>,
+    pub tracker: TaskTracker,
+}
+
+/// The entry point.
+pub struct Proxy;
+
+impl Proxy {
+    /// Binds the listen address and starts accepting clients in the background.
+    pub async fn start(config: Arc<Config>) -> Result<ProxyHandle, ProxyError> {
+        let addr = config.proxy.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ProxyError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| ProxyError::Bind { addr, source })?;
+        let ctx = Arc::new(Context {
+            stats: Arc::new(ProxyStats::default()),
+            request_ids: RequestIds::default(),
+            drain: CancellationToken::new(),
+            kill: CancellationToken::new(),
+            limiter: Arc::new(Semaphore::new(config.proxy.max_client_connections)),
+            tracker: TaskTracker::new(),
+            config,
+        });
+        info!(
+            listen = %local_addr,
+            upstream = %ctx.config.upstream.uri,
+            mode = ?ctx.config.proxy.mode,
+            "mongoguard listening"
+        );
+        let accept = tokio::spawn(listener::accept_loop(listener, ctx.clone()));
+        Ok(ProxyHandle {
+            local_addr,
+            ctx,
+            accept,
+        })
+    }
+}
+
+/// A running proxy.
+pub struct ProxyHandle {
+    local_addr: SocketAddr,
+    ctx: Arc<Context>,
+    accept: JoinHandle<()>,
+}
+
+impl ProxyHandle {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.ctx.stats.clone()
+    }
+
+    /// Graceful shutdown: stop accepting, close idle clients, let in-flight requests finish
+    /// for up to `drain_timeout`, then close whatever is left.
+    pub async fn shutdown(self) {
+        let deadline = self.ctx.config.proxy.drain_timeout;
+        info!(active = self.ctx.stats.active.get(), ?deadline, "draining");
+        self.ctx.drain.cancel();
+        let _ = self.accept.await;
+        self.ctx.tracker.close();
+        if tokio::time::timeout(deadline, self.ctx.tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                left = self.ctx.stats.active.get(),
+                "drain deadline passed; closing remaining connections"
+            );
+            self.ctx.kill.cancel();
+            self.ctx.tracker.wait().await;
+        }
+        info!("mongoguard stopped");
+    }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
+    pub async fn run_until_signal(self) -> std::io::Result<()> {
+        wait_for_signal().await?;
+        self.shutdown().await;
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}

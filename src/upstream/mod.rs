@@ -1,1 +1,57 @@
-//! upstream
+//! The upstream side: where mongod / mongos is, and connecting to it.
+
+mod uri;
+
+pub use uri::{Host, UpstreamUri};
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+/// Why an upstream connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Every address failed; the last error is kept.
+    #[error("cannot connect to upstream {host}: {source}")]
+    Io {
+        /// The host tried.
+        host: String,
+        /// The socket error.
+        source: std::io::Error,
+    },
+    /// The connect did not finish in time.
+    #[error("connecting to upstream {host} timed out after {timeout:?}")]
+    Timeout {
+        /// The host tried.
+        host: String,
+        /// The budget.
+        timeout: Duration,
+    },
+}
+
+/// Opens a TCP connection to `host` with `TCP_NODELAY` (requests are small and latency-bound).
+pub async fn connect(host: &Host, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    let target = (host.name.as_str(), host.port);
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(source)) => {
+            return Err(ConnectError::Io {
+                host: host.to_string(),
+                source,
+            })
+        }
+        Err(_) => {
+            return Err(ConnectError::Timeout {
+                host: host.to_string(),
+                timeout,
+            })
+        }
+    };
+    stream
+        .set_nodelay(true)
+        .map_err(|source| ConnectError::Io {
+            host: host.to_string(),
+            source,
+        })?;
+    Ok(stream)
+}

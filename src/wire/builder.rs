@@ -260,7 +260,14 @@ pub fn reply_for(
             } else {
                 0
             };
-            Some(encode_reply(our_request_id, client_request_id, flags, 0, 0, &[doc]))
+            Some(encode_reply(
+                our_request_id,
+                client_request_id,
+                flags,
+                0,
+                0,
+                &[doc],
+            ))
         }
         _ => None,
     }

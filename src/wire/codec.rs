@@ -45,7 +45,8 @@ impl MessageCodec {
 
     /// Validates a declared length; returns it as usize.
     pub fn check_length(&self, declared: i32) -> Result<usize, WireError> {
-        let len = usize::try_from(declared).map_err(|_| WireError::LengthTooSmall(declared.into()))?;
+        let len =
+            usize::try_from(declared).map_err(|_| WireError::LengthTooSmall(declared.into()))?;
         if len < HEADER_LEN {
             return Err(WireError::LengthTooSmall(declared.into()));
         }
@@ -169,7 +170,10 @@ mod tests {
         let mut buf = BytesMut::from(&1001i32.to_le_bytes()[..]);
         assert!(matches!(
             codec.decode(&mut buf),
-            Err(CodecError::Wire(WireError::LengthTooLarge { length: 1001, .. }))
+            Err(CodecError::Wire(WireError::LengthTooLarge {
+                length: 1001,
+                ..
+            }))
         ));
         let mut buf = BytesMut::from(&(-1i32).to_le_bytes()[..]);
         assert!(codec.decode(&mut buf).is_err());

@@ -82,7 +82,10 @@ pub struct OpCompressed<'a> {
 
 impl<'a> OpCompressed<'a> {
     /// Parses a whole message. `max_message_size` bounds the wrapped message (header included).
-    pub fn parse(message: &'a [u8], max_message_size: usize) -> Result<OpCompressed<'a>, WireError> {
+    pub fn parse(
+        message: &'a [u8],
+        max_message_size: usize,
+    ) -> Result<OpCompressed<'a>, WireError> {
         let header = Header::parse(message).ok_or(WireError::ShortField("OP_COMPRESSED"))?;
         let payload = message
             .get(HEADER_LEN..)
@@ -116,13 +119,12 @@ impl<'a> OpCompressed<'a> {
     /// Decompresses into a standalone frame of the original opcode, with the outer header's
     /// requestID and responseTo.
     pub fn decompress(&self) -> Result<Frame, WireError> {
-        let total = self
-            .uncompressed_size
-            .checked_add(HEADER_LEN)
-            .ok_or(WireError::UncompressedSizeTooLarge {
+        let total = self.uncompressed_size.checked_add(HEADER_LEN).ok_or(
+            WireError::UncompressedSizeTooLarge {
                 size: self.uncompressed_size as i64,
                 max: usize::MAX,
-            })?;
+            },
+        )?;
         let length = i32::try_from(total).map_err(|_| WireError::UncompressedSizeTooLarge {
             size: self.uncompressed_size as i64,
             max: i32::MAX as usize,
@@ -141,7 +143,11 @@ impl<'a> OpCompressed<'a> {
             return Err(WireError::Decompression(format!(
                 "declared {} bytes, produced {}{}",
                 self.uncompressed_size,
-                if produced > self.uncompressed_size { "more than " } else { "" },
+                if produced > self.uncompressed_size {
+                    "more than "
+                } else {
+                    ""
+                },
                 produced.min(self.uncompressed_size)
             )));
         }
@@ -290,7 +296,12 @@ mod tests {
 
     #[test]
     fn lying_uncompressed_size_rejected_for_each_compressor() {
-        for c in [Compressor::Snappy, Compressor::Zlib, Compressor::Zstd, Compressor::Noop] {
+        for c in [
+            Compressor::Snappy,
+            Compressor::Zlib,
+            Compressor::Zstd,
+            Compressor::Noop,
+        ] {
             let packed = compress(&sample(), c).unwrap().to_vec();
             for delta in [-1i32, 1] {
                 let mut lying = packed.clone();
@@ -319,7 +330,10 @@ mod tests {
             let mut packed = compress(&msg, c).unwrap().to_vec();
             packed[20..24].copy_from_slice(&1024i32.to_le_bytes());
             let view = OpCompressed::parse(&packed, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
-            assert!(matches!(view.decompress(), Err(WireError::Decompression(_))));
+            assert!(matches!(
+                view.decompress(),
+                Err(WireError::Decompression(_))
+            ));
         }
     }
 

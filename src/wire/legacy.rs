@@ -54,7 +54,13 @@ impl<'a> OpInsert<'a> {
     /// The inserted documents.
     pub fn documents(&self) -> impl Iterator<Item = &'a RawDocument> + 'a {
         let mut r = Reader::new(self.docs, "OP_INSERT");
-        std::iter::from_fn(move || if r.is_empty() { None } else { r.document().ok() })
+        std::iter::from_fn(move || {
+            if r.is_empty() {
+                None
+            } else {
+                r.document().ok()
+            }
+        })
     }
 }
 

@@ -32,7 +32,8 @@ impl<'a> Message<'a> {
     /// Parses a whole message (header included). Unknown opcodes are an error.
     pub fn parse(message: &'a [u8], max_message_size: usize) -> Result<Message<'a>, WireError> {
         let header = Header::parse(message).ok_or(WireError::ShortField("header"))?;
-        let op = OpCode::from_i32(header.op_code).ok_or(WireError::UnknownOpCode(header.op_code))?;
+        let op =
+            OpCode::from_i32(header.op_code).ok_or(WireError::UnknownOpCode(header.op_code))?;
         Ok(match op {
             OpCode::Msg => Message::Msg(OpMsg::parse(message)?),
             OpCode::Query => Message::Query(OpQuery::parse(message)?),

@@ -8,7 +8,7 @@
 
 mod bson_util;
 pub mod builder;
-mod codec;
+pub mod codec;
 pub mod compression;
 mod error;
 mod legacy;
@@ -16,6 +16,8 @@ mod message;
 mod op_msg;
 mod op_query;
 mod op_reply;
+#[cfg(test)]
+mod prop_tests;
 mod reader;
 
 pub use bson_util::{check_duplicate_keys, first_key};

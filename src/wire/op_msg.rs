@@ -48,7 +48,13 @@ impl<'a> DocumentSequence<'a> {
     /// The documents, validated at parse time.
     pub fn documents(&self) -> impl Iterator<Item = &'a RawDocument> + 'a {
         let mut r = Reader::new(self.docs, "document sequence");
-        std::iter::from_fn(move || if r.is_empty() { None } else { r.document().ok() })
+        std::iter::from_fn(move || {
+            if r.is_empty() {
+                None
+            } else {
+                r.document().ok()
+            }
+        })
     }
 }
 

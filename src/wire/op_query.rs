@@ -122,8 +122,7 @@ mod tests {
 
     #[test]
     fn trailing_bytes_rejected() {
-        let mut bytes = encode_query(3, 0, "db.c", 0, 0, &rawdoc! {}, Some(&rawdoc! {}))
-            .to_vec();
+        let mut bytes = encode_query(3, 0, "db.c", 0, 0, &rawdoc! {}, Some(&rawdoc! {})).to_vec();
         bytes.push(9);
         let len = bytes.len() as i32;
         bytes[0..4].copy_from_slice(&len.to_le_bytes());

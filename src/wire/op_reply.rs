@@ -58,7 +58,13 @@ impl<'a> OpReply<'a> {
     /// The documents.
     pub fn documents(&self) -> impl Iterator<Item = &'a RawDocument> + 'a {
         let mut r = Reader::new(self.docs, "OP_REPLY");
-        std::iter::from_fn(move || if r.is_empty() { None } else { r.document().ok() })
+        std::iter::from_fn(move || {
+            if r.is_empty() {
+                None
+            } else {
+                r.document().ok()
+            }
+        })
     }
 }
 

@@ -1,0 +1,67 @@
+//! Why a client session ended. Each variant says which side failed: the client, the upstream,
+//! or mongoguard's own shutdown.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::{upstream::ConnectError, wire::WireError};
+
+/// Why a proxy could not start.
+#[derive(Debug, Error)]
+pub enum ProxyError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The socket error.
+        source: std::io::Error,
+    },
+}
+
+/// An abnormal end of a client session.
+#[derive(Debug, Error)]
+pub enum SessionError {
+    /// The client sent bytes that are not a valid message.
+    #[error("client sent an invalid message: {0}")]
+    ClientProtocol(WireError),
+    /// The client's socket failed.
+    #[error("client connection failed: {0}")]
+    ClientIo(std::io::Error),
+    /// The client left while its request was in flight.
+    #[error("client disconnected with a request in flight")]
+    ClientGone,
+    /// The upstream could not be reached.
+    #[error(transparent)]
+    UpstreamConnect(#[from] ConnectError),
+    /// The upstream's socket failed.
+    #[error("upstream connection failed: {0}")]
+    UpstreamIo(std::io::Error),
+    /// The upstream sent bytes that are not a valid reply.
+    #[error("upstream sent an invalid reply: {0}")]
+    UpstreamProtocol(WireError),
+    /// The upstream closed its connection.
+    #[error("upstream closed the connection")]
+    UpstreamClosed,
+    /// The upstream did not answer in time.
+    #[error("upstream did not reply within {0:?}")]
+    ReplyTimeout(Duration),
+    /// mongoguard's drain deadline passed with this request still in flight.
+    #[error("closed at the end of the shutdown drain period")]
+    Killed,
+}
+
+impl SessionError {
+    /// True when the upstream side is at fault (for counters).
+    pub fn is_upstream(&self) -> bool {
+        matches!(
+            self,
+            SessionError::UpstreamConnect(_)
+                | SessionError::UpstreamIo(_)
+                | SessionError::UpstreamProtocol(_)
+                | SessionError::UpstreamClosed
+                | SessionError::ReplyTimeout(_)
+        )
+    }
+}

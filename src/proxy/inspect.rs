@@ -1,0 +1,134 @@
+//! What the proxy needs to know about a client message before forwarding it. Every client
+//! message is fully parsed and validated here (OP_COMPRESSED is decompressed into a view);
+//! the original bytes are what gets forwarded.
+
+use bson::RawDocument;
+
+use super::hello::{self, ClientMetadata};
+use crate::wire::{first_key, Frame, Message, OpCode, WireError};
+
+/// The facts the session loop acts on.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    /// The client's requestID (replies must answer it).
+    pub request_id: i32,
+    /// The opcode inside any compression: decides the reply family.
+    pub op: OpCode,
+    /// False for moreToCome and fire-and-forget legacy writes.
+    pub expects_reply: bool,
+    /// exhaustAllowed: the upstream may stream several replies.
+    pub exhaust_allowed: bool,
+    /// hello / isMaster / ismaster.
+    pub is_hello: bool,
+    /// The handshake's client metadata, present on a first hello that carries it.
+    pub metadata: Option<ClientMetadata>,
+}
+
+/// Parses and validates a client message.
+pub(crate) fn inspect(
+    frame: &Frame,
+    max_message_size: usize,
+    want_metadata: bool,
+) -> Result<Request, WireError> {
+    let request_id = frame.header().request_id;
+    match Message::parse(frame.bytes(), max_message_size)? {
+        Message::Compressed(c) => {
+            let inner = c.decompress()?;
+            let msg = Message::parse(inner.bytes(), max_message_size)?;
+            describe(&msg, request_id, want_metadata)
+        }
+        msg => describe(&msg, request_id, want_metadata),
+    }
+}
+
+fn describe(msg: &Message<'_>, request_id: i32, want_metadata: bool) -> Result<Request, WireError> {
+    let (command, exhaust_allowed): (Option<&RawDocument>, bool) = match msg {
+        Message::Msg(m) => (Some(m.body()), m.flags().exhaust_allowed()),
+        Message::Query(q) if q.is_command() => (Some(q.command()), false),
+        // Clients never send replies; a reply from a client is a protocol error.
+        Message::Reply(_) => return Err(WireError::UnknownOpCode(OpCode::Reply as i32)),
+        _ => (None, false),
+    };
+    if let Some(cmd) = command {
+        if first_key(cmd).is_none() {
+            return Err(WireError::EmptyCommand("command"));
+        }
+    }
+    let is_hello = command
+        .and_then(first_key)
+        .is_some_and(hello::is_hello_command);
+    let metadata = match command {
+        Some(cmd) if is_hello && want_metadata => ClientMetadata::from_hello(cmd),
+        _ => None,
+    };
+    Ok(Request {
+        request_id,
+        op: msg.op_code(),
+        expects_reply: msg.expects_reply(),
+        exhaust_allowed,
+        is_hello,
+        metadata,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{
+        builder::{encode_insert, encode_query, MsgBuilder},
+        compression::{compress, Compressor},
+        MsgFlags, DEFAULT_MAX_MESSAGE_SIZE,
+    };
+    use bson::rawdoc;
+    use bytes::Bytes;
+
+    fn frame(b: Bytes) -> Frame {
+        Frame::from_bytes(b).unwrap()
+    }
+
+    #[test]
+    fn hello_in_every_carrier_is_recognised() {
+        let hello = rawdoc! {"isMaster": 1.0, "client": {"application": {"name": "billing"},
+        "driver": {"name": "PyMongo", "version": "4.8"}}};
+        let q = frame(encode_query(7, 0, "admin.$cmd", 0, -1, &hello, None));
+        let r = inspect(&q, DEFAULT_MAX_MESSAGE_SIZE, true).unwrap();
+        assert!(r.is_hello && r.expects_reply);
+        assert_eq!(r.op, OpCode::Query);
+        let meta = r.metadata.unwrap();
+        assert_eq!(meta.application.as_deref(), Some("billing"));
+        assert_eq!(meta.driver.as_deref(), Some("PyMongo 4.8"));
+
+        let m = MsgBuilder::new(rawdoc! {"hello": true, "$db": "admin"}).encode(8, 0);
+        let z = frame(compress(&m, Compressor::Zstd).unwrap());
+        let r = inspect(&z, DEFAULT_MAX_MESSAGE_SIZE, true).unwrap();
+        assert!(r.is_hello);
+        assert_eq!(r.op, OpCode::Msg);
+        assert_eq!(r.request_id, 8);
+    }
+
+    #[test]
+    fn more_to_come_and_legacy_writes_expect_no_reply() {
+        let m = MsgBuilder::new(rawdoc! {"insert": "c", "$db": "d"})
+            .flags(MsgFlags::MORE_TO_COME)
+            .encode(1, 0);
+        assert!(
+            !inspect(&frame(m), DEFAULT_MAX_MESSAGE_SIZE, false)
+                .unwrap()
+                .expects_reply
+        );
+        let ins = encode_insert(2, 0, "d.c", &[&rawdoc! {"a": 1}]);
+        assert!(
+            !inspect(&frame(ins), DEFAULT_MAX_MESSAGE_SIZE, false)
+                .unwrap()
+                .expects_reply
+        );
+    }
+
+    #[test]
+    fn empty_command_and_client_replies_rejected() {
+        let m = MsgBuilder::new(rawdoc! {}).encode(1, 0);
+        assert!(inspect(&frame(m), DEFAULT_MAX_MESSAGE_SIZE, false).is_err());
+        let r = crate::wire::builder::encode_reply(1, 0, 0, 0, 0, &[&rawdoc! {}]);
+        assert!(inspect(&frame(r), DEFAULT_MAX_MESSAGE_SIZE, false).is_err());
+    }
+}

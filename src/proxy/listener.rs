@@ -1,0 +1,70 @@
+//! The accept loop: a connection cap, backoff on accept errors, and a stop on drain.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::net::TcpListener;
+use tracing::{error, info_span, warn, Instrument};
+
+use super::{session, Context};
+
+const MIN_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = ctx.drain.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (socket, peer) = match accepted {
+            Ok(pair) => {
+                backoff = MIN_BACKOFF;
+                pair
+            }
+            Err(e) => {
+                // EMFILE, ENFILE, ENOBUFS...: transient. Back off instead of spinning or dying.
+                error!(error = %e, ?backoff, "accept failed; backing off");
+                tokio::select! {
+                    _ = ctx.drain.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        ctx.stats.accepted.inc();
+        let Ok(permit) = ctx.limiter.clone().try_acquire_owned() else {
+            ctx.stats.rejected.inc();
+            warn!(%peer, limit = ctx.config.proxy.max_client_connections,
+                "max_client_connections reached; closing new connection");
+            drop(socket);
+            continue;
+        };
+        let span = info_span!(
+            "client",
+            %peer,
+            app = tracing::field::Empty,
+            driver = tracing::field::Empty
+        );
+        let task_ctx = ctx.clone();
+        ctx.tracker.spawn(
+            async move {
+                task_ctx.stats.active.inc();
+                let result = session::run(task_ctx.clone(), socket, peer).await;
+                match &result {
+                    Err(e) if e.is_upstream() => task_ctx.stats.upstream_errors.inc(),
+                    Err(super::SessionError::ClientProtocol(_)) => {
+                        task_ctx.stats.client_protocol_errors.inc()
+                    }
+                    _ => {}
+                }
+                session::log_end(&result);
+                task_ctx.stats.active.dec();
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+}

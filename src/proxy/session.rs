@@ -1,0 +1,314 @@
+//! One client connection in passthrough mode: read a request, inspect it, forward the
+//! original bytes, relay the reply (or the whole exhaust stream), repeat.
+//!
+//! MongoDB clients do not pipeline: a connection carries one request at a time, except for
+//! moreToCome requests (no reply) and exhaust streams (several replies). The loop therefore
+//! has two states, waiting for a request and waiting for replies, and in each it watches both
+//! sockets, the idle/reply timers and the shutdown tokens, so nothing can hang it.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use tokio::{
+    io::AsyncWriteExt,
+    net::{
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+        TcpStream,
+    },
+};
+use tokio_util::codec::FramedRead;
+use tracing::{debug, info, warn};
+
+use super::{
+    error::SessionError,
+    hello,
+    inspect::{inspect, Request},
+    Context,
+};
+use crate::{
+    upstream,
+    wire::{
+        builder::{error_document, reply_for},
+        codec::CodecError,
+        Frame, Message, MessageCodec, MsgFlags, OpCode, WireError, HEADER_LEN,
+    },
+};
+
+type Reader = FramedRead<OwnedReadHalf, MessageCodec>;
+
+/// How a session ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The client closed between requests.
+    ClientClosed,
+    /// The client sent nothing for `client_idle_timeout`.
+    Idle,
+    /// Shutdown: the session was idle or finished its in-flight request.
+    Drained,
+}
+
+/// Code mongod uses for an unreachable host. Used only when the upstream cannot be reached
+/// at all: drivers then mark the server unknown and retry server selection, which is right.
+const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
+
+struct Session {
+    ctx: Arc<Context>,
+    client_in: Reader,
+    client_out: OwnedWriteHalf,
+    max: usize,
+    metadata_seen: bool,
+    /// A request the client sent while its previous one was still in flight.
+    pending: Option<Frame>,
+}
+
+/// Runs one client connection to its end.
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    socket: TcpStream,
+    peer: SocketAddr,
+) -> Result<End, SessionError> {
+    // Small request/response messages: Nagle would add up to 40 ms per round trip.
+    let _ = socket.set_nodelay(true);
+    let (read, write) = socket.into_split();
+    let max = ctx.config.proxy.max_message_size;
+    let mut session = Session {
+        client_in: FramedRead::new(read, MessageCodec::new(max)),
+        client_out: write,
+        max,
+        metadata_seen: false,
+        pending: None,
+        ctx,
+    };
+    let host = session.ctx.config.upstream.uri.primary_seed().clone();
+    let timeout = session.ctx.config.upstream.connect_timeout;
+    let upstream = match upstream::connect(&host, timeout).await {
+        Ok(s) => s,
+        Err(e) => {
+            session.refuse_first_request(&e.to_string()).await;
+            return Err(e.into());
+        }
+    };
+    debug!(%peer, upstream = %host, "upstream connected");
+    let (up_read, mut up_write) = upstream.into_split();
+    let mut upstream_in = FramedRead::new(up_read, MessageCodec::new(max));
+    loop {
+        let frame = match session.pending.take() {
+            Some(f) => f,
+            None => match session.next_request(&mut upstream_in).await? {
+                Ok(f) => f,
+                Err(end) => return Ok(end),
+            },
+        };
+        let request =
+            inspect(&frame, max, !session.metadata_seen).map_err(SessionError::ClientProtocol)?;
+        if let Some(meta) = &request.metadata {
+            session.metadata_seen = true;
+            let span = tracing::Span::current();
+            span.record("app", meta.application.as_deref().unwrap_or("-"));
+            span.record("driver", meta.driver.as_deref().unwrap_or("-"));
+            info!("client handshake");
+        }
+        up_write
+            .write_all(frame.bytes())
+            .await
+            .map_err(SessionError::UpstreamIo)?;
+        session.ctx.stats.requests.inc();
+        if request.expects_reply {
+            session.relay_replies(&request, &mut upstream_in).await?;
+        }
+    }
+}
+
+impl Session {
+    /// Waits for the next client request. `Ok(Err(end))` is a normal end of the session.
+    async fn next_request(
+        &mut self,
+        upstream_in: &mut Reader,
+    ) -> Result<Result<Frame, End>, SessionError> {
+        let idle = self.ctx.config.proxy.client_idle_timeout;
+        let idle_timer = sleep_unless_zero(idle);
+        tokio::pin!(idle_timer);
+        tokio::select! {
+            biased;
+            _ = self.ctx.drain.cancelled() => Ok(Err(End::Drained)),
+            next = self.client_in.next() => match next {
+                None => Ok(Err(End::ClientClosed)),
+                Some(Ok(frame)) => Ok(Ok(frame)),
+                Some(Err(e)) => Err(client_error(e)),
+            },
+            // Between requests the upstream has nothing to say: data or EOF here means it
+            // closed or misbehaved; end the session rather than let the next request fail.
+            unexpected = upstream_in.next() => Err(match unexpected {
+                None => SessionError::UpstreamClosed,
+                Some(Err(e)) => upstream_error(e),
+                Some(Ok(_)) => SessionError::UpstreamProtocol(WireError::bad_doc(
+                    "upstream",
+                    "unsolicited message between requests",
+                )),
+            }),
+            _ = &mut idle_timer => {
+                info!(timeout = ?idle, "closing idle client connection");
+                Ok(Err(End::Idle))
+            }
+        }
+    }
+
+    /// Relays the reply, or every reply of an exhaust stream, to the client.
+    async fn relay_replies(
+        &mut self,
+        request: &Request,
+        upstream_in: &mut Reader,
+    ) -> Result<(), SessionError> {
+        let reply_timeout = self.ctx.config.upstream.reply_timeout;
+        let mut expected_response_to = request.request_id;
+        loop {
+            let timer = sleep_unless_zero(reply_timeout);
+            tokio::pin!(timer);
+            let reply = tokio::select! {
+                biased;
+                _ = self.ctx.kill.cancelled() => return Err(SessionError::Killed),
+                // A streaming hello (monitoring) never ends by itself: cut it at drain.
+                _ = self.ctx.drain.cancelled(), if request.is_hello && request.exhaust_allowed => {
+                    return Err(SessionError::Killed);
+                }
+                next = upstream_in.next() => match next {
+                    None => return Err(SessionError::UpstreamClosed),
+                    Some(Err(e)) => return Err(upstream_error(e)),
+                    Some(Ok(f)) => f,
+                },
+                next = self.client_in.next(), if self.pending.is_none() => match next {
+                    None => return Err(SessionError::ClientGone),
+                    Some(Err(e)) => return Err(client_error(e)),
+                    Some(Ok(f)) => {
+                        self.pending = Some(f);
+                        continue;
+                    }
+                },
+                _ = &mut timer => return Err(SessionError::ReplyTimeout(reply_timeout)),
+            };
+            let header = reply.header();
+            if header.response_to != expected_response_to {
+                return Err(SessionError::UpstreamProtocol(WireError::bad_doc(
+                    "upstream reply",
+                    format!(
+                        "responseTo {} does not answer request {}",
+                        header.response_to, expected_response_to
+                    ),
+                )));
+            }
+            expected_response_to = header.request_id;
+            let more = reply_more_to_come(&reply, request, self.max)
+                .map_err(SessionError::UpstreamProtocol)?;
+            let out = if request.is_hello {
+                hello::rewrite_reply(&reply, self.max)
+                    .map_err(SessionError::UpstreamProtocol)?
+                    .unwrap_or_else(|| reply.into_bytes())
+            } else {
+                reply.into_bytes()
+            };
+            self.client_out
+                .write_all(&out)
+                .await
+                .map_err(SessionError::ClientIo)?;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The upstream is unreachable: answer the client's first request with a clear error in
+    /// its opcode family, then close.
+    async fn refuse_first_request(&mut self, reason: &str) {
+        let first = tokio::time::timeout(Duration::from_secs(10), self.client_in.next()).await;
+        let Ok(Some(Ok(frame))) = first else { return };
+        let Ok(request) = inspect(&frame, self.max, false) else {
+            return;
+        };
+        if !request.expects_reply {
+            return;
+        }
+        let doc = error_document(
+            HOST_UNREACHABLE.0,
+            HOST_UNREACHABLE.1,
+            &format!("mongoguard: {reason}"),
+        );
+        let our_id = self.ctx.request_ids.next();
+        if let Some(bytes) = reply_for(request.op, request.request_id, our_id, &doc) {
+            let _ = self.client_out.write_all(&bytes).await;
+        }
+    }
+}
+
+/// Whether the upstream will send another reply after this one (exhaust). Validates the
+/// reply's opcode; an OP_MSG reply is parsed in full so garbage is caught here.
+fn reply_more_to_come(reply: &Frame, request: &Request, max: usize) -> Result<bool, WireError> {
+    match reply.op_code() {
+        Some(OpCode::Msg) => {
+            let msg = crate::wire::OpMsg::parse(reply.bytes())?;
+            Ok(request.exhaust_allowed && msg.flags().more_to_come())
+        }
+        Some(OpCode::Reply) => {
+            crate::wire::OpReply::parse(reply.bytes())?;
+            Ok(false)
+        }
+        Some(OpCode::Compressed) => {
+            // Only an exhaust stream needs to look inside: decompress only then.
+            if !request.exhaust_allowed {
+                match Message::parse(reply.bytes(), max)? {
+                    Message::Compressed(c)
+                        if c.original_op_code == OpCode::Msg
+                            || c.original_op_code == OpCode::Reply =>
+                    {
+                        return Ok(false)
+                    }
+                    _ => return Err(WireError::UnknownOpCode(reply.header().op_code)),
+                }
+            }
+            let inner = match Message::parse(reply.bytes(), max)? {
+                Message::Compressed(c) => c.decompress()?,
+                _ => return Err(WireError::UnknownOpCode(reply.header().op_code)),
+            };
+            let flags = inner
+                .bytes()
+                .get(HEADER_LEN..HEADER_LEN + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .unwrap_or(0);
+            Ok(inner.op_code() == Some(OpCode::Msg) && MsgFlags(flags).more_to_come())
+        }
+        _ => Err(WireError::UnknownOpCode(reply.header().op_code)),
+    }
+}
+
+fn client_error(e: CodecError) -> SessionError {
+    match e {
+        CodecError::Io(e) => SessionError::ClientIo(e),
+        CodecError::Wire(e) => SessionError::ClientProtocol(e),
+    }
+}
+
+fn upstream_error(e: CodecError) -> SessionError {
+    match e {
+        CodecError::Io(e) => SessionError::UpstreamIo(e),
+        CodecError::Wire(e) => SessionError::UpstreamProtocol(e),
+    }
+}
+
+/// A timer for `d`, or one that never fires when `d` is zero (disabled).
+async fn sleep_unless_zero(d: Duration) {
+    if d.is_zero() {
+        std::future::pending::<()>().await;
+    } else {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// Logs the end of a session at a level that matches whose fault it was.
+pub(crate) fn log_end(result: &Result<End, SessionError>) {
+    match result {
+        Ok(end) => debug!(?end, "client session ended"),
+        Err(SessionError::ClientGone) | Err(SessionError::Killed) => {
+            info!(error = %result.as_ref().err().map(ToString::to_string).unwrap_or_default(), "client session closed")
+        }
+        Err(e) => warn!(error = %e, "client session closed"),
+    }
+}
