@@ -268,7 +268,7 @@ async fn op_query_hello_gets_op_reply() {
     assert_eq!(reply.header().response_to, 9);
     let r = OpReply::parse(reply.bytes()).unwrap();
     let doc = r.documents().next().unwrap();
-    assert_eq!(doc.get_bool("ismaster").unwrap(), true);
+    assert!(doc.get_bool("ismaster").unwrap());
 }
 
 #[tokio::test]

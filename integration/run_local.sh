@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs the pymongo suite against mongoguard in front of mongoguard-standin, on free loopback
+# ports, without Docker and without a real mongod. Exits with pytest's status.
+#
+#   bash integration/run_local.sh [pytest args...]
+#
+# Environment:
+#   CARGO_PROFILE   cargo profile to build and run (default: debug; e.g. release)
+#   MONGOGUARD_VENV virtualenv to use or create (default: integration/.venv)
+set -euo pipefail
+
+# shellcheck source=integration/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+profile="${CARGO_PROFILE:-debug}"
+case "$profile" in
+    debug | dev) profile_args=(--profile dev) profile_dir=debug ;;
+    *) profile_args=(--profile "$profile") profile_dir="$profile" ;;
+esac
+
+log "building mongoguard and mongoguard-standin ($profile_dir)"
+(cd "$REPO_DIR" && cargo build "${profile_args[@]}" -p mongoguard --bin mongoguard \
+    -p mongoguard-standin --bin mongoguard-standin)
+bin_dir="$(cargo_target_dir)/$profile_dir"
+
+setup_python
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/mongoguard-it.XXXXXX")"
+standin_pid=""
+proxy_pid=""
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "$proxy_pid" "$standin_pid"; do
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            kill "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+show_logs() {
+    log "---- mongoguard-standin log (tail) ----"
+    tail -n 50 "$work/standin.log" >&2 || true
+    log "---- mongoguard log (tail) ----"
+    tail -n 80 "$work/mongoguard.log" >&2 || true
+}
+
+# The stand-in announces "mongoguard-standin listening on 127.0.0.1:PORT" on stdout when ready.
+standin_port="$(free_port)"
+"$bin_dir/mongoguard-standin" --listen "127.0.0.1:$standin_port" >"$work/standin.log" 2>&1 &
+standin_pid=$!
+ready=""
+for ((i = 0; i < 120; i++)); do
+    if grep -q "listening on" "$work/standin.log" 2>/dev/null; then
+        ready=1
+        break
+    fi
+    kill -0 "$standin_pid" 2>/dev/null || break
+    sleep 0.5
+done
+if [ -z "$ready" ]; then
+    log "mongoguard-standin did not come up"
+    show_logs
+    exit 1
+fi
+log "mongoguard-standin on 127.0.0.1:$standin_port (pid $standin_pid)"
+
+proxy_port="$(free_port)"
+"$bin_dir/mongoguard" --listen "127.0.0.1:$proxy_port" \
+    --upstream "mongodb://127.0.0.1:$standin_port" >"$work/mongoguard.log" 2>&1 &
+proxy_pid=$!
+if ! wait_tcp 127.0.0.1 "$proxy_port" 120 || ! kill -0 "$proxy_pid" 2>/dev/null; then
+    log "mongoguard did not come up"
+    show_logs
+    exit 1
+fi
+log "mongoguard on 127.0.0.1:$proxy_port (pid $proxy_pid)"
+
+status=0
+MONGOGUARD_PROXY_URI="mongodb://127.0.0.1:$proxy_port" \
+    MONGOGUARD_DIRECT_URI="mongodb://127.0.0.1:$standin_port" \
+    "$PY" -m pytest -p no:cacheprovider -v -rs "$INTEGRATION_DIR/python" "$@" || status=$?
+
+if [ "$status" != 0 ]; then
+    show_logs
+fi
+exit "$status"
