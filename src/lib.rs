@@ -14,7 +14,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod audit;
+pub mod command;
 pub mod config;
+pub mod policy;
 pub mod proxy;
 pub mod upstream;
 pub mod wire;

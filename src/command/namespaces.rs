@@ -1,0 +1,229 @@
+//! The namespaces a command writes (what W005 checks), as opposed to `$db`: `bulkWrite` runs
+//! on admin but writes its `nsInfo` namespaces; renameCollection writes both sides.
+
+use std::ops::ControlFlow;
+
+use bson::{RawBsonRef, RawDocument};
+
+use super::{
+    error::CommandError,
+    kind::Kind,
+    value::{get, get_array, get_doc, get_str},
+    view::{CommandView, Namespace},
+};
+
+impl<'a> CommandView<'a> {
+    /// Calls `f` for each namespace the command writes or changes. Reads (and explain) call
+    /// nothing.
+    pub fn for_each_written_namespace(
+        &self,
+        mut f: impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        if self.explain {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let ns = self.namespace();
+        let Some(body) = self.body() else {
+            // Legacy writes: their namespace.
+            return Ok(if self.kind.is_write() {
+                f(ns)
+            } else {
+                ControlFlow::Continue(())
+            });
+        };
+        match self.kind {
+            Kind::Insert
+            | Kind::Update
+            | Kind::Delete
+            | Kind::FindAndModify
+            | Kind::Create
+            | Kind::CreateIndexes
+            | Kind::DropIndexes
+            | Kind::Drop
+            | Kind::CollMod
+            | Kind::ConvertToCapped
+            | Kind::ShardCollection
+            | Kind::DropDatabase => Ok(f(ns)),
+            Kind::CloneCollectionAsCapped => {
+                match get_str(body, "toCollection", "cloneCollectionAsCapped")? {
+                    Some(to) => Ok(f(Namespace {
+                        db: self.db,
+                        coll: Some(to),
+                    })),
+                    None => Err(CommandError::BadField {
+                        command: "cloneCollectionAsCapped",
+                        field: "toCollection",
+                    }),
+                }
+            }
+            Kind::RenameCollection => {
+                if f(ns).is_break() {
+                    return Ok(ControlFlow::Break(()));
+                }
+                let to =
+                    get_str(body, "to", "renameCollection")?.ok_or(CommandError::BadField {
+                        command: "renameCollection",
+                        field: "to",
+                    })?;
+                Ok(f(Namespace::parse_full(to)))
+            }
+            Kind::Aggregate => {
+                let db = self.db;
+                let mut err = None;
+                let flow = self.for_each_stage(|stage| match stage_output(db, stage) {
+                    Ok(Some(target)) => f(target),
+                    Ok(None) => ControlFlow::Continue(()),
+                    Err(e) => {
+                        err = Some(e);
+                        ControlFlow::Break(())
+                    }
+                })?;
+                err.map_or(Ok(flow), Err)
+            }
+            Kind::MapReduce => match get(body, "out")? {
+                Some(RawBsonRef::String(coll)) => Ok(f(Namespace {
+                    db: self.db,
+                    coll: Some(coll),
+                })),
+                Some(RawBsonRef::Document(out)) => map_reduce_output(self.db, out)
+                    .map(|t| t.map_or(ControlFlow::Continue(()), &mut f)),
+                _ => Err(CommandError::BadField {
+                    command: "mapReduce",
+                    field: "out",
+                }),
+            },
+            Kind::BulkWrite => {
+                let mut err = None;
+                let flow =
+                    self.each_entry(body, "nsInfo", "bulkWrite", &mut |_, entry| match get_str(
+                        entry,
+                        "ns",
+                        "bulkWrite",
+                    ) {
+                        Ok(Some(full)) => f(Namespace::parse_full(full)),
+                        Ok(None) | Err(_) => {
+                            err = Some(CommandError::BadField {
+                                command: "bulkWrite",
+                                field: "ns",
+                            });
+                            ControlFlow::Break(())
+                        }
+                    })?;
+                err.map_or(Ok(flow), Err)
+            }
+            Kind::ApplyOps => {
+                let ops =
+                    get_array(body, "applyOps", "applyOps")?.ok_or(CommandError::BadField {
+                        command: "applyOps",
+                        field: "applyOps",
+                    })?;
+                for op in ops {
+                    let RawBsonRef::Document(op) = op.map_err(|_| CommandError::Malformed)? else {
+                        return Err(CommandError::BadField {
+                            command: "applyOps",
+                            field: "applyOps",
+                        });
+                    };
+                    let full = get_str(op, "ns", "applyOps")?.ok_or(CommandError::BadField {
+                        command: "applyOps",
+                        field: "ns",
+                    })?;
+                    let mut target = Namespace::parse_full(full);
+                    if target.coll == Some("$cmd") {
+                        // A command op: the collection is the command's first value.
+                        target.coll = get_doc(op, "o", "applyOps")?
+                            .and_then(|o| o.iter_elements().next())
+                            .and_then(|e| e.ok())
+                            .and_then(|e| match e.value() {
+                                Ok(RawBsonRef::String(s)) => Some(s),
+                                _ => None,
+                            });
+                    }
+                    if f(target).is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Ok(ControlFlow::Continue(()))
+            }
+            _ => Ok(ControlFlow::Continue(())),
+        }
+    }
+}
+
+/// `$out` / `$merge` targets of one stage.
+fn stage_output<'a>(
+    db: &'a str,
+    stage: &'a RawDocument,
+) -> Result<Option<Namespace<'a>>, CommandError> {
+    let Some(first) = stage.iter_elements().next() else {
+        return Ok(None);
+    };
+    let first = first.map_err(|_| CommandError::Malformed)?;
+    let value = first.value().map_err(|_| CommandError::Malformed)?;
+    let bad = |field| CommandError::BadField {
+        command: "aggregate",
+        field,
+    };
+    match (first.key().as_str(), value) {
+        ("$out", RawBsonRef::String(coll)) => Ok(Some(Namespace {
+            db,
+            coll: Some(coll),
+        })),
+        ("$out", RawBsonRef::Document(spec)) => db_coll(db, spec, "$out").map(Some),
+        ("$out", _) => Err(bad("$out")),
+        ("$merge", RawBsonRef::String(coll)) => Ok(Some(Namespace {
+            db,
+            coll: Some(coll),
+        })),
+        ("$merge", RawBsonRef::Document(spec)) => match get(spec, "into")? {
+            Some(RawBsonRef::String(coll)) => Ok(Some(Namespace {
+                db,
+                coll: Some(coll),
+            })),
+            Some(RawBsonRef::Document(into)) => db_coll(db, into, "$merge").map(Some),
+            _ => Err(bad("$merge")),
+        },
+        ("$merge", _) => Err(bad("$merge")),
+        _ => Ok(None),
+    }
+}
+
+/// `{db, coll}` with `db` defaulting to the command's.
+fn db_coll<'a>(
+    db: &'a str,
+    spec: &'a RawDocument,
+    field: &'static str,
+) -> Result<Namespace<'a>, CommandError> {
+    let coll = get_str(spec, "coll", "aggregate")?.ok_or(CommandError::BadField {
+        command: "aggregate",
+        field,
+    })?;
+    let db = get_str(spec, "db", "aggregate")?.unwrap_or(db);
+    Ok(Namespace {
+        db,
+        coll: Some(coll),
+    })
+}
+
+/// mapReduce `out: {replace|merge|reduce: coll, db?: d}` or `{inline: 1}`.
+fn map_reduce_output<'a>(
+    db: &'a str,
+    out: &'a RawDocument,
+) -> Result<Option<Namespace<'a>>, CommandError> {
+    if get(out, "inline")?.is_some() {
+        return Ok(None);
+    }
+    for action in ["replace", "merge", "reduce"] {
+        if let Some(RawBsonRef::String(coll)) = get(out, action)? {
+            let db = get_str(out, "db", "mapReduce")?.unwrap_or(db);
+            return Ok(Some(Namespace {
+                db,
+                coll: Some(coll),
+            }));
+        }
+    }
+    Err(CommandError::BadField {
+        command: "mapReduce",
+        field: "out",
+    })
+}

@@ -1,0 +1,412 @@
+//! The statements of a write: inserted documents, update and delete statements, whether they
+//! arrive in the command body, in an OP_MSG kind-1 sequence, through `bulkWrite`'s `nsInfo`
+//! indirection, as `findAndModify`, or as a legacy opcode.
+
+use std::ops::ControlFlow;
+
+use bson::{RawArray, RawBsonRef, RawDocument};
+
+use super::{
+    error::CommandError,
+    kind::Kind,
+    value::{self, flag, get, get_doc, number},
+    view::{CommandView, Namespace, Source},
+};
+
+/// What an update does to the documents it matches.
+#[derive(Clone, Copy, Debug)]
+pub enum UpdateMods<'a> {
+    /// `$set`, `$inc`, ...: the first key starts with `$`.
+    Operators(&'a RawDocument),
+    /// A whole replacement document.
+    Replacement(&'a RawDocument),
+    /// An aggregation pipeline update.
+    Pipeline(&'a RawArray),
+}
+
+impl<'a> UpdateMods<'a> {
+    fn from_value(
+        v: RawBsonRef<'a>,
+        command: &'static str,
+        field: &'static str,
+    ) -> Result<Self, CommandError> {
+        match v {
+            RawBsonRef::Document(d) => {
+                let first = crate::wire::first_key(d);
+                Ok(if first.is_some_and(|k| k.starts_with('$')) {
+                    UpdateMods::Operators(d)
+                } else {
+                    UpdateMods::Replacement(d)
+                })
+            }
+            RawBsonRef::Array(a) => Ok(UpdateMods::Pipeline(a)),
+            _ => Err(CommandError::BadField { command, field }),
+        }
+    }
+}
+
+/// One statement of a write.
+#[derive(Clone, Copy, Debug)]
+pub enum Statement<'a> {
+    /// An inserted document.
+    Insert {
+        /// The document.
+        doc: &'a RawDocument,
+    },
+    /// An update statement.
+    Update {
+        /// `q` / `filter` / `query`.
+        filter: &'a RawDocument,
+        /// `u` / `updateMods` / `update`.
+        update: UpdateMods<'a>,
+        /// `multi` (false for findAndModify and single updates).
+        multi: bool,
+        /// `upsert`.
+        upsert: bool,
+    },
+    /// A delete statement.
+    Delete {
+        /// `q` / `filter` / `query`.
+        filter: &'a RawDocument,
+        /// `limit: 0` (any numeric type), bulkWrite `multi`, legacy without single-remove.
+        many: bool,
+    },
+}
+
+/// A statement with its position and target.
+#[derive(Clone, Copy, Debug)]
+pub struct StatementRef<'a> {
+    /// Index in the batch (what the blocked reply names).
+    pub index: usize,
+    /// The namespace it writes.
+    pub ns: Namespace<'a>,
+    /// The statement.
+    pub statement: Statement<'a>,
+    /// True when it comes from findAndModify.
+    pub find_and_modify: bool,
+}
+
+/// `{}`: the filter of a findAndModify without `query`.
+fn empty_doc() -> &'static RawDocument {
+    match RawDocument::from_bytes(&[5, 0, 0, 0, 0]) {
+        Ok(d) => d,
+        Err(_) => unreachable!("a five-byte empty document is valid BSON"),
+    }
+}
+
+type Sink<'s, 'a> = &'s mut dyn FnMut(StatementRef<'a>) -> ControlFlow<()>;
+
+impl<'a> CommandView<'a> {
+    /// Calls `f` for each statement of a write, in batch order; stops when `f` breaks.
+    /// Commands without statements call nothing. A statement mongoguard cannot read is an
+    /// error (the caller fails closed).
+    pub fn for_each_statement(
+        &self,
+        mut f: impl FnMut(StatementRef<'a>) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        if self.explain {
+            return Ok(ControlFlow::Continue(()));
+        }
+        let sink: Sink<'_, 'a> = &mut f;
+        let ns = self.namespace();
+        match self.source {
+            Source::LegacyInsert(i) => {
+                for (index, doc) in i.documents().enumerate() {
+                    if sink(StatementRef {
+                        index,
+                        ns,
+                        statement: Statement::Insert { doc },
+                        find_and_modify: false,
+                    })
+                    .is_break()
+                    {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                Ok(ControlFlow::Continue(()))
+            }
+            Source::LegacyUpdate(u) => {
+                let statement = Statement::Update {
+                    filter: u.selector,
+                    update: UpdateMods::from_value(
+                        RawBsonRef::Document(u.update),
+                        "update",
+                        "update",
+                    )?,
+                    multi: u.is_multi(),
+                    upsert: u.is_upsert(),
+                };
+                Ok(sink(StatementRef {
+                    index: 0,
+                    ns,
+                    statement,
+                    find_and_modify: false,
+                }))
+            }
+            Source::LegacyDelete(d) => {
+                let statement = Statement::Delete {
+                    filter: d.selector,
+                    many: !d.is_single_remove(),
+                };
+                Ok(sink(StatementRef {
+                    index: 0,
+                    ns,
+                    statement,
+                    find_and_modify: false,
+                }))
+            }
+            Source::LegacyQuery { .. } | Source::LegacyCursor => Ok(ControlFlow::Continue(())),
+            Source::Command { body, .. } => match self.kind {
+                Kind::Insert => self.each_entry(body, "documents", "insert", &mut |index, doc| {
+                    sink(StatementRef {
+                        index,
+                        ns,
+                        statement: Statement::Insert { doc },
+                        find_and_modify: false,
+                    })
+                }),
+                Kind::Update => {
+                    self.each_parsed(body, "updates", "update", update_statement, ns, sink)
+                }
+                Kind::Delete => {
+                    self.each_parsed(body, "deletes", "delete", delete_statement, ns, sink)
+                }
+                Kind::FindAndModify => {
+                    let statement = find_and_modify_statement(body)?;
+                    Ok(sink(StatementRef {
+                        index: 0,
+                        ns,
+                        statement,
+                        find_and_modify: true,
+                    }))
+                }
+                Kind::BulkWrite => self.bulk_write(body, sink),
+                _ => Ok(ControlFlow::Continue(())),
+            },
+        }
+    }
+
+    /// `each_entry` with a parser per entry; a parse error stops the walk and is returned.
+    fn each_parsed(
+        &self,
+        body: &'a RawDocument,
+        field: &'static str,
+        command: &'static str,
+        parse: fn(&'a RawDocument) -> Result<Statement<'a>, CommandError>,
+        ns: Namespace<'a>,
+        sink: Sink<'_, 'a>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        let mut err = None;
+        let flow = self.each_entry(
+            body,
+            field,
+            command,
+            &mut |index, entry| match parse(entry) {
+                Ok(statement) => sink(StatementRef {
+                    index,
+                    ns,
+                    statement,
+                    find_and_modify: false,
+                }),
+                Err(e) => {
+                    err = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(flow),
+        }
+    }
+
+    /// Each document of `field`, from the body array and then from the kind-1 sequence of
+    /// the same name, numbered across both.
+    pub(crate) fn each_entry(
+        &self,
+        body: &'a RawDocument,
+        field: &'static str,
+        command: &'static str,
+        f: &mut dyn FnMut(usize, &'a RawDocument) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        let mut index = 0usize;
+        if let Some(array) = value::get_array(body, field, command)? {
+            for item in array {
+                match item.map_err(|_| CommandError::Malformed)? {
+                    RawBsonRef::Document(d) => {
+                        if f(index, d).is_break() {
+                            return Ok(ControlFlow::Break(()));
+                        }
+                    }
+                    _ => return Err(CommandError::BadField { command, field }),
+                }
+                index += 1;
+            }
+        }
+        if let Some(seq) = self.sequence(field) {
+            for d in seq.documents() {
+                if f(index, d).is_break() {
+                    return Ok(ControlFlow::Break(()));
+                }
+                index += 1;
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    fn bulk_write(
+        &self,
+        body: &'a RawDocument,
+        sink: Sink<'_, 'a>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        let mut err = None;
+        let flow = self.each_entry(body, "ops", "bulkWrite", &mut |index, op| match self
+            .bulk_op(body, op)
+        {
+            Ok((ns, statement)) => sink(StatementRef {
+                index,
+                ns,
+                statement,
+                find_and_modify: false,
+            }),
+            Err(e) => {
+                err = Some(e);
+                ControlFlow::Break(())
+            }
+        })?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(flow),
+        }
+    }
+
+    fn bulk_op(
+        &self,
+        body: &'a RawDocument,
+        op: &'a RawDocument,
+    ) -> Result<(Namespace<'a>, Statement<'a>), CommandError> {
+        let bad = |field| CommandError::BadField {
+            command: "bulkWrite",
+            field,
+        };
+        let first = op
+            .iter_elements()
+            .next()
+            .ok_or(bad("ops"))?
+            .map_err(|_| CommandError::Malformed)?;
+        let key = first.key().as_str();
+        let ns_index = first
+            .value()
+            .ok()
+            .and_then(number)
+            .filter(|n| n.fract() == 0.0 && *n >= 0.0)
+            .ok_or(bad("ops"))? as usize;
+        let ns = self.bulk_namespace(body, ns_index)?;
+        let filter = || get_doc(op, "filter", "bulkWrite")?.ok_or(bad("filter"));
+        let statement = match key {
+            "insert" => Statement::Insert {
+                doc: get_doc(op, "document", "bulkWrite")?.ok_or(bad("document"))?,
+            },
+            "update" => Statement::Update {
+                filter: filter()?,
+                update: UpdateMods::from_value(
+                    get(op, "updateMods")?.ok_or(bad("updateMods"))?,
+                    "bulkWrite",
+                    "updateMods",
+                )?,
+                multi: flag(op, "multi", "bulkWrite")?,
+                upsert: flag(op, "upsert", "bulkWrite")?,
+            },
+            "delete" => Statement::Delete {
+                filter: filter()?,
+                many: flag(op, "multi", "bulkWrite")?,
+            },
+            _ => return Err(bad("ops")),
+        };
+        Ok((ns, statement))
+    }
+
+    /// The namespace at `index` of `nsInfo` (body array or kind-1 sequence).
+    pub(crate) fn bulk_namespace(
+        &self,
+        body: &'a RawDocument,
+        index: usize,
+    ) -> Result<Namespace<'a>, CommandError> {
+        let mut found = None;
+        let _ = self.each_entry(body, "nsInfo", "bulkWrite", &mut |i, entry| {
+            if i == index {
+                found = Some(entry);
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+        let entry = found.ok_or(CommandError::BadReference(
+            "bulkWrite op refers to a missing nsInfo entry",
+        ))?;
+        let full = value::get_str(entry, "ns", "bulkWrite")?.ok_or(CommandError::BadField {
+            command: "bulkWrite",
+            field: "ns",
+        })?;
+        Ok(Namespace::parse_full(full))
+    }
+}
+
+fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
+    let (q, u) = ("q", "u");
+    Ok(Statement::Update {
+        filter: get_doc(stmt, q, "update")?.ok_or(CommandError::BadField {
+            command: "update",
+            field: q,
+        })?,
+        update: UpdateMods::from_value(
+            get(stmt, u)?.ok_or(CommandError::BadField {
+                command: "update",
+                field: u,
+            })?,
+            "update",
+            u,
+        )?,
+        multi: flag(stmt, "multi", "update")?,
+        upsert: flag(stmt, "upsert", "update")?,
+    })
+}
+
+fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
+    let bad = |field| CommandError::BadField {
+        command: "delete",
+        field,
+    };
+    let filter = get_doc(stmt, "q", "delete")?.ok_or(bad("q"))?;
+    let limit = get(stmt, "limit")?.and_then(number).ok_or(bad("limit"))?;
+    // mongod accepts 0 (all matching) and 1 (one); anything else is refused upstream, and
+    // here it is an error too (never guess towards "one").
+    let many = if limit == 0.0 {
+        true
+    } else if limit == 1.0 {
+        false
+    } else {
+        return Err(bad("limit"));
+    };
+    Ok(Statement::Delete { filter, many })
+}
+
+fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, CommandError> {
+    let filter = get_doc(body, "query", "findAndModify")?.unwrap_or(empty_doc());
+    if flag(body, "remove", "findAndModify")? {
+        return Ok(Statement::Delete {
+            filter,
+            many: false,
+        });
+    }
+    let update = get(body, "update")?.ok_or(CommandError::BadField {
+        command: "findAndModify",
+        field: "update",
+    })?;
+    Ok(Statement::Update {
+        filter,
+        update: UpdateMods::from_value(update, "findAndModify", "update")?,
+        multi: false,
+        upsert: flag(body, "upsert", "findAndModify")?,
+    })
+}

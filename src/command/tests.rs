@@ -1,0 +1,320 @@
+use std::ops::ControlFlow;
+
+use bson::{rawdoc, RawDocumentBuf};
+
+use super::*;
+use crate::wire::{
+    builder::{encode_delete, encode_insert, encode_query, encode_update, MsgBuilder, Sequence},
+    Message, OpUpdate, DEFAULT_MAX_MESSAGE_SIZE,
+};
+
+fn with_view<R>(bytes: &[u8], f: impl FnOnce(CommandView<'_>) -> R) -> R {
+    let msg = Message::parse(bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+    f(CommandView::from_message(&msg).unwrap())
+}
+
+fn statements(view: &CommandView<'_>) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    let _ = view
+        .for_each_statement(|s| {
+            let ns = format!("{}.{}", s.ns.db, s.ns.coll.unwrap_or("-"));
+            let what = match s.statement {
+                Statement::Insert { .. } => "insert".to_string(),
+                Statement::Update {
+                    multi,
+                    upsert,
+                    update,
+                    ..
+                } => format!(
+                    "update multi={multi} upsert={upsert} {}",
+                    match update {
+                        UpdateMods::Operators(_) => "ops",
+                        UpdateMods::Replacement(_) => "replace",
+                        UpdateMods::Pipeline(_) => "pipeline",
+                    }
+                ),
+                Statement::Delete { many, .. } => format!("delete many={many}"),
+            };
+            out.push((s.index, ns, what));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    out
+}
+
+fn written(view: &CommandView<'_>) -> Vec<String> {
+    let mut out = Vec::new();
+    let _ = view
+        .for_each_written_namespace(|ns| {
+            out.push(format!("{}.{}", ns.db, ns.coll.unwrap_or("*")));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    out
+}
+
+fn filter_count(view: &CommandView<'_>) -> usize {
+    let mut n = 0;
+    let _ = view
+        .for_each_filter(|_, _| {
+            n += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    n
+}
+
+fn msg(body: RawDocumentBuf) -> bytes::Bytes {
+    MsgBuilder::new(body).encode(1, 0)
+}
+
+#[test]
+fn statements_from_body_and_sequence_are_numbered_across_both() {
+    let bytes = MsgBuilder::new(rawdoc! {"update": "c", "$db": "d",
+    "updates": [{"q": {"a": 1}, "u": {"$set": {"b": 1}}, "multi": 1}]})
+    .sequence(Sequence::new(
+        "updates",
+        vec![rawdoc! {"q": {}, "u": {"b": 2}, "upsert": 1.0}],
+    ))
+    .encode(1, 0);
+    with_view(&bytes, |v| {
+        assert_eq!(v.kind(), Kind::Update);
+        assert_eq!(
+            statements(&v),
+            vec![
+                (0, "d.c".into(), "update multi=true upsert=false ops".into()),
+                (
+                    1,
+                    "d.c".into(),
+                    "update multi=false upsert=true replace".into()
+                ),
+            ]
+        );
+        assert_eq!(filter_count(&v), 2);
+        assert_eq!(written(&v), vec!["d.c"]);
+    });
+}
+
+#[test]
+fn delete_limits_of_every_numeric_type() {
+    for (limit, many) in [
+        (bson::Bson::Int32(0), true),
+        (bson::Bson::Int64(0), true),
+        (bson::Bson::Double(0.0), true),
+        (bson::Bson::Double(1.0), false),
+        (bson::Bson::Int64(1), false),
+    ] {
+        let mut stmt = bson::Document::new();
+        stmt.insert("q", bson::doc! {});
+        stmt.insert("limit", limit);
+        let body =
+            RawDocumentBuf::try_from(&bson::doc! {"delete": "c", "$db": "d", "deletes": [stmt]})
+                .unwrap();
+        with_view(&msg(body), |v| {
+            assert_eq!(statements(&v)[0].2, format!("delete many={many}"));
+        });
+    }
+}
+
+#[test]
+fn unreadable_statements_are_errors() {
+    for body in [
+        rawdoc! {"delete": "c", "$db": "d", "deletes": [{"q": {}, "limit": 2}]},
+        rawdoc! {"delete": "c", "$db": "d", "deletes": [{"q": {}}]},
+        rawdoc! {"delete": "c", "$db": "d", "deletes": [{"q": 1, "limit": 0}]},
+        rawdoc! {"update": "c", "$db": "d", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "multi": "yes"}]},
+        rawdoc! {"update": "c", "$db": "d", "updates": [1]},
+        rawdoc! {"update": "c", "$db": "d", "updates": {"q": {}}},
+    ] {
+        let bytes = msg(body);
+        let m = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+        let v = CommandView::from_message(&m).unwrap();
+        assert!(v.for_each_statement(|_| ControlFlow::Continue(())).is_err());
+    }
+}
+
+#[test]
+fn missing_db_is_an_error() {
+    let bytes = msg(rawdoc! {"find": "c"});
+    let m = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+    assert_eq!(
+        CommandView::from_message(&m).unwrap_err(),
+        CommandError::MissingDb
+    );
+}
+
+#[test]
+fn op_query_commands_and_legacy_queries() {
+    let q = encode_query(
+        1,
+        0,
+        "shop.$cmd",
+        0,
+        -1,
+        &rawdoc! {"findandmodify": "orders", "query": {}, "update": {"x": 1}},
+        None,
+    );
+    with_view(&q, |v| {
+        assert_eq!(v.kind(), Kind::FindAndModify);
+        assert_eq!(v.db(), "shop");
+        assert_eq!(
+            statements(&v),
+            vec![(
+                0,
+                "shop.orders".into(),
+                "update multi=false upsert=false replace".into()
+            )]
+        );
+    });
+    let q = encode_query(
+        1,
+        0,
+        "shop.orders",
+        0,
+        0,
+        &rawdoc! {"$query": {"a": {"$ne": 1}}, "$orderby": {"a": 1}},
+        None,
+    );
+    with_view(&q, |v| {
+        assert_eq!(v.kind(), Kind::Find);
+        assert_eq!(
+            v.namespace(),
+            Namespace {
+                db: "shop",
+                coll: Some("orders")
+            }
+        );
+        assert_eq!(filter_count(&v), 1);
+    });
+}
+
+#[test]
+fn legacy_writes_carry_their_flags() {
+    let sel = rawdoc! {};
+    let up = rawdoc! {"$set": {"a": 1}};
+    let u = encode_update(1, "admin.users", OpUpdate::MULTI, &sel, &up);
+    with_view(&u, |v| {
+        assert!(v.more_to_come());
+        assert_eq!(
+            statements(&v),
+            vec![(
+                0,
+                "admin.users".into(),
+                "update multi=true upsert=false ops".into()
+            )]
+        );
+        assert_eq!(written(&v), vec!["admin.users"]);
+    });
+    let d = encode_delete(1, "d.c", 0, &sel);
+    with_view(&d, |v| assert_eq!(statements(&v)[0].2, "delete many=true"));
+    let d = encode_delete(1, "d.c", 1, &sel);
+    with_view(&d, |v| assert_eq!(statements(&v)[0].2, "delete many=false"));
+    let i = encode_insert(1, 0, "d.c", &[&sel, &sel]);
+    with_view(&i, |v| assert_eq!(statements(&v).len(), 2));
+}
+
+#[test]
+fn bulk_write_resolves_ns_info_from_body_and_sequences() {
+    let body = rawdoc! {"bulkWrite": 1, "$db": "admin",
+    "ops": [{"insert": 0, "document": {"a": 1}}, {"update": 1, "filter": {}, "updateMods": {"$set": {"a": 1}}, "multi": true}],
+    "nsInfo": [{"ns": "app.users"}, {"ns": "config.settings"}]};
+    with_view(&msg(body), |v| {
+        assert_eq!(
+            statements(&v),
+            vec![
+                (0, "app.users".into(), "insert".into()),
+                (
+                    1,
+                    "config.settings".into(),
+                    "update multi=true upsert=false ops".into()
+                )
+            ]
+        );
+        assert_eq!(written(&v), vec!["app.users", "config.settings"]);
+    });
+    let bytes = MsgBuilder::new(rawdoc! {"bulkWrite": 1, "$db": "admin"})
+        .sequence(Sequence::new(
+            "ops",
+            vec![rawdoc! {"delete": 0, "filter": {}, "multi": 1}],
+        ))
+        .sequence(Sequence::new("nsInfo", vec![rawdoc! {"ns": "local.x"}]))
+        .encode(1, 0);
+    with_view(&bytes, |v| {
+        assert_eq!(
+            statements(&v),
+            vec![(0, "local.x".into(), "delete many=true".into())]
+        );
+    });
+    let bad = rawdoc! {"bulkWrite": 1, "$db": "admin", "ops": [{"insert": 3, "document": {}}], "nsInfo": [{"ns": "a.b"}]};
+    let bytes = msg(bad);
+    let m = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+    let v = CommandView::from_message(&m).unwrap();
+    assert!(v.for_each_statement(|_| ControlFlow::Continue(())).is_err());
+}
+
+#[test]
+fn pipelines_are_walked_through_lookup_facet_union_with() {
+    let body = rawdoc! {"aggregate": "c", "$db": "d", "cursor": {}, "pipeline": [
+        {"$match": {"a": 1}},
+        {"$lookup": {"from": "o", "as": "x", "pipeline": [{"$match": {"b": {"$ne": 2}}}]}},
+        {"$facet": {"f1": [{"$match": {"c": 1}}], "f2": [{"$unionWith": {"coll": "u", "pipeline": [{"$match": {}}]}}]}},
+        {"$merge": {"into": {"db": "admin", "coll": "stolen"}}}
+    ]};
+    with_view(&msg(body), |v| {
+        assert_eq!(filter_count(&v), 4);
+        assert_eq!(written(&v), vec!["admin.stolen"]);
+    });
+    let body = rawdoc! {"aggregate": 1, "$db": "d", "pipeline": [{"$out": "x"}]};
+    with_view(&msg(body), |v| assert_eq!(written(&v), vec!["d.x"]));
+}
+
+#[test]
+fn explain_of_a_write_is_a_read() {
+    let body = rawdoc! {"explain": {"delete": "c", "deletes": [{"q": {}, "limit": 0}]}, "$db": "d"};
+    with_view(&msg(body), |v| {
+        let inner = v.explained().unwrap().unwrap();
+        assert!(inner.is_explain());
+        assert!(!inner.is_write());
+        assert!(statements(&inner).is_empty());
+        assert!(written(&inner).is_empty());
+        assert_eq!(
+            filter_count(&inner),
+            1,
+            "the explained write's filter is still a query"
+        );
+    });
+}
+
+#[test]
+fn written_namespaces_of_ddl() {
+    let cases = [
+        (
+            rawdoc! {"renameCollection": "a.b", "to": "admin.c", "$db": "admin"},
+            vec!["a.b", "admin.c"],
+        ),
+        (
+            rawdoc! {"dropDatabase": 1, "$db": "config"},
+            vec!["config.*"],
+        ),
+        (
+            rawdoc! {"mapReduce": "c", "map": "", "reduce": "", "out": {"merge": "m", "db": "local"}, "$db": "d"},
+            vec!["local.m"],
+        ),
+        (
+            rawdoc! {"mapReduce": "c", "map": "", "reduce": "", "out": {"inline": 1}, "$db": "d"},
+            vec![],
+        ),
+        (
+            rawdoc! {"applyOps": [{"op": "i", "ns": "admin.system.users", "o": {}}, {"op": "c", "ns": "x.$cmd", "o": {"drop": "y"}}], "$db": "admin"},
+            vec!["admin.system.users", "x.y"],
+        ),
+        (rawdoc! {"find": "c", "$db": "admin"}, vec![]),
+        (
+            rawdoc! {"createIndexes": "system.profile", "indexes": [], "$db": "d"},
+            vec!["d.system.profile"],
+        ),
+    ];
+    for (body, want) in cases {
+        with_view(&msg(body), |v| assert_eq!(written(&v), want));
+    }
+}

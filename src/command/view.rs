@@ -1,0 +1,273 @@
+//! The view itself.
+
+use bson::{RawBsonRef, RawDocument};
+
+use super::{error::CommandError, kind::Kind, value};
+use crate::wire::{first_key, DocumentSequence, Message, OpMsg};
+
+/// A database and, for collection-level commands, a collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Namespace<'a> {
+    /// Database name.
+    pub db: &'a str,
+    /// Collection name; `None` for database-level targets (dropDatabase, `aggregate: 1`).
+    pub coll: Option<&'a str>,
+}
+
+impl<'a> Namespace<'a> {
+    /// Splits `db.collection` (the first dot separates them).
+    pub fn parse_full(full: &'a str) -> Namespace<'a> {
+        match full.split_once('.') {
+            Some((db, coll)) => Namespace {
+                db,
+                coll: Some(coll),
+            },
+            None => Namespace {
+                db: full,
+                coll: None,
+            },
+        }
+    }
+}
+
+/// Where the command came from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Source<'a> {
+    /// An OP_MSG or OP_QUERY command document (and, for OP_MSG, its sequences).
+    Command {
+        body: &'a RawDocument,
+        msg: Option<OpMsg<'a>>,
+    },
+    /// A legacy OP_QUERY on a collection (not `$cmd`): a find.
+    LegacyQuery { filter: &'a RawDocument },
+    /// Legacy OP_INSERT.
+    LegacyInsert(crate::wire::OpInsert<'a>),
+    /// Legacy OP_UPDATE.
+    LegacyUpdate(crate::wire::OpUpdate<'a>),
+    /// Legacy OP_DELETE.
+    LegacyDelete(crate::wire::OpDelete<'a>),
+    /// OP_GET_MORE / OP_KILL_CURSORS: no filter, no statements.
+    LegacyCursor,
+}
+
+/// A borrowed model of one command.
+#[derive(Clone, Copy, Debug)]
+pub struct CommandView<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) name: &'a str,
+    pub(crate) db: &'a str,
+    /// Collection named by a legacy opcode's namespace.
+    pub(crate) legacy_coll: Option<&'a str>,
+    pub(crate) source: Source<'a>,
+    pub(crate) more_to_come: bool,
+    pub(crate) explain: bool,
+}
+
+impl<'a> CommandView<'a> {
+    /// Builds the view of a parsed (already decompressed) message. Replies and OP_COMPRESSED
+    /// are not commands.
+    pub fn from_message(msg: &Message<'a>) -> Result<CommandView<'a>, CommandError> {
+        match *msg {
+            Message::Msg(m) => {
+                let body = m.body();
+                let db = match value::get(body, "$db")? {
+                    Some(RawBsonRef::String(db)) => db,
+                    _ => return Err(CommandError::MissingDb),
+                };
+                let mut view = Self::command(db, body)?;
+                view.source = Source::Command { body, msg: Some(m) };
+                view.more_to_come = m.flags().more_to_come();
+                Ok(view)
+            }
+            Message::Query(q) if q.is_command() => Self::command(q.database(), q.command()),
+            Message::Query(q) => {
+                let filter = match value::get(q.query, "$query")? {
+                    Some(RawBsonRef::Document(d)) => d,
+                    Some(_) => {
+                        return Err(CommandError::BadField {
+                            command: "find",
+                            field: "$query",
+                        })
+                    }
+                    None => q.query,
+                };
+                Ok(Self::legacy(
+                    Kind::Find,
+                    "find",
+                    q.full_collection_name,
+                    Source::LegacyQuery { filter },
+                ))
+            }
+            Message::Insert(i) => Ok(Self::legacy(
+                Kind::Insert,
+                "insert",
+                i.full_collection_name,
+                Source::LegacyInsert(i),
+            )),
+            Message::Update(u) => Ok(Self::legacy(
+                Kind::Update,
+                "update",
+                u.full_collection_name,
+                Source::LegacyUpdate(u),
+            )),
+            Message::Delete(d) => Ok(Self::legacy(
+                Kind::Delete,
+                "delete",
+                d.full_collection_name,
+                Source::LegacyDelete(d),
+            )),
+            Message::GetMore(g) => Ok(Self::legacy(
+                Kind::GetMore,
+                "getMore",
+                g.full_collection_name,
+                Source::LegacyCursor,
+            )),
+            Message::KillCursors(_) => Ok(Self::legacy(
+                Kind::KillCursors,
+                "killCursors",
+                "",
+                Source::LegacyCursor,
+            )),
+            Message::Reply(_) | Message::Compressed(_) => {
+                Err(CommandError::BadReference("not a command message"))
+            }
+        }
+    }
+
+    /// A view of a bare command document run against `db` (the offline checker, explain).
+    pub fn command(db: &'a str, body: &'a RawDocument) -> Result<CommandView<'a>, CommandError> {
+        let name = first_key(body).ok_or(CommandError::Malformed)?;
+        Ok(CommandView {
+            kind: Kind::from_name(name),
+            name,
+            db,
+            legacy_coll: None,
+            source: Source::Command { body, msg: None },
+            more_to_come: false,
+            explain: false,
+        })
+    }
+
+    fn legacy(
+        kind: Kind,
+        name: &'static str,
+        full: &'a str,
+        source: Source<'a>,
+    ) -> CommandView<'a> {
+        let ns = Namespace::parse_full(full);
+        // Legacy writes are fire-and-forget: unacknowledged unless followed by getLastError.
+        let more_to_come = matches!(kind, Kind::Insert | Kind::Update | Kind::Delete);
+        CommandView {
+            kind,
+            name,
+            db: ns.db,
+            legacy_coll: ns.coll,
+            source,
+            more_to_come,
+            explain: false,
+        }
+    }
+
+    /// The normalised command.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The command name as sent (first key), or the legacy opcode's equivalent.
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    /// The name for records: canonical for known commands, as sent otherwise.
+    pub fn display_name(&self) -> &'a str {
+        self.kind.canonical().unwrap_or(self.name)
+    }
+
+    /// The database the command runs against (`$db`).
+    pub fn db(&self) -> &'a str {
+        self.db
+    }
+
+    /// The command document, when there is one (not for legacy opcodes).
+    pub fn body(&self) -> Option<&'a RawDocument> {
+        match self.source {
+            Source::Command { body, .. } => Some(body),
+            _ => None,
+        }
+    }
+
+    /// True when no reply is expected (moreToCome, legacy writes): an unacknowledged write.
+    pub fn more_to_come(&self) -> bool {
+        self.more_to_come
+    }
+
+    /// True when this view is the command inside an `explain`: a read of that command's plan.
+    pub fn is_explain(&self) -> bool {
+        self.explain
+    }
+
+    /// True when the command changes data or schema (false for explain).
+    pub fn is_write(&self) -> bool {
+        !self.explain && self.kind.is_write()
+    }
+
+    /// `writeConcern`, if given.
+    pub fn write_concern(&self) -> Result<Option<&'a RawDocument>, CommandError> {
+        match self.body() {
+            Some(body) => value::get_doc(body, "writeConcern", "command"),
+            None => Ok(None),
+        }
+    }
+
+    /// The command inside `explain`, as a view flagged [`CommandView::is_explain`].
+    pub fn explained(&self) -> Result<Option<CommandView<'a>>, CommandError> {
+        if self.kind != Kind::Explain {
+            return Ok(None);
+        }
+        let Some(body) = self.body() else {
+            return Ok(None);
+        };
+        let inner = value::get_doc(body, "explain", "explain")?.ok_or(CommandError::BadField {
+            command: "explain",
+            field: "explain",
+        })?;
+        crate::wire::check_duplicate_keys(inner).map_err(|_| CommandError::Malformed)?;
+        let mut view = Self::command(self.db, inner)?;
+        view.explain = true;
+        Ok(Some(view))
+    }
+
+    /// The namespace the command is about: `db` plus the collection named by the command
+    /// (its first value), or the legacy opcode's namespace.
+    pub fn namespace(&self) -> Namespace<'a> {
+        if let Some(coll) = self.legacy_coll {
+            return Namespace {
+                db: self.db,
+                coll: Some(coll),
+            };
+        }
+        let coll = self.body().and_then(|b| match b.get(self.name) {
+            Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
+            _ => None,
+        });
+        match (self.kind, coll) {
+            // These name a full "db.coll" namespace and run on admin.
+            (Kind::RenameCollection | Kind::ShardCollection, Some(full)) => {
+                Namespace::parse_full(full)
+            }
+            (Kind::DropDatabase, _) => Namespace {
+                db: self.db,
+                coll: None,
+            },
+            (_, coll) => Namespace { db: self.db, coll },
+        }
+    }
+
+    /// A kind-1 sequence of the OP_MSG, if the command came with one.
+    pub(crate) fn sequence(&self, identifier: &str) -> Option<DocumentSequence<'a>> {
+        match self.source {
+            Source::Command { msg: Some(m), .. } => m.sequence(identifier),
+            _ => None,
+        }
+    }
+}
