@@ -1,0 +1,93 @@
+//! `hello` / `isMaster` / `ismaster`.
+
+use bson::{doc, Bson, Document};
+
+use super::{auth, CmdResult, Ctx};
+use crate::compression;
+
+/// Builds the hello reply. `name` is "hello" or "ismaster" (lower-cased).
+pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
+    let shared = ctx.shared;
+    let cfg = &shared.config;
+    if ctx.conn.client_metadata.is_none() {
+        if let Some(Bson::Document(client)) = cmd.get("client") {
+            let keys: Vec<&str> = cmd.keys().map(String::as_str).collect();
+            tracing::debug!(conn = ctx.conn.id, ?keys, client = %client, "handshake");
+            ctx.conn.client_metadata = Some(client.clone());
+        }
+    }
+    let mut r = Document::new();
+    if cmd.get("helloOk").is_some_and(crate::bsonutil::truthy) {
+        r.insert("helloOk", true);
+    }
+    if name == "hello" {
+        r.insert("isWritablePrimary", true);
+    } else {
+        r.insert("ismaster", true);
+    }
+    r.insert(
+        "topologyVersion",
+        doc! {"processId": shared.process_id, "counter": 0i64},
+    );
+    if let Some(set) = &cfg.replica_set {
+        let me = shared.host_port();
+        r.insert("hosts", vec![Bson::String(me.clone())]);
+        r.insert("setName", set.clone());
+        r.insert("setVersion", 1);
+        r.insert("secondary", false);
+        r.insert("primary", me.clone());
+        r.insert("me", me);
+        r.insert("electionId", shared.election_id);
+        let now = bson::DateTime::now();
+        let secs = u32::try_from(now.timestamp_millis() / 1000).unwrap_or(u32::MAX);
+        let op_time = doc! {"ts": bson::Timestamp { time: secs, increment: 1 }, "t": 1i64};
+        r.insert(
+            "lastWrite",
+            doc! {
+                "opTime": op_time.clone(), "lastWriteDate": now,
+                "majorityOpTime": op_time, "majorityWriteDate": now,
+            },
+        );
+    }
+    r.insert("maxBsonObjectSize", 16_777_216);
+    r.insert("maxMessageSizeBytes", 48_000_000);
+    r.insert("maxWriteBatchSize", 100_000);
+    r.insert("localTime", bson::DateTime::now());
+    r.insert("logicalSessionTimeoutMinutes", 30);
+    r.insert(
+        "connectionId",
+        i32::try_from(ctx.conn.id).unwrap_or(i32::MAX),
+    );
+    r.insert("minWireVersion", 0);
+    r.insert("maxWireVersion", cfg.wire_version);
+    r.insert("readOnly", false);
+    if let Some(Bson::Array(offered)) = cmd.get("compression") {
+        let agreed: Vec<Bson> = offered
+            .iter()
+            .filter_map(Bson::as_str)
+            .filter(|c| compression::known(c) && cfg.compressors.iter().any(|s| s == c))
+            .map(|c| Bson::String(c.to_string()))
+            .collect();
+        if !agreed.is_empty() {
+            r.insert("compression", agreed);
+        }
+    }
+    if let Some(Bson::String(who)) = cmd.get("saslSupportedMechs") {
+        if let Some(("admin", user)) = who.split_once('.') {
+            if shared.users.contains(user) {
+                r.insert("saslSupportedMechs", vec!["SCRAM-SHA-1", "SCRAM-SHA-256"]);
+            }
+        }
+    }
+    if let Some(Bson::Document(spec)) = cmd.get("speculativeAuthenticate") {
+        // A failed speculative attempt is not an error: the reply just omits the field and
+        // the driver authenticates normally (and fails there if the credentials are bad).
+        let db = spec.get_str("db").unwrap_or("admin").to_string();
+        if let Ok(mut start) = auth::start_conversation(ctx, &db, spec) {
+            start.remove("ok");
+            r.insert("speculativeAuthenticate", start);
+        }
+    }
+    r.insert("ok", 1.0);
+    Ok(r)
+}

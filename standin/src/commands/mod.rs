@@ -1,0 +1,218 @@
+//! Command dispatch and shared helpers.
+
+pub(crate) mod admin;
+pub(crate) mod aggregate;
+pub(crate) mod auth;
+mod expr;
+pub(crate) mod hello;
+pub(crate) mod read;
+pub(crate) mod write;
+
+use bson::{doc, Bson, Document};
+
+use crate::conn::ConnState;
+use crate::query::QueryError;
+use crate::server::Shared;
+use crate::update::UpdateError;
+
+/// A command failure, rendered like mongod's: `{ok: 0.0, errmsg, code, codeName}`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CmdError {
+    pub(crate) code: i32,
+    pub(crate) code_name: &'static str,
+    pub(crate) msg: String,
+}
+
+impl CmdError {
+    pub(crate) fn new(code: i32, code_name: &'static str, msg: impl Into<String>) -> CmdError {
+        CmdError {
+            code,
+            code_name,
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn bad_value(msg: impl Into<String>) -> CmdError {
+        CmdError::new(2, "BadValue", msg)
+    }
+
+    pub(crate) fn type_mismatch(msg: impl Into<String>) -> CmdError {
+        CmdError::new(14, "TypeMismatch", msg)
+    }
+
+    pub(crate) fn failed_to_parse(msg: impl Into<String>) -> CmdError {
+        CmdError::new(9, "FailedToParse", msg)
+    }
+
+    pub(crate) fn ns_not_found(msg: impl Into<String>) -> CmdError {
+        CmdError::new(26, "NamespaceNotFound", msg)
+    }
+
+    pub(crate) fn to_doc(&self) -> Document {
+        doc! {"ok": 0.0, "errmsg": self.msg.clone(), "code": self.code, "codeName": self.code_name}
+    }
+
+    /// The entry of a `writeErrors` array.
+    pub(crate) fn write_error(&self, index: usize) -> Document {
+        doc! {"index": index as i32, "code": self.code, "codeName": self.code_name, "errmsg": self.msg.clone()}
+    }
+}
+
+impl From<QueryError> for CmdError {
+    fn from(e: QueryError) -> Self {
+        CmdError::bad_value(e.0)
+    }
+}
+
+impl From<UpdateError> for CmdError {
+    fn from(e: UpdateError) -> Self {
+        CmdError::new(e.code, e.code_name, e.msg)
+    }
+}
+
+pub(crate) type CmdResult = Result<Document, CmdError>;
+
+/// What a command runs against.
+pub(crate) struct Ctx<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) conn: &'a mut ConnState,
+    pub(crate) db: String,
+}
+
+/// Commands an unauthenticated connection may run while users are configured.
+const NO_AUTH_NEEDED: &[&str] = &[
+    "hello",
+    "ismaster",
+    "ping",
+    "buildinfo",
+    "saslstart",
+    "saslcontinue",
+    "endsessions",
+];
+
+/// Runs a command (`name` = lower-cased first key) and returns the reply document.
+pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
+    let original = cmd.keys().next().cloned().unwrap_or_default();
+    let res = if !ctx.shared.users.is_empty()
+        && ctx.conn.user.is_none()
+        && !NO_AUTH_NEEDED.contains(&name)
+    {
+        Err(CmdError::new(
+            13,
+            "Unauthorized",
+            format!("command {original} requires authentication"),
+        ))
+    } else {
+        dispatch(ctx, name, &original, cmd)
+    };
+    match res {
+        Ok(mut d) => {
+            if !d.contains_key("ok") {
+                d.insert("ok", 1.0);
+            }
+            d
+        }
+        Err(e) => e.to_doc(),
+    }
+}
+
+fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdResult {
+    match name {
+        "hello" | "ismaster" => hello::hello(ctx, name, cmd),
+        "ping" | "collmod" | "committransaction" | "aborttransaction" | "endsessions"
+        | "killsessions" | "killallsessions" | "refreshsessions" | "logout"
+        | "resetstats" => Ok(Document::new()),
+        "getlasterror" | "getlasterr" => Ok(doc! {"n": 0, "err": Bson::Null}),
+        "buildinfo" => Ok(admin::build_info(ctx)),
+        "getparameter" => admin::get_parameter(ctx, cmd),
+        "listdatabases" => admin::list_databases(ctx, cmd),
+        "drop" => admin::drop(ctx, cmd),
+        "dropdatabase" => admin::drop_database(ctx),
+        "create" => admin::create(ctx, cmd),
+        "listcollections" => admin::list_collections(ctx, cmd),
+        "createindexes" => admin::create_indexes(ctx, cmd),
+        "listindexes" => admin::list_indexes(ctx, cmd),
+        "dropindexes" | "deleteindexes" => admin::drop_indexes(ctx, cmd),
+        "renamecollection" => admin::rename_collection(ctx, cmd),
+        "serverstatus" => Ok(admin::server_status(ctx)),
+        "connectionstatus" => Ok(admin::connection_status(ctx)),
+        "whatsmyuri" => Ok(doc! {"you": ctx.conn.peer.to_string()}),
+        "dbstats" => Ok(admin::db_stats(ctx)),
+        "insert" => write::insert(ctx, cmd),
+        "update" => write::update(ctx, cmd),
+        "delete" => write::delete(ctx, cmd),
+        "findandmodify" => write::find_and_modify(ctx, cmd),
+        "find" => read::find(ctx, cmd),
+        "getmore" => read::get_more(ctx, cmd),
+        "killcursors" => read::kill_cursors(ctx, cmd),
+        "count" => read::count(ctx, cmd),
+        "distinct" => read::distinct(ctx, cmd),
+        "aggregate" => aggregate::aggregate(ctx, cmd),
+        "explain" => aggregate::explain(ctx, cmd),
+        "saslstart" => auth::sasl_start(ctx, cmd),
+        "saslcontinue" => auth::sasl_continue(ctx, cmd),
+        "authenticate" => Err(CmdError::new(
+            334,
+            "MechanismUnavailable",
+            "only SCRAM-SHA-1 and SCRAM-SHA-256 (saslStart) are supported by the mongoguard stand-in",
+        )),
+        _ => Err(CmdError::new(
+            59,
+            "CommandNotFound",
+            format!("no such command: '{original}'"),
+        )),
+    }
+}
+
+/// The collection named by the command's first value (must be a non-empty string).
+pub(crate) fn coll_name(cmd: &Document) -> Result<String, CmdError> {
+    let (k, v) = cmd
+        .iter()
+        .next()
+        .ok_or_else(|| CmdError::bad_value("empty command"))?;
+    match v {
+        Bson::String(s) if !s.is_empty() && !s.contains('\0') => Ok(s.clone()),
+        Bson::String(_) => Err(CmdError::new(
+            73,
+            "InvalidNamespace",
+            format!("Invalid namespace specified for {k}"),
+        )),
+        _ => Err(CmdError::new(
+            73,
+            "InvalidNamespace",
+            format!("collection name has invalid type {:?}", v.element_type()),
+        )),
+    }
+}
+
+/// An optional document-valued field.
+pub(crate) fn opt_doc<'a>(cmd: &'a Document, key: &str) -> Result<Option<&'a Document>, CmdError> {
+    match cmd.get(key) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(Bson::Document(d)) => Ok(Some(d)),
+        Some(other) => Err(CmdError::type_mismatch(format!(
+            "BSON field '{key}' is the wrong type '{:?}', expected type 'object'",
+            other.element_type()
+        ))),
+    }
+}
+
+/// An optional non-negative integer field (any numeric type).
+pub(crate) fn opt_count(cmd: &Document, key: &str) -> Result<Option<i64>, CmdError> {
+    match cmd.get(key) {
+        None | Some(Bson::Null) => Ok(None),
+        Some(v) => match crate::bsonutil::as_i64(v) {
+            Some(n) => Ok(Some(n)),
+            None => Err(CmdError::type_mismatch(format!(
+                "BSON field '{key}' must be a number"
+            ))),
+        },
+    }
+}
+
+/// A cursor reply: `{cursor: {firstBatch|nextBatch, id, ns}}`.
+pub(crate) fn cursor_reply(ns: &str, batch: Vec<Document>, id: i64, first: bool) -> Document {
+    let key = if first { "firstBatch" } else { "nextBatch" };
+    let batch: Vec<Bson> = batch.into_iter().map(Bson::Document).collect();
+    doc! {"cursor": {key: batch, "id": id, "ns": ns}}
+}

@@ -1,0 +1,478 @@
+//! One client connection: read frames, run them, write replies, apply faults.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tracing::{debug, trace};
+
+use crate::bsonutil::{as_i64, command_name};
+use crate::commands::{self, CmdError, Ctx};
+use crate::compression::never_compressed;
+use crate::fault::Fault;
+use crate::server::Shared;
+use crate::stats::OpenGuard;
+use crate::wire::{self, Incoming, OpMsg, OpQuery, Request, HEADER_LEN};
+
+/// Per-connection state visible to commands.
+#[derive(Debug)]
+pub(crate) struct ConnState {
+    pub(crate) id: i64,
+    pub(crate) peer: SocketAddr,
+    /// The authenticated user, if any.
+    pub(crate) user: Option<String>,
+    /// An in-progress SASL conversation and its skipEmptyExchange option.
+    pub(crate) sasl: Option<(crate::scram::Conversation, bool)>,
+    /// `client` metadata from the first hello.
+    pub(crate) client_metadata: Option<Document>,
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    state: ConnState,
+    received: u64,
+}
+
+enum Waited {
+    Elapsed,
+    Input,
+    Closed,
+}
+
+/// Serves one accepted socket until it closes or the server shuts down.
+pub(crate) async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
+    let _open = OpenGuard(&shared.stats);
+    let (r, w) = sock.into_split();
+    let mut conn = Conn {
+        state: ConnState {
+            id: shared.next_connection_id(),
+            peer,
+            user: None,
+            sasl: None,
+            client_metadata: None,
+        },
+        shared: shared.clone(),
+        reader: BufReader::with_capacity(32 * 1024, r),
+        writer: w,
+        received: 0,
+    };
+    debug!(%peer, conn = conn.state.id, "connection opened");
+    let res = tokio::select! {
+        _ = shared.cancel.cancelled() => Ok(()),
+        r = conn.run() => r,
+    };
+    match res {
+        Ok(()) => debug!(%peer, conn = conn.state.id, "connection closed"),
+        Err(e) => debug!(%peer, conn = conn.state.id, error = %e, "connection closed"),
+    }
+}
+
+fn invalid(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+impl Conn {
+    async fn run(&mut self) -> io::Result<()> {
+        loop {
+            let Some(frame) = self.read_frame().await? else {
+                return Ok(());
+            };
+            self.shared.stats.on_message();
+            self.received += 1;
+            match self.shared.fault.get() {
+                Fault::CloseAfter(n) if self.received > n => {
+                    debug!(conn = self.state.id, "fault: close-after, closing");
+                    return Ok(());
+                }
+                Fault::Stall => {
+                    trace!(conn = self.state.id, "fault: stall, request discarded");
+                    continue;
+                }
+                _ => {}
+            }
+            let incoming = wire::parse_frame(&frame).map_err(invalid)?;
+            drop(frame);
+            if incoming.compressor.is_some() {
+                self.shared.stats.on_compressed();
+            }
+            self.handle(incoming).await?;
+        }
+    }
+
+    /// Reads one frame; `None` on a clean EOF between frames.
+    async fn read_frame(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let mut header = [0u8; HEADER_LEN];
+        if self.reader.fill_buf().await?.is_empty() {
+            return Ok(None);
+        }
+        self.reader.read_exact(&mut header).await?;
+        let len = wire::frame_len(&header).map_err(invalid)?;
+        let mut frame = vec![0u8; len];
+        frame[..HEADER_LEN].copy_from_slice(&header);
+        self.reader.read_exact(&mut frame[HEADER_LEN..]).await?;
+        Ok(Some(frame))
+    }
+
+    /// Waits `d`, noticing the client closing (or sending something) meanwhile.
+    async fn wait_or_input(&mut self, d: Duration) -> io::Result<Waited> {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => Ok(Waited::Elapsed),
+            r = self.reader.fill_buf() => match r {
+                Ok([]) => Ok(Waited::Closed),
+                Ok(_) => Ok(Waited::Input),
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Writes an encoded reply frame, applying reply faults and compression.
+    async fn write_frame(&mut self, frame: Vec<u8>, compressor: Option<u8>) -> io::Result<()> {
+        match self.shared.fault.get() {
+            Fault::Delay(d) => tokio::time::sleep(d).await,
+            Fault::GarbageReply => {
+                let response_to = i32::from_le_bytes([frame[8], frame[9], frame[10], frame[11]]);
+                return self.writer.write_all(&wire::garbage(response_to)).await;
+            }
+            Fault::Stall => return Ok(()),
+            _ => {}
+        }
+        let bytes = match compressor {
+            Some(c) => wire::compress_frame(&frame, c).unwrap_or(frame),
+            None => frame,
+        };
+        self.writer.write_all(&bytes).await
+    }
+
+    /// Sends an OP_MSG reply; returns its requestID.
+    async fn send_msg(
+        &mut self,
+        body: &Document,
+        response_to: i32,
+        flags: u32,
+        compressor: Option<u8>,
+    ) -> io::Result<i32> {
+        let rid = wire::next_request_id();
+        let frame = match wire::encode_op_msg(rid, response_to, flags, body) {
+            Ok(f) => f,
+            Err(e) => {
+                let err = CmdError::new(10334, "BSONObjectTooLarge", e).to_doc();
+                wire::encode_op_msg(rid, response_to, flags, &err).map_err(invalid)?
+            }
+        };
+        self.write_frame(frame, compressor).await?;
+        Ok(rid)
+    }
+
+    async fn send_reply(
+        &mut self,
+        response_to: i32,
+        flags: i32,
+        cursor_id: i64,
+        starting_from: i32,
+        docs: &[Document],
+        compressor: Option<u8>,
+    ) -> io::Result<()> {
+        let rid = wire::next_request_id();
+        let frame =
+            match wire::encode_op_reply(rid, response_to, flags, cursor_id, starting_from, docs) {
+                Ok(f) => f,
+                Err(e) => {
+                    let err = doc! {"$err": e, "code": 10334};
+                    wire::encode_op_reply(rid, response_to, 2, 0, 0, &[err]).map_err(invalid)?
+                }
+            };
+        self.write_frame(frame, compressor).await
+    }
+
+    fn ctx(&mut self, db: &str) -> Ctx<'_> {
+        Ctx {
+            shared: &self.shared,
+            conn: &mut self.state,
+            db: db.to_string(),
+        }
+    }
+
+    async fn handle(&mut self, inc: Incoming) -> io::Result<()> {
+        let Incoming {
+            request_id,
+            compressor,
+            request,
+        } = inc;
+        match request {
+            Request::Msg(m) => self.handle_msg(request_id, compressor, m).await,
+            Request::Query(q) => self.handle_query(request_id, compressor, q).await,
+            Request::GetMore {
+                ns,
+                n_return,
+                cursor_id,
+            } => {
+                self.shared.stats.on_command("op_get_more");
+                let (docs, id, flags, from) = if self.authorized() {
+                    commands::read::legacy_get_more(&self.shared, &ns, n_return, cursor_id)
+                } else {
+                    (vec![unauthorized_legacy()], 0, 2, 0)
+                };
+                self.send_reply(request_id, flags, id, from, &docs, compressor)
+                    .await
+            }
+            Request::KillCursors { ids } => {
+                self.shared.stats.on_command("op_kill_cursors");
+                if self.authorized() {
+                    for id in ids {
+                        self.shared.cursors.kill(id);
+                    }
+                }
+                Ok(())
+            }
+            Request::Insert {
+                ns,
+                continue_on_error,
+                docs,
+            } => {
+                self.shared.stats.on_command("op_insert");
+                let (db, coll) = split_ns(&ns);
+                let docs: Vec<Bson> = docs.into_iter().map(Bson::Document).collect();
+                let cmd = doc! {"insert": coll, "documents": docs, "ordered": !continue_on_error};
+                self.legacy_write(db, &cmd);
+                Ok(())
+            }
+            Request::Update {
+                ns,
+                upsert,
+                multi,
+                selector,
+                update,
+            } => {
+                self.shared.stats.on_command("op_update");
+                let (db, coll) = split_ns(&ns);
+                let cmd = doc! {"update": coll, "updates": [{"q": selector, "u": update, "upsert": upsert, "multi": multi}]};
+                self.legacy_write(db, &cmd);
+                Ok(())
+            }
+            Request::Delete {
+                ns,
+                single,
+                selector,
+            } => {
+                self.shared.stats.on_command("op_delete");
+                let (db, coll) = split_ns(&ns);
+                let limit = if single { 1 } else { 0 };
+                let cmd = doc! {"delete": coll, "deletes": [{"q": selector, "limit": limit}]};
+                self.legacy_write(db, &cmd);
+                Ok(())
+            }
+        }
+    }
+
+    fn authorized(&self) -> bool {
+        self.shared.users.is_empty() || self.state.user.is_some()
+    }
+
+    /// Runs a legacy write (no reply is ever sent for those).
+    fn legacy_write(&mut self, db: &str, cmd: &Document) {
+        if !self.authorized() {
+            debug!(conn = self.state.id, "unauthenticated legacy write ignored");
+            return;
+        }
+        let name = command_name(cmd);
+        let reply = commands::run(&mut self.ctx(db), &name, cmd);
+        trace!(conn = self.state.id, ?reply, "legacy write done");
+    }
+
+    async fn handle_msg(
+        &mut self,
+        request_id: i32,
+        compressor: Option<u8>,
+        m: OpMsg,
+    ) -> io::Result<()> {
+        let name = command_name(&m.body);
+        self.shared.stats.on_command(&name);
+        let more_to_come = m.flags & wire::FLAG_MORE_TO_COME != 0;
+        let exhaust = m.flags & wire::FLAG_EXHAUST_ALLOWED != 0;
+        let compressor = compressor.filter(|_| !never_compressed(&name));
+        let db = match m.body.get("$db") {
+            Some(Bson::String(s)) => s.clone(),
+            _ => String::new(),
+        };
+        let reply_for = |this: &mut Conn| -> Document {
+            if let Some(k) = &m.duplicate_key {
+                return CmdError::new(
+                    40413,
+                    "Location40413",
+                    format!("BSON field '{k}' is a duplicate field"),
+                )
+                .to_doc();
+            }
+            if db.is_empty() {
+                return CmdError::new(
+                    40571,
+                    "Location40571",
+                    "OP_MSG requests require a $db argument",
+                )
+                .to_doc();
+            }
+            commands::run(&mut this.ctx(&db), &name, &m.body)
+        };
+
+        if (name == "hello" || name == "ismaster")
+            && m.body.contains_key("topologyVersion")
+            && m.body.contains_key("maxAwaitTimeMS")
+            && !more_to_come
+        {
+            return self
+                .awaitable_hello(request_id, compressor, exhaust, &m.body, reply_for)
+                .await;
+        }
+
+        let reply = reply_for(self);
+        if more_to_come {
+            return Ok(());
+        }
+        let streaming = exhaust && name == "getmore";
+        let mut more = streaming && reply_cursor_id(&reply) != 0;
+        let mut rid = self
+            .send_msg(
+                &reply,
+                request_id,
+                if more { wire::FLAG_MORE_TO_COME } else { 0 },
+                compressor,
+            )
+            .await?;
+        // Exhaust getMore: keep sending batches until the cursor is exhausted.
+        if more {
+            debug!(conn = self.state.id, "exhaust getMore stream");
+        }
+        while more {
+            let next = reply_for(self);
+            more = reply_cursor_id(&next) != 0;
+            rid = self
+                .send_msg(
+                    &next,
+                    rid,
+                    if more { wire::FLAG_MORE_TO_COME } else { 0 },
+                    compressor,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn awaitable_hello(
+        &mut self,
+        request_id: i32,
+        compressor: Option<u8>,
+        exhaust: bool,
+        body: &Document,
+        reply_for: impl Fn(&mut Conn) -> Document,
+    ) -> io::Result<()> {
+        let wait = body
+            .get("maxAwaitTimeMS")
+            .and_then(as_i64)
+            .unwrap_or(0)
+            .clamp(0, 3_600_000);
+        let wait = Duration::from_millis(wait as u64);
+        let current = match body.get("topologyVersion") {
+            Some(Bson::Document(tv)) => {
+                tv.get("processId") == Some(&Bson::ObjectId(self.shared.process_id))
+                    && tv.get("counter").and_then(as_i64) == Some(0)
+            }
+            _ => false,
+        };
+        if current {
+            match self.wait_or_input(wait).await? {
+                Waited::Closed => return Ok(()),
+                Waited::Elapsed | Waited::Input => {}
+            }
+        }
+        debug!(
+            conn = self.state.id,
+            ?wait,
+            exhaust,
+            current,
+            "awaitable hello"
+        );
+        let mut response_to = request_id;
+        loop {
+            let reply = reply_for(self);
+            let flags = if exhaust { wire::FLAG_MORE_TO_COME } else { 0 };
+            response_to = self
+                .send_msg(&reply, response_to, flags, compressor)
+                .await?;
+            if !exhaust {
+                return Ok(());
+            }
+            match self.wait_or_input(wait).await? {
+                Waited::Elapsed => {}
+                Waited::Closed => return Ok(()),
+                // The client is talking again: the stream is over, serve the new message.
+                Waited::Input => return Ok(()),
+            }
+        }
+    }
+
+    async fn handle_query(
+        &mut self,
+        request_id: i32,
+        compressor: Option<u8>,
+        q: OpQuery,
+    ) -> io::Result<()> {
+        self.shared.stats.on_command("op_query");
+        let (db, coll) = split_ns(&q.ns);
+        if coll == "$cmd" {
+            let cmd = unwrap_query(q.query);
+            let name = command_name(&cmd);
+            self.shared.stats.on_command(&name);
+            let compressor = compressor.filter(|_| !never_compressed(&name));
+            let db = db.to_string();
+            let reply = commands::run(&mut self.ctx(&db), &name, &cmd);
+            // responseFlags: AwaitCapable (bit 3), as mongod sets it.
+            return self
+                .send_reply(request_id, 8, 0, 0, &[reply], compressor)
+                .await;
+        }
+        let (docs, id, flags) = if self.authorized() {
+            match commands::read::legacy_query(&self.shared, db, coll, &q) {
+                Ok((docs, id)) => (docs, id, 8),
+                Err(e) => (vec![doc! {"$err": e.msg.clone(), "code": e.code}], 0, 2),
+            }
+        } else {
+            (vec![unauthorized_legacy()], 0, 2)
+        };
+        self.send_reply(request_id, flags, id, 0, &docs, compressor)
+            .await
+    }
+}
+
+fn unauthorized_legacy() -> Document {
+    doc! {"$err": "not authorized: authentication required", "code": 13}
+}
+
+/// Splits "db.coll.name" into ("db", "coll.name").
+pub(crate) fn split_ns(ns: &str) -> (&str, &str) {
+    ns.split_once('.').unwrap_or((ns, ""))
+}
+
+/// OP_QUERY commands may be wrapped as `{$query: {...}, $readPreference: ...}`.
+fn unwrap_query(q: Document) -> Document {
+    let first = q.keys().next().map(String::as_str);
+    if matches!(first, Some("$query") | Some("query")) {
+        if let Some(Bson::Document(inner)) = q.values().next() {
+            return inner.clone();
+        }
+    }
+    q
+}
+
+fn reply_cursor_id(reply: &Document) -> i64 {
+    match reply.get("cursor") {
+        Some(Bson::Document(c)) => c.get("id").and_then(as_i64).unwrap_or(0),
+        _ => 0,
+    }
+}

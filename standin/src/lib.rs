@@ -1,0 +1,92 @@
+//! # mongoguard-standin: a MongoDB wire-protocol **test stand-in**
+//!
+//! **This is not a database.** It is an in-memory fake of a standalone `mongod` (optionally
+//! presenting itself as a one-member replica set) that exists only so that mongoguard's
+//! integration tests, benchmarks and demo can run without a real MongoDB server. Nothing is
+//! persisted, there are no real transactions, no journaling, no secondary indexes (index specs
+//! are stored and listed, `unique` is not enforced), and query semantics are a best-effort subset
+//! of MongoDB's. Never put data you care about in it.
+//!
+//! It speaks the wire protocol the way `mongod` does, with its own framing code (deliberately
+//! independent of the `mongoguard` crate, so that it is an honest peer for testing mongoguard's
+//! codec): OP_MSG (checksums, document sequences, `moreToCome`, `exhaustAllowed`), OP_QUERY
+//! commands and legacy finds answered with OP_REPLY, OP_COMPRESSED (snappy, zlib, zstd), and the
+//! legacy OP_INSERT / OP_UPDATE / OP_DELETE / OP_GET_MORE / OP_KILL_CURSORS opcodes.
+//!
+//! Unmodified drivers (the Rust `mongodb` crate 3.x, pymongo 4.x) connect, authenticate with
+//! SCRAM-SHA-1 / SCRAM-SHA-256, run CRUD, aggregate, cursors (including exhaust getMore) and
+//! streaming (awaitable, exhaust) `hello` monitoring against it.
+//!
+//! Faults can be injected at run time with [`StandIn::set_fault`] to test how a proxy behaves
+//! when its upstream misbehaves.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use mongoguard_standin::{StandIn, StandInConfig};
+//! let standin = StandIn::start(StandInConfig::default()).await?;
+//! println!("connect to {}", standin.uri());
+//! standin.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod bsonutil;
+mod commands;
+mod compression;
+mod conn;
+mod cursor;
+mod fault;
+mod projection;
+mod query;
+mod scram;
+mod server;
+mod stats;
+mod store;
+mod update;
+mod wire;
+
+pub use fault::Fault;
+pub use server::StandIn;
+pub use stats::Stats;
+
+use std::net::SocketAddr;
+
+/// Configuration of a [`StandIn`].
+#[derive(Debug, Clone)]
+pub struct StandInConfig {
+    /// Address to listen on; port 0 picks a free port (see [`StandIn::addr`]).
+    pub listen: SocketAddr,
+    /// `maxWireVersion` reported in `hello` (21 = MongoDB 7.0). The `buildInfo` version is
+    /// derived from it (8 -> 4.2.0, 13 -> 5.0.0, 17 -> 6.0.0, 21 -> 7.0.0, 25 -> 8.0.0).
+    pub wire_version: i32,
+    /// `(user, password)` pairs, all defined in database `admin`. Empty = no auth required.
+    pub users: Vec<(String, String)>,
+    /// `Some(name)`: `hello` presents a one-member replica set primary named `name`.
+    pub replica_set: Option<String>,
+    /// Compressors offered in `hello` negotiation (subset of "snappy", "zlib", "zstd").
+    pub compressors: Vec<String>,
+}
+
+impl Default for StandInConfig {
+    fn default() -> Self {
+        StandInConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            wire_version: 21,
+            users: Vec::new(),
+            replica_set: None,
+            compressors: vec!["snappy".into(), "zlib".into(), "zstd".into()],
+        }
+    }
+}
+
+/// The server version string reported for a wire version.
+pub(crate) fn version_for_wire(wire_version: i32) -> &'static str {
+    match wire_version {
+        i32::MIN..=7 => "4.0.0",
+        8..=8 => "4.2.0",
+        9..=12 => "4.4.0",
+        13..=16 => "5.0.0",
+        17..=20 => "6.0.0",
+        21..=24 => "7.0.0",
+        _ => "8.0.0",
+    }
+}
