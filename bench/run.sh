@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Three-path latency/throughput comparison on one machine:
+#
+#   loadgen -> stand-in                       (direct)
+#   loadgen -> mongoguard -> stand-in         (mongoguard)
+#   loadgen -> haproxy (mode tcp) -> stand-in (haproxy: a plain L4 relay)
+#
+# Usage: bench/run.sh [extra loadgen args...]
+# Env overrides (defaults in brackets):
+#   DURATION [10]  WARMUP [2]  OPS [ping,find,insert]  CONCURRENCY [1,64]  DOCS [10000]
+#   STANDIN_PORT [27100]  MONGOGUARD_PORT [27101]  HAPROXY_PORT [27102]
+#     (a busy default port is replaced by the next free one; an explicit busy one is an error)
+#   HAPROXY_NBTHREAD [haproxy's default: one per CPU]
+#   OUT_FILE [docs/benchmarks-latest.md]   RUST_LOG [warn, for mongoguard and the stand-in]
+#   SKIP_BUILD=1 and BIN_DIR [target/release]: use already-built binaries
+# Everything started here is stopped on exit.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+DURATION="${DURATION:-10}"
+WARMUP="${WARMUP:-2}"
+OPS="${OPS:-ping,find,insert}"
+CONCURRENCY="${CONCURRENCY:-1,64}"
+DOCS="${DOCS:-10000}"
+OUT_FILE="${OUT_FILE:-docs/benchmarks-latest.md}"
+export RUST_LOG="${RUST_LOG:-warn}"
+# shell_words ARGS...: the arguments as one copy-pasteable command line.
+shell_words() {
+    local out="" a
+    for a in "$@"; do
+        if [[ "$a" =~ ^[A-Za-z0-9_./=:,@+%-]+$ ]]; then
+            out+="$a "
+        else
+            out+="$(printf '%q' "$a") "
+        fi
+    done
+    printf '%s' "${out% }"
+}
+INVOCATION="$(shell_words "DURATION=$DURATION" "WARMUP=$WARMUP" "OPS=$OPS" \
+    "CONCURRENCY=$CONCURRENCY" "DOCS=$DOCS" bench/run.sh "$@")"
+
+WORK="$(mktemp -d -t mongoguard-bench.XXXXXX)"
+PIDS=()
+
+log() { printf '[run.sh] %s\n' "$*" >&2; }
+
+cleanup() {
+    local rc=$?
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ $rc -ne 0 ]]; then
+        log "failed (exit $rc); logs kept in $WORK"
+        local f
+        for f in "$WORK"/*.log; do
+            [[ -f "$f" ]] || continue
+            log "--- tail of $f"
+            tail -n 20 "$f" >&2 || true
+        done
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# True if something accepts TCP connections on 127.0.0.1:$1.
+port_in_use() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# pick_port ENV_VALUE DEFAULT: an explicit port must be free; a default may slide up.
+PICKED=()
+pick_port() {
+    local explicit="$1" p="$2" tries=0
+    if [[ -n "$explicit" ]]; then
+        port_in_use "$explicit" && die "port $explicit is already in use"
+        PICKED+=("$explicit")
+        echo "$explicit"
+        return
+    fi
+    while port_in_use "$p" || [[ " ${PICKED[*]} " == *" $p "* ]]; do
+        p=$((p + 1))
+        tries=$((tries + 1))
+        [[ $tries -lt 200 ]] || die "no free port near $2"
+    done
+    PICKED+=("$p")
+    echo "$p"
+}
+
+# wait_for_port PORT PID NAME: until the port accepts connections (30 s max).
+wait_for_port() {
+    local port="$1" pid="$2" name="$3" i
+    for ((i = 0; i < 300; i++)); do
+        kill -0 "$pid" 2>/dev/null || die "$name exited before listening (see $WORK/$name.log)"
+        port_in_use "$port" && return 0
+        sleep 0.1
+    done
+    die "$name did not listen on 127.0.0.1:$port within 30 s"
+}
+
+# wait_for_line FILE TEXT PID NAME: until FILE contains the exact line TEXT (30 s max).
+wait_for_line() {
+    local file="$1" text="$2" pid="$3" name="$4" i
+    for ((i = 0; i < 300; i++)); do
+        grep -qxF "$text" "$file" 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || die "$name exited before printing '$text'"
+        sleep 0.1
+    done
+    die "$name did not print '$text' within 30 s"
+}
+
+# --- prerequisites -----------------------------------------------------------
+if ! command -v haproxy >/dev/null 2>&1; then
+    log "installing haproxy"
+    SUDO=""
+    [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+    $SUDO apt-get update
+    $SUDO apt-get install -y haproxy
+fi
+
+if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+    log "building release binaries"
+    cargo build --release -p mongoguard-standin -p mongoguard -p mongoguard-bench
+fi
+BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
+for b in mongoguard-standin mongoguard loadgen; do
+    [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
+done
+
+PORT_A="$(pick_port "${STANDIN_PORT:-}" 27100)"
+PICKED+=("$PORT_A")
+PORT_B="$(pick_port "${MONGOGUARD_PORT:-}" 27101)"
+PICKED+=("$PORT_B")
+PORT_C="$(pick_port "${HAPROXY_PORT:-}" 27102)"
+log "ports: stand-in $PORT_A, mongoguard $PORT_B, haproxy $PORT_C"
+
+# --- stand-in upstream -------------------------------------------------------
+"$BIN/mongoguard-standin" --listen "127.0.0.1:$PORT_A" >"$WORK/standin.log" 2>&1 &
+STANDIN_PID=$!
+PIDS+=("$STANDIN_PID")
+wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PORT_A" "$STANDIN_PID" standin
+
+# --- mongoguard --------------------------------------------------------------
+"$BIN/mongoguard" --listen "127.0.0.1:$PORT_B" --upstream "mongodb://127.0.0.1:$PORT_A" \
+    >"$WORK/mongoguard.log" 2>&1 &
+MONGOGUARD_PID=$!
+PIDS+=("$MONGOGUARD_PID")
+wait_for_port "$PORT_B" "$MONGOGUARD_PID" mongoguard
+
+# --- haproxy (plain TCP relay) -----------------------------------------------
+# HAProxy 2.6 has no "option tcp-nodelay": it sets TCP_NODELAY on its sockets
+# itself and only delays sends (MSG_MORE) when it knows more data follows.
+HAPROXY_CFG="$WORK/haproxy.cfg"
+{
+    echo "global"
+    echo "    maxconn 4096"
+    if [[ -n "${HAPROXY_NBTHREAD:-}" ]]; then
+        echo "    nbthread $HAPROXY_NBTHREAD"
+    fi
+    echo ""
+    echo "defaults"
+    echo "    mode tcp"
+    echo "    timeout connect 5s"
+    echo "    timeout client 1h"
+    echo "    timeout server 1h"
+    echo ""
+    echo "listen mongo"
+    echo "    bind 127.0.0.1:$PORT_C"
+    echo "    server standin 127.0.0.1:$PORT_A"
+} >"$HAPROXY_CFG"
+haproxy -c -q -f "$HAPROXY_CFG" || die "invalid haproxy config $HAPROXY_CFG"
+haproxy -db -f "$HAPROXY_CFG" >"$WORK/haproxy.log" 2>&1 &
+HAPROXY_PID=$!
+PIDS+=("$HAPROXY_PID")
+wait_for_port "$PORT_C" "$HAPROXY_PID" haproxy
+
+# --- measure -----------------------------------------------------------------
+LOADGEN_ARGS=(
+    --target "direct=127.0.0.1:$PORT_A"
+    --target "mongoguard=127.0.0.1:$PORT_B"
+    --target "haproxy=127.0.0.1:$PORT_C"
+    --concurrency "$CONCURRENCY"
+    --op "$OPS"
+    --duration "$DURATION"
+    --warmup "$WARMUP"
+    --docs "$DOCS"
+    "$@"
+)
+LOADGEN_CMD="$(shell_words "$BIN/loadgen" "${LOADGEN_ARGS[@]}")"
+log "running: $LOADGEN_CMD"
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
+"$BIN/loadgen" "${LOADGEN_ARGS[@]}" --out "$WORK/tables.md"
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+for name in standin mongoguard haproxy; do
+    pid_var="${name^^}_PID"
+    kill -0 "${!pid_var}" 2>/dev/null || die "$name died during the run (see $WORK/$name.log)"
+done
+
+# --- record ------------------------------------------------------------------
+CPU_MODEL="$(grep -m1 -E '^(model name|Hardware|Processor)' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
+mkdir -p "$(dirname "$OUT_FILE")"
+{
+    echo "# Benchmarks: direct vs mongoguard vs haproxy"
+    echo ""
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty)')"
+    echo "- nproc: $(nproc)"
+    echo "- CPU: ${CPU_MODEL:-unknown}"
+    echo "- haproxy: $(haproxy -v | head -n1)"
+    echo "- haproxy nbthread: ${HAPROXY_NBTHREAD:-default}; RUST_LOG=$RUST_LOG"
+    echo "- load average before / after: $LOAD_BEFORE / $LOAD_AFTER (other work on the machine skews results)"
+    echo "- upstream: mongoguard-standin (in-memory stand-in, not mongod)"
+    echo "- command: \`$INVOCATION\`"
+    echo "- loadgen: \`$LOADGEN_CMD\`"
+    echo ""
+    echo "All processes (loadgen, stand-in, mongoguard, haproxy) share this machine's"
+    echo "$(nproc) CPUs, so throughput at high concurrency is CPU-bound and mostly"
+    echo "compares CPU cost per request; latencies are closed-loop (one request in"
+    echo "flight per connection), in microseconds. Targets are interleaved per"
+    echo "(op, concurrency) so drifting background load hits them alike."
+    echo ""
+    cat "$WORK/tables.md"
+} >"$OUT_FILE"
+log "wrote $OUT_FILE"

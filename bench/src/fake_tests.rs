@@ -1,0 +1,160 @@
+//! End-to-end tests of the request loop against an in-process fake server.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::doc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::wire::{parse_op_msg_body, Body, OP_MSG};
+use crate::workload::{self, Op, Settings};
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Healthy,
+    /// Reply `ok: 0` to every Nth non-hello request of a connection.
+    FailEvery(u32),
+    /// Close the connection right after answering `hello`.
+    CloseAfterHello,
+}
+
+#[derive(Default)]
+struct Seen {
+    commands: HashMap<String, u64>,
+    insert_ids: HashSet<i64>,
+    duplicate_ids: u64,
+}
+
+async fn serve(mode: Mode) -> (String, Arc<Mutex<Seen>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(conn(sock, mode, s.clone()));
+        }
+    });
+    (addr, seen)
+}
+
+async fn conn(mut sock: TcpStream, mode: Mode, seen: Arc<Mutex<Seen>>) {
+    let mut n = 0u32;
+    loop {
+        let mut h = [0u8; 16];
+        if sock.read_exact(&mut h).await.is_err() {
+            return;
+        }
+        let len = i32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let rid = i32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        assert_eq!(i32::from_le_bytes([h[12], h[13], h[14], h[15]]), OP_MSG);
+        let mut payload = vec![0u8; len - 16];
+        if sock.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        let body = parse_op_msg_body(&payload).expect("client sent a valid OP_MSG");
+        assert!(body.get_str("$db").is_ok(), "every command carries $db");
+        let name = body
+            .iter()
+            .next()
+            .and_then(|e| e.ok())
+            .map(|(k, _)| k.to_string())
+            .unwrap_or_default();
+        let mut reply = doc! { "ok": 1.0 };
+        {
+            let mut seen = seen.lock().expect("lock");
+            *seen.commands.entry(name.clone()).or_default() += 1;
+            if name == "insert" {
+                let docs = body.get_array("documents").expect("documents");
+                for d in docs.into_iter().flatten() {
+                    let id = d.as_document().and_then(|d| d.get_i64("_id").ok());
+                    let id = id.expect("client-generated int64 _id");
+                    if !seen.insert_ids.insert(id) {
+                        seen.duplicate_ids += 1;
+                        reply = doc! { "ok": 1.0, "n": 0, "writeErrors": [{ "code": 11000 }] };
+                    }
+                }
+            }
+        }
+        if name != "hello" {
+            n += 1;
+            if let Mode::FailEvery(k) = mode {
+                if n % k == 0 {
+                    reply = doc! { "ok": 0.0, "errmsg": "injected", "code": 8 };
+                }
+            }
+        }
+        let encoded = Body::encode(&reply).expect("encode");
+        let bytes = encoded.payload();
+        let mut out = Vec::new();
+        out.extend_from_slice(&((16 + bytes.len()) as i32).to_le_bytes());
+        out.extend_from_slice(&7i32.to_le_bytes());
+        out.extend_from_slice(&rid.to_le_bytes());
+        out.extend_from_slice(&OP_MSG.to_le_bytes());
+        out.extend_from_slice(bytes);
+        if sock.write_all(&out).await.is_err() {
+            return;
+        }
+        if matches!(mode, Mode::CloseAfterHello) && name == "hello" {
+            return;
+        }
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        db: "loadgen".into(),
+        coll: "bench".into(),
+        docs: 2500,
+        warmup: Duration::from_millis(50),
+        duration: Duration::from_millis(300),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mix_against_healthy_server() {
+    let (addr, seen) = serve(Mode::Healthy).await;
+    let s = settings();
+    workload::setup(&addr, &s).await.expect("setup");
+    let next_id = Arc::new(AtomicI64::new(s.docs));
+    let r = workload::run(&addr, Op::Mix, 4, &s, next_id)
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    assert!(r.hist.len() > 10);
+    let seen = seen.lock().expect("lock");
+    for c in ["hello", "drop", "find", "insert", "ping"] {
+        assert!(seen.commands.get(c).copied().unwrap_or(0) > 0, "no {c}");
+    }
+    assert_eq!(seen.duplicate_ids, 0);
+    // setup inserted 0..2500; the run's inserts are all above.
+    assert!(seen.insert_ids.len() > 2500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_errors_are_counted_not_fatal() {
+    let (addr, _) = serve(Mode::FailEvery(5)).await;
+    let s = settings();
+    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)))
+        .await
+        .expect("run");
+    assert!(r.errors > 0);
+    assert!(r.hist.len() > 3 * r.errors, "successes keep going");
+    assert!(r.first_error.unwrap_or_default().contains("injected"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_connections_are_counted_and_run_ends() {
+    let (addr, _) = serve(Mode::CloseAfterHello).await;
+    let s = settings();
+    let started = std::time::Instant::now();
+    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(0)))
+        .await
+        .expect("run");
+    assert!(r.errors > 0);
+    assert_eq!(r.hist.len(), 0);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}

@@ -1,0 +1,230 @@
+//! `loadgen`: a closed-loop MongoDB wire-protocol load generator.
+//!
+//! Speaks raw OP_MSG over TCP (no driver, no pool) so that it measures the
+//! network path: each connection sends one request, waits for its reply,
+//! records the latency, and repeats until the measured window closes.
+
+mod report;
+mod wire;
+mod workload;
+
+#[cfg(test)]
+mod fake_tests;
+
+use std::io::Write;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::report::Row;
+use crate::workload::{Op, Settings};
+
+#[derive(Clone, Debug)]
+struct Target {
+    name: String,
+    addr: String,
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    let (name, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=HOST:PORT, got {s:?}"))?;
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("expected HOST:PORT after '=', got {addr:?}"))?;
+    if name.is_empty() || host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("expected NAME=HOST:PORT, got {s:?}"));
+    }
+    Ok(Target {
+        name: name.to_string(),
+        addr: addr.to_string(),
+    })
+}
+
+/// Closed-loop MongoDB OP_MSG load generator (measures the path, not a driver).
+#[derive(Parser, Debug)]
+#[command(name = "loadgen", version)]
+struct Cli {
+    /// Target as NAME=HOST:PORT; repeat to run several targets in turn with the
+    /// same settings. A target named `direct` is the baseline for "added latency".
+    #[arg(long = "target", value_name = "NAME=HOST:PORT", required = true, value_parser = parse_target)]
+    targets: Vec<Target>,
+
+    /// Concurrent connections (one request in flight each); repeatable or comma list.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    concurrency: Vec<usize>,
+
+    /// Measured seconds per run (after warmup).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+
+    /// Warmup seconds per run (requests sent, not recorded).
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+
+    /// Operation(s); repeatable or comma list. mix = 80% find by _id, 10% insert, 10% ping.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ping")]
+    op: Vec<Op>,
+
+    /// Database for find/insert.
+    #[arg(long, default_value = "loadgen")]
+    db: String,
+
+    /// Collection for find/insert.
+    #[arg(long, default_value = "bench")]
+    coll: String,
+
+    /// Documents inserted by the setup phase (collection dropped first), per target.
+    #[arg(long, default_value_t = 10_000)]
+    docs: i64,
+
+    /// Print results as JSON on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+
+    /// Append the results as a markdown table to FILE.
+    #[arg(long, value_name = "FILE")]
+    out: Option<std::path::PathBuf>,
+
+    /// Run order: `interleave` runs every target for one (op, concurrency) before
+    /// the next, so background load drifts hit all targets alike; `target` runs
+    /// all of one target's runs, then the next target's.
+    #[arg(long, value_enum, default_value = "interleave")]
+    order: Order,
+
+    /// Runtime worker threads (default: number of CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Order {
+    Interleave,
+    Target,
+}
+
+async fn setup(t: &Target, settings: &Settings) {
+    eprintln!(
+        "[{}] setup: drop {}.{} and insert {} docs",
+        t.name, settings.db, settings.coll, settings.docs
+    );
+    if let Err(e) = workload::setup(&t.addr, settings).await {
+        eprintln!(
+            "[{}] setup failed (runs go on, expect errors or misses): {e:#}",
+            t.name
+        );
+    }
+}
+
+fn secs(v: f64, what: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v).with_context(|| format!("invalid --{what} {v}"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = cli.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.build().context("building tokio runtime")?;
+    rt.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = Settings {
+        db: cli.db.clone(),
+        coll: cli.coll.clone(),
+        docs: cli.docs.max(0),
+        warmup: secs(cli.warmup, "warmup")?,
+        duration: secs(cli.duration, "duration")?,
+    };
+    if settings.duration.is_zero() {
+        anyhow::bail!("--duration must be > 0");
+    }
+    if cli.concurrency.contains(&0) {
+        anyhow::bail!("--concurrency must be >= 1");
+    }
+    let needs_data = cli.op.iter().any(|o| o.needs_data());
+    // (target index, op, concurrency) in execution order.
+    let mut plan = Vec::new();
+    for &op in &cli.op {
+        for &c in &cli.concurrency {
+            for ti in 0..cli.targets.len() {
+                plan.push((ti, op, c));
+            }
+        }
+    }
+    if cli.order == Order::Target {
+        plan.sort_by_key(|&(ti, _, _)| ti); // stable: keeps op/concurrency order
+    }
+    // _ids for inserts: unique across the whole invocation, above the preloaded
+    // range, so targets that share one upstream never collide.
+    let next_id = Arc::new(AtomicI64::new(settings.docs));
+    let mut set_up = vec![false; cli.targets.len()];
+    let mut rows = Vec::new();
+    for (ti, op, c) in plan {
+        let t = &cli.targets[ti];
+        if needs_data && !set_up[ti] {
+            // Target order: set up right before the target's first run.
+            // Interleaved: set up every target before the first run.
+            let due: Vec<usize> = match cli.order {
+                Order::Target => vec![ti],
+                Order::Interleave => (0..cli.targets.len()).collect(),
+            };
+            for i in due {
+                setup(&cli.targets[i], &settings).await;
+                set_up[i] = true;
+            }
+        }
+        eprintln!(
+            "[{}] {} concurrency={} warmup={:?} duration={:?}",
+            t.name,
+            op.name(),
+            c,
+            settings.warmup,
+            settings.duration
+        );
+        let r = workload::run(&t.addr, op, c, &settings, next_id.clone())
+            .await
+            .with_context(|| format!("target {} ({})", t.name, t.addr))?;
+        let row = Row::new(&t.name, &t.addr, op.name(), c, &r);
+        if row.errors > 0 {
+            eprintln!(
+                "[{}]   {} errors; first: {}",
+                t.name,
+                row.errors,
+                row.first_error.as_deref().unwrap_or("?")
+            );
+        }
+        rows.push((ti, row));
+    }
+    // Report grouped by target, whatever the execution order.
+    rows.sort_by_key(|(ti, _)| *ti);
+    let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
+    if cli.json {
+        let meta = serde_json::json!({
+            "duration_s": settings.duration.as_secs_f64(),
+            "warmup_s": settings.warmup.as_secs_f64(),
+            "db": settings.db,
+            "coll": settings.coll,
+            "docs": settings.docs,
+        });
+        println!("{}", report::json(&rows, meta)?);
+    } else {
+        print!("{}", report::human(&rows));
+    }
+    if let Some(path) = &cli.out {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(f, "{}", report::markdown(&rows))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

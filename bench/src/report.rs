@@ -1,0 +1,233 @@
+//! Result rows and their renderings: aligned text, markdown, JSON.
+
+use serde::Serialize;
+
+use crate::workload::RunResult;
+
+/// The target that "added latency" is measured against.
+pub const BASELINE: &str = "direct";
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub target: String,
+    pub addr: String,
+    pub op: String,
+    pub concurrency: usize,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+    pub errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+}
+
+impl Row {
+    pub fn new(target: &str, addr: &str, op: &str, concurrency: usize, r: &RunResult) -> Row {
+        let h = &r.hist;
+        let ops = h.len();
+        let secs = r.measured.as_secs_f64();
+        Row {
+            target: target.to_string(),
+            addr: addr.to_string(),
+            op: op.to_string(),
+            concurrency,
+            ops,
+            ops_per_sec: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
+            p50_us: if ops > 0 {
+                h.value_at_quantile(0.50)
+            } else {
+                0
+            },
+            p99_us: if ops > 0 {
+                h.value_at_quantile(0.99)
+            } else {
+                0
+            },
+            p999_us: if ops > 0 {
+                h.value_at_quantile(0.999)
+            } else {
+                0
+            },
+            max_us: if ops > 0 { h.max() } else { 0 },
+            errors: r.errors,
+            first_error: r.first_error.clone(),
+        }
+    }
+}
+
+/// p50 / p99 of a target minus those of `direct` for the same (op, concurrency).
+#[derive(Clone, Debug, Serialize)]
+pub struct Added {
+    pub target: String,
+    pub op: String,
+    pub concurrency: usize,
+    pub p50_us: i64,
+    pub p99_us: i64,
+    pub ops_per_sec_ratio: f64,
+}
+
+pub fn added_latency(rows: &[Row]) -> Vec<Added> {
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.target != BASELINE) {
+        let base = rows
+            .iter()
+            .find(|b| b.target == BASELINE && b.op == r.op && b.concurrency == r.concurrency);
+        if let Some(b) = base.filter(|b| b.ops > 0 && r.ops > 0) {
+            out.push(Added {
+                target: r.target.clone(),
+                op: r.op.clone(),
+                concurrency: r.concurrency,
+                p50_us: signed(r.p50_us) - signed(b.p50_us),
+                p99_us: signed(r.p99_us) - signed(b.p99_us),
+                ops_per_sec_ratio: if b.ops_per_sec > 0.0 {
+                    r.ops_per_sec / b.ops_per_sec
+                } else {
+                    0.0
+                },
+            });
+        }
+    }
+    out
+}
+
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+const HEADERS: [&str; 9] = [
+    "target", "op", "conc", "ops/s", "p50 µs", "p99 µs", "p999 µs", "max µs", "errors",
+];
+const ADDED_HEADERS: [&str; 6] = [
+    "target",
+    "op",
+    "conc",
+    "+p50 µs",
+    "+p99 µs",
+    "ops/s vs direct",
+];
+
+fn cells(r: &Row) -> Vec<String> {
+    vec![
+        r.target.clone(),
+        r.op.clone(),
+        r.concurrency.to_string(),
+        format!("{:.0}", r.ops_per_sec),
+        r.p50_us.to_string(),
+        r.p99_us.to_string(),
+        r.p999_us.to_string(),
+        r.max_us.to_string(),
+        r.errors.to_string(),
+    ]
+}
+
+fn added_cells(a: &Added) -> Vec<String> {
+    vec![
+        a.target.clone(),
+        a.op.clone(),
+        a.concurrency.to_string(),
+        format!("{:+}", a.p50_us),
+        format!("{:+}", a.p99_us),
+        format!("{:.2}x", a.ops_per_sec_ratio),
+    ]
+}
+
+/// Aligned plain-text table: first three columns left-aligned, numbers right-aligned.
+fn text_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                let pad = " ".repeat(w - c.chars().count());
+                if i < 2 {
+                    format!("{c}{pad}")
+                } else {
+                    format!("{pad}{c}")
+                }
+            })
+            .collect();
+        parts.join("  ").trim_end().to_string()
+    };
+    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
+    out.push('\n');
+    let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+    out.push_str(&"-".repeat(total));
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row.clone()));
+        out.push('\n');
+    }
+    out
+}
+
+fn md_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!("| {} |\n", headers.join(" | "));
+    let aligns: Vec<&str> = (0..headers.len())
+        .map(|i| if i < 2 { "---" } else { "---:" })
+        .collect();
+    out.push_str(&format!("| {} |\n", aligns.join(" | ")));
+    for r in rows {
+        out.push_str(&format!("| {} |\n", r.join(" | ")));
+    }
+    out
+}
+
+pub fn human(rows: &[Row]) -> String {
+    let body: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    let mut out = text_table(&HEADERS, &body);
+    let added = added_latency(rows);
+    if !added.is_empty() {
+        out.push_str(&format!("\nadded latency vs `{BASELINE}`:\n"));
+        let body: Vec<Vec<String>> = added.iter().map(added_cells).collect();
+        out.push_str(&text_table(&ADDED_HEADERS, &body));
+    }
+    let errs: Vec<&Row> = rows.iter().filter(|r| r.first_error.is_some()).collect();
+    if !errs.is_empty() {
+        out.push_str("\nfirst error per run:\n");
+        for r in errs {
+            let e = r.first_error.as_deref().unwrap_or_default();
+            out.push_str(&format!(
+                "  {} {} c={}: {e}\n",
+                r.target, r.op, r.concurrency
+            ));
+        }
+    }
+    out
+}
+
+pub fn markdown(rows: &[Row]) -> String {
+    let body: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    let mut out = md_table(&HEADERS, &body);
+    let added = added_latency(rows);
+    if !added.is_empty() {
+        out.push_str(&format!("\nAdded latency vs `{BASELINE}`:\n\n"));
+        let body: Vec<Vec<String>> = added.iter().map(added_cells).collect();
+        out.push_str(&md_table(&ADDED_HEADERS, &body));
+    }
+    out
+}
+
+pub fn json(rows: &[Row], settings: serde_json::Value) -> anyhow::Result<String> {
+    #[derive(Serialize)]
+    struct Output<'a> {
+        settings: serde_json::Value,
+        results: &'a [Row],
+        added_latency: Vec<Added>,
+    }
+    let out = Output {
+        settings,
+        results: rows,
+        added_latency: added_latency(rows),
+    };
+    Ok(serde_json::to_string_pretty(&out)?)
+}

@@ -1,0 +1,290 @@
+//! Minimal MongoDB wire protocol client: OP_MSG framing over one TCP stream.
+//!
+//! Only what the load generator needs: encode a command as an OP_MSG with a
+//! single kind-0 section, read exactly one reply frame, and inspect `ok`.
+
+use std::fmt;
+use std::time::Duration;
+
+use bson::{Document, RawDocument};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+pub const OP_MSG: i32 = 2013;
+const HEADER_LEN: usize = 16;
+/// The server's default maxMessageSizeBytes; larger frames are rejected.
+const MAX_MESSAGE_LEN: usize = 48_000_000;
+const FLAG_CHECKSUM_PRESENT: u32 = 1;
+
+/// Why a request failed.
+#[derive(Debug)]
+pub enum WireError {
+    /// Transport failure (connect, read, write, timeout): the connection is dead.
+    Io(std::io::Error),
+    /// Malformed reply frame: the connection can no longer be trusted.
+    Protocol(String),
+    /// A well-formed reply that reports a failure (`ok` != 1 or write errors).
+    Command(String),
+}
+
+impl WireError {
+    /// True when the connection must be dropped and re-established.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, WireError::Command(_))
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Io(e) => write!(f, "i/o: {e}"),
+            WireError::Protocol(m) => write!(f, "protocol: {m}"),
+            WireError::Command(m) => write!(f, "command failed: {m}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for WireError {
+    fn from(e: std::io::Error) -> Self {
+        WireError::Io(e)
+    }
+}
+
+/// A pre-encoded OP_MSG body (flagBits + kind-0 section), ready to be framed.
+#[derive(Clone)]
+pub struct Body(Vec<u8>);
+
+impl Body {
+    /// Encode a command document as an OP_MSG payload (flags 0, one kind-0 section).
+    pub fn encode(cmd: &Document) -> Result<Body, WireError> {
+        let doc = cmd
+            .to_vec()
+            .map_err(|e| WireError::Protocol(format!("encode: {e}")))?;
+        let mut out = Vec::with_capacity(5 + doc.len());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.push(0);
+        out.extend_from_slice(&doc);
+        Ok(Body(out))
+    }
+
+    /// A body whose command has an int64 field holding `marker`, which can be
+    /// overwritten in place later (see [`Body::patch_i64`]). Returns the offset.
+    pub fn encode_patchable(cmd: &Document, marker: i64) -> Result<(Body, usize), WireError> {
+        let body = Body::encode(cmd)?;
+        let needle = marker.to_le_bytes();
+        let pos = body
+            .0
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .ok_or_else(|| WireError::Protocol("marker not found in template".into()))?;
+        Ok((body, pos))
+    }
+
+    /// The encoded payload: everything after the 16-byte message header.
+    pub fn payload(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn patch_i64(&mut self, offset: usize, value: i64) {
+        self.0[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// One client connection to a MongoDB-speaking peer.
+pub struct Conn {
+    stream: BufReader<TcpStream>,
+    next_id: i32,
+    out: Vec<u8>,
+    inbuf: Vec<u8>,
+}
+
+impl Conn {
+    /// Connect with TCP_NODELAY and send `hello` (whose reply must be ok).
+    pub async fn connect(addr: &str, timeout: Duration) -> Result<Conn, WireError> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                WireError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connect to {addr} timed out"),
+                ))
+            })??;
+        stream.set_nodelay(true)?;
+        let mut conn = Conn {
+            stream: BufReader::with_capacity(64 * 1024, stream),
+            next_id: 1,
+            out: Vec::with_capacity(4096),
+            inbuf: Vec::with_capacity(64 * 1024),
+        };
+        let hello = Body::encode(&bson::doc! { "hello": 1, "$db": "admin" })?;
+        tokio::time::timeout(timeout, conn.request(&hello))
+            .await
+            .map_err(|_| {
+                WireError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "hello timed out",
+                ))
+            })??;
+        Ok(conn)
+    }
+
+    /// Send one request and wait for its reply. Ok means the reply said `ok: 1`
+    /// and carried no `writeErrors` / `writeConcernError`.
+    pub async fn request(&mut self, body: &Body) -> Result<(), WireError> {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        let len = i32::try_from(HEADER_LEN + body.payload().len())
+            .map_err(|_| WireError::Protocol("request too large".into()))?;
+        self.out.clear();
+        self.out.extend_from_slice(&len.to_le_bytes());
+        self.out.extend_from_slice(&id.to_le_bytes());
+        self.out.extend_from_slice(&0i32.to_le_bytes());
+        self.out.extend_from_slice(&OP_MSG.to_le_bytes());
+        self.out.extend_from_slice(body.payload());
+        self.stream.get_mut().write_all(&self.out).await?;
+        self.read_reply(id).await
+    }
+
+    async fn read_reply(&mut self, request_id: i32) -> Result<(), WireError> {
+        let mut header = [0u8; HEADER_LEN];
+        self.stream.read_exact(&mut header).await?;
+        let le =
+            |i: usize| i32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (msg_len, response_to, op_code) = (le(0), le(8), le(12));
+        let msg_len = usize::try_from(msg_len).unwrap_or(0);
+        if !(HEADER_LEN + 5..=MAX_MESSAGE_LEN).contains(&msg_len) {
+            return Err(WireError::Protocol(format!("bad messageLength {msg_len}")));
+        }
+        self.inbuf.resize(msg_len - HEADER_LEN, 0);
+        self.stream.read_exact(&mut self.inbuf).await?;
+        if op_code != OP_MSG {
+            return Err(WireError::Protocol(format!("unexpected opCode {op_code}")));
+        }
+        if response_to != request_id {
+            return Err(WireError::Protocol(format!(
+                "responseTo {response_to} != requestID {request_id}"
+            )));
+        }
+        let body = parse_op_msg_body(&self.inbuf)?;
+        check_ok(body)
+    }
+}
+
+/// Find the kind-0 section document in an OP_MSG payload (after the header).
+pub fn parse_op_msg_body(payload: &[u8]) -> Result<&RawDocument, WireError> {
+    let proto = |m: &str| WireError::Protocol(m.to_string());
+    let flags_bytes: [u8; 4] = payload
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| proto("short OP_MSG"))?;
+    let flags = u32::from_le_bytes(flags_bytes);
+    let mut end = payload.len();
+    if flags & FLAG_CHECKSUM_PRESENT != 0 {
+        end = end.checked_sub(4).ok_or_else(|| proto("short checksum"))?;
+    }
+    let mut pos = 4;
+    let mut body = None;
+    while pos < end {
+        let kind = payload[pos];
+        pos += 1;
+        let size_bytes: [u8; 4] = payload
+            .get(pos..pos + 4)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| proto("truncated section"))?;
+        let size = usize::try_from(i32::from_le_bytes(size_bytes)).unwrap_or(0);
+        if size < 5 || pos + size > end {
+            return Err(proto("bad section size"));
+        }
+        let section = &payload[pos..pos + size];
+        match kind {
+            0 if body.is_none() => {
+                let doc = RawDocument::from_bytes(section)
+                    .map_err(|e| WireError::Protocol(format!("bad body: {e}")))?;
+                body = Some(doc);
+            }
+            0 => return Err(proto("two kind-0 sections")),
+            1 => {}
+            k => return Err(WireError::Protocol(format!("unknown section kind {k}"))),
+        }
+        pos += size;
+    }
+    body.ok_or_else(|| proto("no kind-0 section"))
+}
+
+/// `ok` must be numerically 1; `writeErrors` / `writeConcernError` count as failures.
+pub fn check_ok(body: &RawDocument) -> Result<(), WireError> {
+    let ok = match body.get("ok") {
+        Ok(Some(v)) => v
+            .as_f64()
+            .or_else(|| v.as_i32().map(f64::from))
+            .or_else(|| v.as_i64().map(|i| i as f64))
+            .or_else(|| v.as_bool().map(|b| if b { 1.0 } else { 0.0 })),
+        _ => None,
+    };
+    if ok != Some(1.0) {
+        let msg = body.get_str("errmsg").unwrap_or("no errmsg");
+        let code = match body.get("code") {
+            Ok(Some(v)) => v
+                .as_i32()
+                .map(i64::from)
+                .or_else(|| v.as_i64())
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        return Err(WireError::Command(format!("ok={ok:?} code={code} {msg}")));
+    }
+    if matches!(body.get("writeErrors"), Ok(Some(_))) {
+        return Err(WireError::Command("writeErrors".into()));
+    }
+    if matches!(body.get("writeConcernError"), Ok(Some(_))) {
+        return Err(WireError::Command("writeConcernError".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame_payload(doc: &Document) -> Vec<u8> {
+        Body::encode(doc).map(|b| b.0).unwrap_or_default()
+    }
+
+    #[test]
+    fn ok_reply_parses() {
+        let p = frame_payload(&bson::doc! { "ok": 1.0 });
+        let body = parse_op_msg_body(&p).expect("parse");
+        assert!(check_ok(body).is_ok());
+    }
+
+    #[test]
+    fn not_ok_and_write_errors_are_errors() {
+        let p = frame_payload(&bson::doc! { "ok": 0.0, "errmsg": "nope", "code": 8 });
+        let e = check_ok(parse_op_msg_body(&p).expect("parse")).unwrap_err();
+        assert!(!e.is_fatal());
+        let p = frame_payload(&bson::doc! { "ok": 1, "n": 0, "writeErrors": [{"code": 11000}] });
+        assert!(check_ok(parse_op_msg_body(&p).expect("parse")).is_err());
+    }
+
+    #[test]
+    fn truncated_payload_is_protocol_error() {
+        let p = frame_payload(&bson::doc! { "ok": 1.0 });
+        assert!(parse_op_msg_body(&p[..p.len() - 2]).is_err());
+        assert!(parse_op_msg_body(&[1, 0]).is_err());
+    }
+
+    #[test]
+    fn patchable_template_rewrites_value() {
+        let marker = 0x5a5a_5a5a_5a5a_5a5a_i64;
+        let (mut body, off) = Body::encode_patchable(
+            &bson::doc! { "find": "c", "filter": {"_id": marker} },
+            marker,
+        )
+        .expect("encode");
+        body.patch_i64(off, 42);
+        let doc = RawDocument::from_bytes(&body.0[5..]).expect("doc");
+        let filter = doc.get_document("filter").expect("filter");
+        assert_eq!(filter.get_i64("_id").expect("_id"), 42);
+    }
+}
