@@ -22,6 +22,32 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The policy (rule pack) in force.
+    pub policy: PolicyConfig,
+    /// Violation records.
+    pub audit: crate::audit::AuditConfig,
+}
+
+/// The `[policy]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// A policy file (TOML). Absent: the built-in `standard` profile. A file that is missing
+    /// or invalid at startup is an error, never a silent fallback.
+    pub file: Option<std::path::PathBuf>,
+    /// How often the file's modification time is checked for a reload (SIGHUP reloads at
+    /// once). `"0"` disables the check.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub reload_poll: Duration,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            file: None,
+            reload_poll: Duration::from_secs(2),
+        }
+    }
 }
 
 /// How clients are served.
@@ -171,6 +197,9 @@ impl Config {
                 i32::MAX
             )));
         }
+        self.audit
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.upstream.connect_timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "upstream.connect_timeout must be above zero".into(),

@@ -18,6 +18,12 @@ pub enum ProxyError {
         /// The socket error.
         source: std::io::Error,
     },
+    /// The policy file could not be loaded (never replaced by defaults).
+    #[error("policy: {0}")]
+    Policy(crate::policy::PolicyError),
+    /// The violation log could not be started (e.g. its file cannot be opened).
+    #[error("audit log: {0}")]
+    Audit(crate::audit::AuditError),
 }
 
 /// An abnormal end of a client session.

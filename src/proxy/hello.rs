@@ -146,6 +146,20 @@ pub(crate) fn rewrite_reply(
     }
 }
 
+/// `maxWireVersion` of an upstream hello reply (OP_MSG or OP_REPLY, uncompressed).
+pub(crate) fn max_wire_version(reply: &Frame, max_message_size: usize) -> Option<i32> {
+    let doc = match Message::parse(reply.bytes(), max_message_size).ok()? {
+        Message::Msg(m) => m.body(),
+        Message::Reply(r) => r.documents().next()?,
+        _ => return None,
+    };
+    match doc.get("maxWireVersion").ok()?? {
+        RawBsonRef::Int32(v) => Some(v),
+        RawBsonRef::Int64(v) => i32::try_from(v).ok(),
+        _ => None,
+    }
+}
+
 fn rewrite_msg(
     m: &OpMsg<'_>,
     request_id: i32,

@@ -4,7 +4,10 @@
 
 use bson::RawDocument;
 
-use super::hello::{self, ClientMetadata};
+use super::{
+    guard::Judgement,
+    hello::{self, ClientMetadata},
+};
 use crate::wire::{first_key, Frame, Message, OpCode, WireError};
 
 /// The facts the session loop acts on.
@@ -22,26 +25,41 @@ pub(crate) struct Request {
     pub is_hello: bool,
     /// The handshake's client metadata, present on a first hello that carries it.
     pub metadata: Option<ClientMetadata>,
+    /// getLastError (legacy applications ask it after fire-and-forget writes).
+    pub is_get_last_error: bool,
+    /// A legacy OP_QUERY on a collection (a find, answered with `$err` documents).
+    pub legacy_find: bool,
+    /// True for writes (for getLastError emulation).
+    pub is_write: bool,
+    /// The policy's verdict.
+    pub judgement: Judgement,
 }
 
-/// Parses and validates a client message.
+/// Parses and validates a client message, and asks `judge` (the policy) about it while the
+/// (possibly decompressed) view is alive.
 pub(crate) fn inspect(
     frame: &Frame,
     max_message_size: usize,
     want_metadata: bool,
+    judge: impl FnOnce(&Message<'_>) -> Judgement,
 ) -> Result<Request, WireError> {
     let request_id = frame.header().request_id;
     match Message::parse(frame.bytes(), max_message_size)? {
         Message::Compressed(c) => {
             let inner = c.decompress()?;
             let msg = Message::parse(inner.bytes(), max_message_size)?;
-            describe(&msg, request_id, want_metadata)
+            describe(&msg, request_id, want_metadata, judge)
         }
-        msg => describe(&msg, request_id, want_metadata),
+        msg => describe(&msg, request_id, want_metadata, judge),
     }
 }
 
-fn describe(msg: &Message<'_>, request_id: i32, want_metadata: bool) -> Result<Request, WireError> {
+fn describe(
+    msg: &Message<'_>,
+    request_id: i32,
+    want_metadata: bool,
+    judge: impl FnOnce(&Message<'_>) -> Judgement,
+) -> Result<Request, WireError> {
     let (command, exhaust_allowed): (Option<&RawDocument>, bool) = match msg {
         Message::Msg(m) => (Some(m.body()), m.flags().exhaust_allowed()),
         Message::Query(q) if q.is_command() => (Some(q.command()), false),
@@ -61,6 +79,12 @@ fn describe(msg: &Message<'_>, request_id: i32, want_metadata: bool) -> Result<R
         Some(cmd) if is_hello && want_metadata => ClientMetadata::from_hello(cmd),
         _ => None,
     };
+    let name = command.and_then(first_key);
+    let kind = name.map(crate::command::Kind::from_name);
+    let is_write = match msg {
+        Message::Insert(_) | Message::Update(_) | Message::Delete(_) => true,
+        _ => kind.is_some_and(crate::command::Kind::is_write),
+    };
     Ok(Request {
         request_id,
         op: msg.op_code(),
@@ -68,6 +92,10 @@ fn describe(msg: &Message<'_>, request_id: i32, want_metadata: bool) -> Result<R
         exhaust_allowed,
         is_hello,
         metadata,
+        is_get_last_error: kind == Some(crate::command::Kind::GetLastError),
+        legacy_find: matches!(msg, Message::Query(q) if !q.is_command()),
+        is_write,
+        judgement: judge(msg),
     })
 }
 
@@ -82,6 +110,10 @@ mod tests {
     use bson::rawdoc;
     use bytes::Bytes;
 
+    fn fwd(_: &Message<'_>) -> Judgement {
+        Judgement::Forward
+    }
+
     fn frame(b: Bytes) -> Frame {
         Frame::from_bytes(b).unwrap()
     }
@@ -91,7 +123,7 @@ mod tests {
         let hello = rawdoc! {"isMaster": 1.0, "client": {"application": {"name": "billing"},
         "driver": {"name": "PyMongo", "version": "4.8"}}};
         let q = frame(encode_query(7, 0, "admin.$cmd", 0, -1, &hello, None));
-        let r = inspect(&q, DEFAULT_MAX_MESSAGE_SIZE, true).unwrap();
+        let r = inspect(&q, DEFAULT_MAX_MESSAGE_SIZE, true, fwd).unwrap();
         assert!(r.is_hello && r.expects_reply);
         assert_eq!(r.op, OpCode::Query);
         let meta = r.metadata.unwrap();
@@ -100,7 +132,7 @@ mod tests {
 
         let m = MsgBuilder::new(rawdoc! {"hello": true, "$db": "admin"}).encode(8, 0);
         let z = frame(compress(&m, Compressor::Zstd).unwrap());
-        let r = inspect(&z, DEFAULT_MAX_MESSAGE_SIZE, true).unwrap();
+        let r = inspect(&z, DEFAULT_MAX_MESSAGE_SIZE, true, fwd).unwrap();
         assert!(r.is_hello);
         assert_eq!(r.op, OpCode::Msg);
         assert_eq!(r.request_id, 8);
@@ -112,13 +144,13 @@ mod tests {
             .flags(MsgFlags::MORE_TO_COME)
             .encode(1, 0);
         assert!(
-            !inspect(&frame(m), DEFAULT_MAX_MESSAGE_SIZE, false)
+            !inspect(&frame(m), DEFAULT_MAX_MESSAGE_SIZE, false, fwd)
                 .unwrap()
                 .expects_reply
         );
         let ins = encode_insert(2, 0, "d.c", &[&rawdoc! {"a": 1}]);
         assert!(
-            !inspect(&frame(ins), DEFAULT_MAX_MESSAGE_SIZE, false)
+            !inspect(&frame(ins), DEFAULT_MAX_MESSAGE_SIZE, false, fwd)
                 .unwrap()
                 .expects_reply
         );
@@ -127,8 +159,8 @@ mod tests {
     #[test]
     fn empty_command_and_client_replies_rejected() {
         let m = MsgBuilder::new(rawdoc! {}).encode(1, 0);
-        assert!(inspect(&frame(m), DEFAULT_MAX_MESSAGE_SIZE, false).is_err());
+        assert!(inspect(&frame(m), DEFAULT_MAX_MESSAGE_SIZE, false, fwd).is_err());
         let r = crate::wire::builder::encode_reply(1, 0, 0, 0, 0, &[&rawdoc! {}]);
-        assert!(inspect(&frame(r), DEFAULT_MAX_MESSAGE_SIZE, false).is_err());
+        assert!(inspect(&frame(r), DEFAULT_MAX_MESSAGE_SIZE, false, fwd).is_err());
     }
 }

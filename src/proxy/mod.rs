@@ -4,6 +4,7 @@
 //! one `Arc<Context>` (no global state, so tests run several proxies in one process).
 
 mod error;
+pub mod guard;
 mod hello;
 mod inspect;
 mod listener;
@@ -24,7 +25,12 @@ use tracing::{info, warn};
 pub use error::{ProxyError, SessionError};
 pub use hello::ClientMetadata;
 
-use crate::{config::Config, wire::RequestIds};
+use crate::{
+    audit::AuditLog,
+    config::Config,
+    policy::{PolicyHolder, PolicySource},
+    wire::RequestIds,
+};
 
 /// A monotonically increasing counter.
 #[derive(Debug, Default)]
@@ -56,6 +62,12 @@ pub struct ProxyStats {
     pub rejected: Counter,
     /// Requests forwarded upstream.
     pub requests: Counter,
+    /// Requests blocked by the policy (answered or dropped by mongoguard).
+    pub blocked: Counter,
+    /// Successful policy reloads.
+    pub policy_reloads: Counter,
+    /// Policy reloads refused (invalid file): the old policy stayed.
+    pub policy_reload_failures: Counter,
     /// Sessions closed because the client sent an invalid message.
     pub client_protocol_errors: Counter,
     /// Sessions closed because of the upstream (unreachable, closed, invalid, timed out).
@@ -65,6 +77,8 @@ pub struct ProxyStats {
 /// Shared state of one running proxy.
 pub(crate) struct Context {
     pub config: Arc<Config>,
+    pub policy: Arc<PolicyHolder>,
+    pub audit: Arc<AuditLog>,
     pub stats: Arc<ProxyStats>,
     pub request_ids: RequestIds,
     /// Cancelled at shutdown: stop accepting, finish in-flight requests.
@@ -81,6 +95,18 @@ pub struct Proxy;
 impl Proxy {
     /// Binds the listen address and starts accepting clients in the background.
     pub async fn start(config: Arc<Config>) -> Result<ProxyHandle, ProxyError> {
+        let policy =
+            PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
+        Self::start_with_policy(config, policy).await
+    }
+
+    /// Like [`Proxy::start`], with an already loaded policy.
+    pub async fn start_with_policy(
+        config: Arc<Config>,
+        policy: PolicyHolder,
+    ) -> Result<ProxyHandle, ProxyError> {
+        let audit = Arc::new(AuditLog::start(&config.audit).map_err(ProxyError::Audit)?);
+        let policy = Arc::new(policy);
         let addr = config.proxy.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -95,19 +121,25 @@ impl Proxy {
             kill: CancellationToken::new(),
             limiter: Arc::new(Semaphore::new(config.proxy.max_client_connections)),
             tracker: TaskTracker::new(),
+            policy,
+            audit,
             config,
         });
         info!(
             listen = %local_addr,
             upstream = %ctx.config.upstream.uri,
             mode = ?ctx.config.proxy.mode,
+            policy = %ctx.policy.source(),
+            policy_mode = ctx.policy.current().mode().as_str(),
             "mongoguard listening"
         );
+        let reload = tokio::spawn(reload_policy(ctx.clone()));
         let accept = tokio::spawn(listener::accept_loop(listener, ctx.clone()));
         Ok(ProxyHandle {
             local_addr,
             ctx,
             accept,
+            reload,
         })
     }
 }
@@ -117,6 +149,7 @@ pub struct ProxyHandle {
     local_addr: SocketAddr,
     ctx: Arc<Context>,
     accept: JoinHandle<()>,
+    reload: JoinHandle<()>,
 }
 
 impl ProxyHandle {
@@ -128,6 +161,16 @@ impl ProxyHandle {
     /// The counters.
     pub fn stats(&self) -> Arc<ProxyStats> {
         self.ctx.stats.clone()
+    }
+
+    /// The policy in force (and its reload).
+    pub fn policy(&self) -> Arc<PolicyHolder> {
+        self.ctx.policy.clone()
+    }
+
+    /// The violation log (counters, flush).
+    pub fn audit(&self) -> Arc<AuditLog> {
+        self.ctx.audit.clone()
     }
 
     /// Graceful shutdown: stop accepting, close idle clients, let in-flight requests finish
@@ -149,6 +192,8 @@ impl ProxyHandle {
             self.ctx.kill.cancel();
             self.ctx.tracker.wait().await;
         }
+        self.reload.abort();
+        self.ctx.audit.flush().await;
         info!("mongoguard stopped");
     }
 
@@ -157,6 +202,58 @@ impl ProxyHandle {
         wait_for_signal().await?;
         self.shutdown().await;
         Ok(())
+    }
+}
+
+/// Reloads the policy file on SIGHUP and when its modification time changes. The new file is
+/// validated completely before the swap; an invalid one keeps the old policy and says why.
+async fn reload_policy(ctx: Arc<Context>) {
+    if !matches!(ctx.policy.source(), PolicySource::File(_)) {
+        return;
+    }
+    let poll = ctx.config.policy.reload_poll;
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let hangup = async {
+            #[cfg(unix)]
+            if let Some(h) = hup.as_mut() {
+                h.recv().await;
+                return;
+            }
+            std::future::pending::<()>().await
+        };
+        let tick = async {
+            if poll.is_zero() {
+                std::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(poll).await
+            }
+        };
+        let by_signal = tokio::select! {
+            _ = ctx.drain.cancelled() => return,
+            _ = hangup => true,
+            _ = tick => false,
+        };
+        if !by_signal && !ctx.policy.changed_on_disk() {
+            continue;
+        }
+        match ctx.policy.reload() {
+            Ok(hash) => {
+                ctx.stats.policy_reloads.inc();
+                info!(
+                    source = %ctx.policy.source(),
+                    hash = %hash.map(|h| format!("{h:016x}")).unwrap_or_default(),
+                    by_signal,
+                    "policy reloaded"
+                );
+            }
+            Err(e) => {
+                ctx.stats.policy_reload_failures.inc();
+                // Keep the old policy; the next change or SIGHUP tries again.
+                warn!(error = %e, "policy reload failed; keeping the previous policy");
+            }
+        }
     }
 }
 

@@ -21,7 +21,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     error::SessionError,
-    hello,
+    guard::{self, Judgement, Who},
+    hello::{self, ClientMetadata},
     inspect::{inspect, Request},
     Context,
 };
@@ -55,10 +56,16 @@ struct Session {
     ctx: Arc<Context>,
     client_in: Reader,
     client_out: OwnedWriteHalf,
+    peer: SocketAddr,
     max: usize,
-    metadata_seen: bool,
+    metadata: Option<ClientMetadata>,
+    /// The upstream's maxWireVersion, from its hello reply.
+    upstream_wire_version: Option<i32>,
     /// A request the client sent while its previous one was still in flight.
     pending: Option<Frame>,
+    /// The error of the last fire-and-forget write mongoguard dropped, for the client's next
+    /// getLastError (legacy applications learn about write errors only that way).
+    last_blocked: Option<String>,
 }
 
 /// Runs one client connection to its end.
@@ -75,8 +82,11 @@ pub(crate) async fn run(
         client_in: FramedRead::new(read, MessageCodec::new(max)),
         client_out: write,
         max,
-        metadata_seen: false,
+        metadata: None,
+        upstream_wire_version: None,
         pending: None,
+        last_blocked: None,
+        peer,
         ctx,
     };
     let host = session.ctx.config.upstream.uri.primary_seed().clone();
@@ -99,14 +109,16 @@ pub(crate) async fn run(
                 Err(end) => return Ok(end),
             },
         };
-        let request =
-            inspect(&frame, max, !session.metadata_seen).map_err(SessionError::ClientProtocol)?;
+        let request = session.inspect(&frame)?;
         if let Some(meta) = &request.metadata {
-            session.metadata_seen = true;
             let span = tracing::Span::current();
             span.record("app", meta.application.as_deref().unwrap_or("-"));
             span.record("driver", meta.driver.as_deref().unwrap_or("-"));
             info!("client handshake");
+            session.metadata = Some(meta.clone());
+        }
+        if session.answer_locally(&request).await? {
+            continue;
         }
         up_write
             .write_all(frame.bytes())
@@ -120,6 +132,56 @@ pub(crate) async fn run(
 }
 
 impl Session {
+    /// Parses, validates and judges a client message.
+    fn inspect(&self, frame: &Frame) -> Result<Request, SessionError> {
+        let meta = self.metadata.as_ref();
+        let who = Who {
+            peer: self.peer,
+            app: meta.and_then(|m| m.application.as_deref()),
+            driver: meta.and_then(|m| m.driver.as_deref()),
+            upstream_wire_version: self.upstream_wire_version,
+        };
+        let request_id = frame.header().request_id;
+        inspect(frame, self.max, self.metadata.is_none(), |msg| {
+            guard::judge(&self.ctx, msg, &who, request_id)
+        })
+        .map_err(SessionError::ClientProtocol)
+    }
+
+    /// Answers a blocked command (or drops it when it expects no reply), and a legacy
+    /// getLastError that follows a dropped write. True when the request was handled here.
+    async fn answer_locally(&mut self, request: &Request) -> Result<bool, SessionError> {
+        let doc = match &request.judgement {
+            Judgement::Block { errmsg } => {
+                self.ctx.stats.blocked.inc();
+                if !request.expects_reply {
+                    debug!("blocked a write that expects no reply; dropped");
+                    self.last_blocked = Some(errmsg.clone());
+                    return Ok(true);
+                }
+                guard::block_document(errmsg, request.op, request.legacy_find)
+            }
+            Judgement::Forward if request.is_get_last_error => match self.last_blocked.take() {
+                Some(errmsg) => guard::last_error_document(&errmsg),
+                None => return Ok(false),
+            },
+            Judgement::Forward => {
+                if request.is_write {
+                    self.last_blocked = None;
+                }
+                return Ok(false);
+            }
+        };
+        let our_id = self.ctx.request_ids.next();
+        if let Some(bytes) = reply_for(request.op, request.request_id, our_id, &doc) {
+            self.client_out
+                .write_all(&bytes)
+                .await
+                .map_err(SessionError::ClientIo)?;
+        }
+        Ok(true)
+    }
+
     /// Waits for the next client request. `Ok(Err(end))` is a normal end of the session.
     async fn next_request(
         &mut self,
@@ -199,6 +261,11 @@ impl Session {
             expected_response_to = header.request_id;
             let more = reply_more_to_come(&reply, request, self.max)
                 .map_err(SessionError::UpstreamProtocol)?;
+            if request.is_hello {
+                if let Some(v) = hello::max_wire_version(&reply, self.max) {
+                    self.upstream_wire_version = Some(v);
+                }
+            }
             let out = if request.is_hello {
                 hello::rewrite_reply(&reply, self.max)
                     .map_err(SessionError::UpstreamProtocol)?
@@ -221,7 +288,7 @@ impl Session {
     async fn refuse_first_request(&mut self, reason: &str) {
         let first = tokio::time::timeout(Duration::from_secs(10), self.client_in.next()).await;
         let Ok(Some(Ok(frame))) = first else { return };
-        let Ok(request) = inspect(&frame, self.max, false) else {
+        let Ok(request) = inspect(&frame, self.max, false, |_| Judgement::Forward) else {
             return;
         };
         if !request.expects_reply {

@@ -1,0 +1,311 @@
+//! The compiled, immutable policy and its matchers.
+
+use std::net::IpAddr;
+
+use super::{rules::RULE_COUNT, Action, Mode, RequestContext};
+use crate::command::Namespace;
+
+/// Rule parameters (thresholds), with the rule pack's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Params {
+    /// Q005: most `$in` / `$nin` values.
+    pub max_in: usize,
+    /// Q005: most `$or` branches.
+    pub max_or: usize,
+    /// D001: largest document, bytes.
+    pub max_document_bytes: usize,
+    /// D002: deepest nesting.
+    pub max_depth: usize,
+    /// D003: most array elements.
+    pub max_array_elements: usize,
+    /// Q003: whether a case-insensitive regex counts as unanchored.
+    pub regex_case_insensitive: bool,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            max_in: 200,
+            max_or: 10,
+            max_document_bytes: 100 * 1024,
+            max_depth: 5,
+            max_array_elements: 1000,
+            regex_case_insensitive: true,
+        }
+    }
+}
+
+/// A `*` / `?` glob over a name; matching does not allocate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Glob(String);
+
+impl Glob {
+    /// Validates a pattern (non-empty, printable).
+    pub fn new(pattern: &str) -> Result<Glob, String> {
+        if pattern.is_empty() || pattern.chars().any(char::is_control) {
+            return Err(format!("bad pattern {pattern:?}"));
+        }
+        Ok(Glob(pattern.to_owned()))
+    }
+
+    /// True when `text` matches the whole pattern.
+    pub fn matches(&self, text: &str) -> bool {
+        let (p, t) = (self.0.as_bytes(), text.as_bytes());
+        let (mut pi, mut ti) = (0usize, 0usize);
+        let mut star: Option<(usize, usize)> = None;
+        while ti < t.len() {
+            match p.get(pi) {
+                Some(b'*') => {
+                    star = Some((pi, ti));
+                    pi += 1;
+                }
+                Some(&c) if c == b'?' || c == t[ti] => {
+                    pi += 1;
+                    ti += 1;
+                }
+                _ => match star {
+                    Some((sp, st)) => {
+                        pi = sp + 1;
+                        ti = st + 1;
+                        star = Some((sp, st + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        p[pi..].iter().all(|&c| c == b'*')
+    }
+}
+
+/// An address block, `10.0.0.0/8` or `fd00::/8` (a bare address is a /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses a CIDR block.
+    pub fn parse(text: &str) -> Result<Cidr, String> {
+        let (ip, prefix) = match text.split_once('/') {
+            Some((ip, p)) => (ip, Some(p)),
+            None => (text, None),
+        };
+        let addr: IpAddr = ip.parse().map_err(|_| format!("bad address in {text:?}"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= max)
+                .ok_or_else(|| format!("bad prefix in {text:?}"))?,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+
+    /// True when `ip` is inside the block (IPv4-mapped IPv6 addresses count as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => mask_eq(&net.octets(), &ip.octets(), self.prefix),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => mask_eq(&net.octets(), &ip.octets(), self.prefix),
+            _ => false,
+        }
+    }
+}
+
+fn mask_eq(a: &[u8], b: &[u8], prefix: u8) -> bool {
+    let full = usize::from(prefix / 8);
+    let rest = prefix % 8;
+    if a.get(..full) != b.get(..full) {
+        return false;
+    }
+    if rest == 0 {
+        return true;
+    }
+    let mask = 0xffu8 << (8 - rest);
+    match (a.get(full), b.get(full)) {
+        (Some(x), Some(y)) => x & mask == y & mask,
+        _ => false,
+    }
+}
+
+/// One `[[overrides]]` entry: all given matchers must match.
+#[derive(Debug, Clone)]
+pub struct Override {
+    pub(crate) namespace: Option<Glob>,
+    pub(crate) app: Option<Glob>,
+    pub(crate) user: Option<Glob>,
+    pub(crate) client: Option<Cidr>,
+    pub(crate) mode: Option<Mode>,
+    pub(crate) actions: [Option<Action>; RULE_COUNT],
+}
+
+impl Override {
+    fn matches(&self, ns: Namespace<'_>, ctx: &RequestContext<'_>) -> bool {
+        if let Some(g) = &self.namespace {
+            let ok = match ns.coll {
+                // Match "db.coll" without building the string: db, '.', coll.
+                Some(coll) => glob_match_parts(g, ns.db, coll),
+                None => g.matches(ns.db),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        if let Some(g) = &self.app {
+            if !ctx.app.is_some_and(|a| g.matches(a)) {
+                return false;
+            }
+        }
+        if let Some(g) = &self.user {
+            if !ctx.user.is_some_and(|u| g.matches(u)) {
+                return false;
+            }
+        }
+        if let Some(c) = &self.client {
+            if !ctx.client_ip.is_some_and(|ip| c.contains(ip)) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Matches "db.coll" against a glob without allocating, using a small stack buffer; names
+/// too long for it (MongoDB caps namespaces at 255 bytes) are compared after allocating.
+fn glob_match_parts(g: &Glob, db: &str, coll: &str) -> bool {
+    let mut buf = [0u8; 256];
+    let len = db.len() + 1 + coll.len();
+    if len > buf.len() {
+        return g.matches(&format!("{db}.{coll}"));
+    }
+    buf[..db.len()].copy_from_slice(db.as_bytes());
+    buf[db.len()] = b'.';
+    buf[db.len() + 1..len].copy_from_slice(coll.as_bytes());
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(s) => g.matches(s),
+        Err(_) => false,
+    }
+}
+
+/// An immutable, validated policy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub(crate) mode: Mode,
+    pub(crate) actions: [Action; RULE_COUNT],
+    pub(crate) params: Params,
+    pub(crate) overrides: Vec<Override>,
+    pub(crate) hash: u64,
+}
+
+/// The actions in force for one request, after overrides and mode.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Effective {
+    pub actions: [Action; RULE_COUNT],
+    pub mode: Mode,
+}
+
+impl Policy {
+    pub(crate) fn empty() -> Policy {
+        let mut actions = [Action::Off; RULE_COUNT];
+        actions[super::RuleId::G001 as usize] = Action::Block;
+        Policy {
+            mode: Mode::Enforce,
+            actions,
+            params: Params::default(),
+            overrides: Vec::new(),
+            hash: 0,
+        }
+    }
+
+    /// The global mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The configured action of a rule (before overrides and mode).
+    pub fn action(&self, rule: super::RuleId) -> Action {
+        self.actions[rule as usize]
+    }
+
+    /// The thresholds.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// A stable hash of the policy's source text(s).
+    pub fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    /// Resolves the actions for a request: overrides in order (the last one that sets a rule
+    /// wins), then audit mode turns every block into a warning.
+    pub(crate) fn effective(&self, ns: Namespace<'_>, ctx: &RequestContext<'_>) -> Effective {
+        let mut eff = Effective {
+            actions: self.actions,
+            mode: self.mode,
+        };
+        for o in &self.overrides {
+            if !o.matches(ns, ctx) {
+                continue;
+            }
+            if let Some(m) = o.mode {
+                eff.mode = m;
+            }
+            for (slot, a) in eff.actions.iter_mut().zip(o.actions.iter()) {
+                if let Some(a) = a {
+                    *slot = *a;
+                }
+            }
+        }
+        if eff.mode == Mode::Audit {
+            for a in eff.actions.iter_mut() {
+                if *a == Action::Block {
+                    *a = Action::Warn;
+                }
+            }
+        }
+        eff
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        let g = Glob::new("analytics.*").unwrap();
+        assert!(g.matches("analytics.events"));
+        assert!(!g.matches("analytic.events"));
+        assert!(Glob::new("*").unwrap().matches(""));
+        assert!(Glob::new("a*b*c").unwrap().matches("aXXbYYc"));
+        assert!(!Glob::new("a*b*c").unwrap().matches("aXXbYY"));
+        assert!(Glob::new("t_?").unwrap().matches("t_1"));
+        assert!(glob_match_parts(&g, "analytics", "x"));
+    }
+
+    #[test]
+    fn cidrs() {
+        let c = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(c.contains("10.1.2.3".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(!c.contains("11.0.0.1".parse().unwrap()));
+        assert!(Cidr::parse("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("nope").is_err());
+        assert!(Cidr::parse("192.168.1.7")
+            .unwrap()
+            .contains("192.168.1.7".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("1.2.3.4".parse().unwrap()));
+    }
+}

@@ -1,0 +1,269 @@
+//! The policy file format (TOML) and its compilation into an immutable [`Policy`].
+//!
+//! ```toml
+//! extends = "standard"          # base profile: standard | strict | audit | none
+//! mode = "enforce"              # or "audit": every block becomes a warning
+//! [rules]
+//! W004 = "block"                # an action...
+//! Q005 = { action = "warn", max_in = 100, max_or = 8 }   # ...or an action with parameters
+//! [[overrides]]                 # applied in order; the last one that sets a rule wins
+//! namespace = "analytics.*"     # glob on db.collection
+//! app = "nightly-*"             # glob on the handshake's application name
+//! user = "etl"                  # glob on the authenticated user
+//! client = "10.0.0.0/8"         # CIDR of the client address
+//! mode = "audit"                # optional: audit mode for matching requests
+//! rules = { Q001 = "off", W004 = "warn" }
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::{
+    compiled::{Cidr, Glob, Override, Params, Policy},
+    rules::{RuleId, RULES, RULE_COUNT},
+    Action, Mode, PolicyError,
+};
+
+/// The shipped profiles, compiled into the binary (the same files as `policies/*.toml`).
+pub const PROFILES: [(&str, &str); 3] = [
+    ("standard", include_str!("../../policies/standard.toml")),
+    ("strict", include_str!("../../policies/strict.toml")),
+    ("audit", include_str!("../../policies/audit.toml")),
+];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default)]
+    extends: Option<String>,
+    #[serde(default)]
+    mode: Option<Mode>,
+    #[serde(default)]
+    rules: BTreeMap<String, RuleSetting>,
+    #[serde(default)]
+    overrides: Vec<OverrideFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RuleSetting {
+    Action(Action),
+    Table(RuleTable),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleTable {
+    action: Action,
+    max_in: Option<usize>,
+    max_or: Option<usize>,
+    max_bytes: Option<usize>,
+    max_depth: Option<usize>,
+    max_elements: Option<usize>,
+    case_insensitive: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideFile {
+    namespace: Option<String>,
+    app: Option<String>,
+    user: Option<String>,
+    client: Option<String>,
+    mode: Option<Mode>,
+    #[serde(default)]
+    rules: BTreeMap<String, Action>,
+}
+
+/// Most overrides a policy may hold (matching overrides are tracked in a 64-bit mask).
+pub const MAX_OVERRIDES: usize = 64;
+
+impl Policy {
+    /// The default policy: the `standard` profile compiled into the binary.
+    pub fn standard() -> Policy {
+        match Policy::profile("standard") {
+            Some(p) => p,
+            None => unreachable!("the standard profile is compiled in and tested"),
+        }
+    }
+
+    /// A shipped profile by name.
+    pub fn profile(name: &str) -> Option<Policy> {
+        let (_, text) = PROFILES.iter().find(|(n, _)| *n == name)?;
+        Policy::from_toml(text, &format!("{name} (built in)")).ok()
+    }
+
+    /// Reads and compiles a policy file.
+    pub fn load(path: &std::path::Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Policy::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parses, validates and compiles TOML text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        Self::compile(text, origin, 0)
+    }
+
+    fn compile(text: &str, origin: &str, depth: usize) -> Result<Policy, PolicyError> {
+        let invalid = |message: String| PolicyError::Invalid {
+            origin: origin.to_owned(),
+            message,
+        };
+        let file: PolicyFile = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            origin: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut policy = match file.extends.as_deref() {
+            None | Some("none") => Policy::empty(),
+            Some(base) => {
+                let (_, base_text) =
+                    PROFILES.iter().find(|(n, _)| *n == base).ok_or_else(|| {
+                        invalid(format!(
+                            "extends = {base:?}: no such profile (standard, strict, audit, none)"
+                        ))
+                    })?;
+                if depth > 2 {
+                    return Err(invalid("profiles extend each other too deeply".into()));
+                }
+                Self::compile(base_text, base, depth + 1)?
+            }
+        };
+        if let Some(mode) = file.mode {
+            policy.mode = mode;
+        }
+        for (code, setting) in &file.rules {
+            let id = rule_id(code).map_err(invalid)?;
+            let action = match setting {
+                RuleSetting::Action(a) => *a,
+                RuleSetting::Table(t) => {
+                    apply_params(&mut policy.params, id, t)
+                        .map_err(|m| invalid(format!("rules.{code}: {m}")))?;
+                    t.action
+                }
+            };
+            policy.actions[id as usize] = action;
+        }
+        if policy.actions[RuleId::G001 as usize] != Action::Block {
+            return Err(invalid(
+                "G001 (unreadable-command) is always \"block\": mongoguard fails closed".into(),
+            ));
+        }
+        if file.overrides.len() > MAX_OVERRIDES {
+            return Err(invalid(format!("at most {MAX_OVERRIDES} overrides")));
+        }
+        for (i, o) in file.overrides.iter().enumerate() {
+            let at = |m: String| invalid(format!("overrides[{i}]: {m}"));
+            let mut actions = [None; RULE_COUNT];
+            for (code, action) in &o.rules {
+                let id = rule_id(code).map_err(at)?;
+                if id == RuleId::G001 {
+                    return Err(at("G001 cannot be overridden".into()));
+                }
+                actions[id as usize] = Some(*action);
+            }
+            if o.namespace.is_none() && o.app.is_none() && o.user.is_none() && o.client.is_none() {
+                return Err(at(
+                    "needs at least one of namespace, app, user, client".into()
+                ));
+            }
+            policy.overrides.push(Override {
+                namespace: o
+                    .namespace
+                    .as_deref()
+                    .map(Glob::new)
+                    .transpose()
+                    .map_err(at)?,
+                app: o.app.as_deref().map(Glob::new).transpose().map_err(at)?,
+                user: o.user.as_deref().map(Glob::new).transpose().map_err(at)?,
+                client: o
+                    .client
+                    .as_deref()
+                    .map(Cidr::parse)
+                    .transpose()
+                    .map_err(at)?,
+                mode: o.mode,
+                actions,
+            });
+        }
+        policy.hash = fnv1a(text.as_bytes()) ^ policy.hash.rotate_left(7);
+        Ok(policy)
+    }
+}
+
+fn rule_id(code: &str) -> Result<RuleId, String> {
+    RuleId::from_code(code).ok_or_else(|| {
+        let known: Vec<&str> = RULES.iter().map(|r| r.code).collect();
+        format!("unknown rule {code:?} (known: {})", known.join(", "))
+    })
+}
+
+fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String> {
+    let allowed: &[&str] = match id {
+        RuleId::Q005 => &["max_in", "max_or"],
+        RuleId::D001 => &["max_bytes"],
+        RuleId::D002 => &["max_depth"],
+        RuleId::D003 => &["max_elements"],
+        RuleId::Q003 => &["case_insensitive"],
+        _ => &[],
+    };
+    let given = [
+        ("max_in", t.max_in.is_some()),
+        ("max_or", t.max_or.is_some()),
+        ("max_bytes", t.max_bytes.is_some()),
+        ("max_depth", t.max_depth.is_some()),
+        ("max_elements", t.max_elements.is_some()),
+        ("case_insensitive", t.case_insensitive.is_some()),
+    ];
+    for (name, set) in given {
+        if set && !allowed.contains(&name) {
+            return Err(format!(
+                "parameter {name} does not apply to this rule (it takes: {})",
+                if allowed.is_empty() {
+                    "none".into()
+                } else {
+                    allowed.join(", ")
+                }
+            ));
+        }
+    }
+    let positive = |name: &str, v: usize| {
+        if v == 0 {
+            Err(format!("{name} must be at least 1"))
+        } else {
+            Ok(v)
+        }
+    };
+    if let Some(v) = t.max_in {
+        p.max_in = positive("max_in", v)?;
+    }
+    if let Some(v) = t.max_or {
+        p.max_or = positive("max_or", v)?;
+    }
+    if let Some(v) = t.max_bytes {
+        p.max_document_bytes = positive("max_bytes", v)?;
+    }
+    if let Some(v) = t.max_depth {
+        p.max_depth = positive("max_depth", v)?;
+    }
+    if let Some(v) = t.max_elements {
+        p.max_array_elements = positive("max_elements", v)?;
+    }
+    if let Some(v) = t.case_insensitive {
+        p.regex_case_insensitive = v;
+    }
+    Ok(())
+}
+
+/// FNV-1a 64: a stable content hash for `GET /policy` and logs.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

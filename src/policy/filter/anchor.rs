@@ -1,0 +1,81 @@
+//! Whether a regular expression is anchored at the start of the string.
+
+/// Whether a regex can only match from the start of the string (so an index scan can be
+/// bounded): every top-level alternative starts with `^` or `\A`, and it is not
+/// case-insensitive. `^a|b` is not anchored. With the `m` option `^` also matches after a
+/// newline, so only `\A` anchors; unknown options and inline flag groups `(?i)` / `(?m)`
+/// make it unanchored.
+pub fn regex_is_anchored(pattern: &str, options: &str) -> bool {
+    let mut multiline = false;
+    for c in options.chars() {
+        match c {
+            'm' => multiline = true,
+            's' | 'x' | 'u' => {}
+            _ => return false,
+        }
+    }
+    let b = pattern.as_bytes();
+    let anchored_at = |i: usize| match b.get(i..) {
+        Some(rest) => rest.starts_with(b"\\A") || (!multiline && rest.starts_with(b"^")),
+        None => false,
+    };
+    if !anchored_at(0) {
+        return false;
+    }
+    let (mut i, mut groups) = (0usize, 0usize);
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'\\' if b.get(i + 1) == Some(&b'Q') => {
+                // `\Q...\E` quotes everything up to `\E`.
+                match b
+                    .get(i + 2..)
+                    .and_then(|r| r.windows(2).position(|w| w == b"\\E"))
+                {
+                    Some(p) => i += 2 + p + 2,
+                    None => return true,
+                }
+            }
+            b'\\' => i += 2,
+            b'[' => {
+                i += 1;
+                if b.get(i) == Some(&b'^') {
+                    i += 1;
+                }
+                if b.get(i) == Some(&b']') {
+                    i += 1; // a leading `]` is a literal
+                }
+                while let Some(&c) = b.get(i) {
+                    i += if c == b'\\' { 2 } else { 1 };
+                    if c == b']' {
+                        break;
+                    }
+                }
+            }
+            b'(' => {
+                if b.get(i + 1) == Some(&b'?') {
+                    let flags = b.get(i + 2..).unwrap_or_default();
+                    let mut run = flags
+                        .iter()
+                        .take_while(|f| f.is_ascii_alphabetic() || **f == b'-');
+                    if run.any(|f| *f == b'i' || *f == b'm') {
+                        return false;
+                    }
+                }
+                groups += 1;
+                i += 1;
+            }
+            b')' => {
+                groups = groups.saturating_sub(1);
+                i += 1;
+            }
+            b'|' if groups == 0 => {
+                if !anchored_at(i + 1) {
+                    return false;
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    true
+}

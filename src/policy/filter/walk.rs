@@ -1,0 +1,296 @@
+//! A visitor over every predicate of a filter, an aggregation expression or a pipeline.
+//!
+//! The query rules (Q001 to Q005) look for operators wherever they hide: under `$and` /
+//! `$or` / `$nor`, `$not`, both forms of `$elemMatch`, `$expr`, and inside `$lookup`,
+//! `$facet` and `$unionWith` sub-pipelines. The walker finds them once and reports each as an
+//! [`Event`]; a rule is a [`Visitor`] that decides what an event means and may stop the walk
+//! early with [`ControlFlow::Break`].
+//!
+//! The walk borrows from the document (events carry `&str` slices of it) and never
+//! allocates. Nesting is bounded by [`MAX_DEPTH`]: a deeper subtree is reported as
+//! [`Event::TooDeep`] and skipped; an unreadable element is reported as [`Event::Malformed`]
+//! and ends the walk of its document. A rule should treat both as suspicious.
+//!
+//! Paths are the keys as written at their level: inside a query-form `$elemMatch` they are
+//! relative to the array element (`{a: {$elemMatch: {b: {$ne: 1}}}}` reports `b`), and in
+//! aggregation expressions they are the `$field` argument without its `$` when there is one,
+//! else `""`.
+
+use std::ops::ControlFlow;
+
+use bson::{RawArray, RawBsonRef, RawDocument, RawRegexRef};
+
+use super::{first_key, is_operator_doc, true_value, MAX_DEPTH};
+
+mod expr;
+
+use expr::{expression, stages};
+
+pub use super::anchor::regex_is_anchored;
+
+/// One predicate occurrence worth a rule's attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// A negation: `$ne`, `$nin`, `$not` on a field, `$nor` (path `""`), or `$ne` / `$not`
+    /// in an aggregation expression. Negations cannot use an index well.
+    Negation {
+        /// `"$ne"`, `"$nin"`, `"$not"` or `"$nor"`.
+        op: &'static str,
+        /// The field the negation applies to.
+        path: &'a str,
+    },
+    /// A `$where` clause (server-side JavaScript).
+    Where,
+    /// Server-side JavaScript in an aggregation expression.
+    JsFunction {
+        /// `"$function"` or `"$accumulator"`.
+        op: &'static str,
+    },
+    /// A regular-expression match: `$regex`, a regex literal as a value (also inside `$in`,
+    /// `$nin`, `$all`, `$not`), or `$regexMatch` / `$regexFind` / `$regexFindAll`. A
+    /// pattern that is computed at run time is reported as `""` (never provably anchored).
+    Regex {
+        /// The pattern source.
+        pattern: &'a str,
+        /// The option letters (`i`, `m`, `s`, `x`, `u`).
+        options: &'a str,
+        /// The field matched.
+        path: &'a str,
+    },
+    /// `$exists` with a falsy value (`false`, `0`, `0.0`, `null`).
+    ExistsFalse {
+        /// The field that must be missing.
+        path: &'a str,
+    },
+    /// An `$in` or `$nin` list (in a query or an expression), with its length.
+    InList {
+        /// `"$in"` or `"$nin"`.
+        op: &'static str,
+        /// How many values the list holds.
+        len: usize,
+        /// The field tested.
+        path: &'a str,
+    },
+    /// A query `$or` with its number of branches.
+    OrBranches {
+        /// How many branches.
+        len: usize,
+    },
+    /// Nesting deeper than [`MAX_DEPTH`]; the subtree was not walked.
+    TooDeep,
+    /// An element that could not be read, or an operator with an impossible argument; the
+    /// rest of that document was not walked.
+    Malformed,
+}
+
+/// Receives the events of a walk. Return [`ControlFlow::Break`] to stop the walk.
+pub trait Visitor<'a> {
+    /// Called once per event, in document order.
+    fn visit(&mut self, event: Event<'a>) -> ControlFlow<()>;
+}
+
+impl<'a, F: FnMut(Event<'a>) -> ControlFlow<()>> Visitor<'a> for F {
+    fn visit(&mut self, event: Event<'a>) -> ControlFlow<()> {
+        self(event)
+    }
+}
+
+/// Walks a query filter (`find`, `count`, `delete`/`update` `q`, `$match`...).
+pub fn walk_filter<'a>(filter: &'a RawDocument, v: &mut impl Visitor<'a>) -> ControlFlow<()> {
+    filter_doc(filter, v, 0)
+}
+
+/// Walks an aggregation expression (the value of `$expr`, a `$project` or `$group`
+/// specification...), reporting `$function`, `$accumulator`, `$ne`, `$not`, `$in` and the
+/// regex operators at any depth. `$literal` contents are not walked: they are data.
+pub fn walk_expression<'a>(expr: RawBsonRef<'a>, v: &mut impl Visitor<'a>) -> ControlFlow<()> {
+    expression(expr, v, 0)
+}
+
+/// Walks an aggregation pipeline: `$match` (and `$geoNear.query`,
+/// `$graphLookup.restrictSearchWithMatch`) as filters, the sub-pipelines of `$lookup`,
+/// `$unionWith`, `$facet` and `$merge.whenMatched`, every other stage as an expression.
+pub fn walk_pipeline<'a>(pipeline: &'a RawArray, v: &mut impl Visitor<'a>) -> ControlFlow<()> {
+    stages(pipeline, v, 0)
+}
+
+fn filter_doc<'a>(doc: &'a RawDocument, v: &mut impl Visitor<'a>, depth: usize) -> ControlFlow<()> {
+    if depth > MAX_DEPTH {
+        return v.visit(Event::TooDeep);
+    }
+    for elem in doc.iter_elements() {
+        let Ok(elem) = elem else {
+            return v.visit(Event::Malformed);
+        };
+        let Ok(value) = elem.value() else {
+            return v.visit(Event::Malformed);
+        };
+        match elem.key().as_str() {
+            op @ ("$and" | "$or" | "$nor") => {
+                let RawBsonRef::Array(branches) = value else {
+                    v.visit(Event::Malformed)?;
+                    continue;
+                };
+                if op == "$or" {
+                    v.visit(Event::OrBranches {
+                        len: branches.into_iter().count(),
+                    })?;
+                } else if op == "$nor" {
+                    v.visit(Event::Negation {
+                        op: "$nor",
+                        path: "",
+                    })?;
+                }
+                for branch in branches {
+                    match branch {
+                        Ok(RawBsonRef::Document(d)) => filter_doc(d, v, depth + 1)?,
+                        _ => v.visit(Event::Malformed)?,
+                    }
+                }
+            }
+            "$where" => v.visit(Event::Where)?,
+            "$expr" => expression(value, v, depth + 1)?,
+            key if key.starts_with('$') => {} // $comment, $text, $jsonSchema...: no predicates
+            path => field(path, value, v, depth + 1)?,
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+fn field<'a>(
+    path: &'a str,
+    value: RawBsonRef<'a>,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> ControlFlow<()> {
+    match value {
+        RawBsonRef::RegularExpression(r) => v.visit(regex(r, path)),
+        RawBsonRef::Document(d) if is_operator_doc(d) => operators(path, d, v, depth),
+        _ => ControlFlow::Continue(()),
+    }
+}
+
+fn regex<'a>(r: RawRegexRef<'a>, path: &'a str) -> Event<'a> {
+    Event::Regex {
+        pattern: r.pattern.as_str(),
+        options: r.options.as_str(),
+        path,
+    }
+}
+
+/// The operators on one field: `{$ne: 1, $exists: false, $not: {...}, ...}`.
+fn operators<'a>(
+    path: &'a str,
+    ops: &'a RawDocument,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> ControlFlow<()> {
+    if depth > MAX_DEPTH {
+        return v.visit(Event::TooDeep);
+    }
+    let options = match ops.get("$options") {
+        Ok(Some(RawBsonRef::String(s))) => s,
+        Ok(None) => "",
+        _ => {
+            v.visit(Event::Malformed)?;
+            ""
+        }
+    };
+    for elem in ops.iter_elements() {
+        let Ok(elem) = elem else {
+            return v.visit(Event::Malformed);
+        };
+        let Ok(value) = elem.value() else {
+            return v.visit(Event::Malformed);
+        };
+        match (elem.key().as_str(), value) {
+            ("$ne", _) => v.visit(Event::Negation { op: "$ne", path })?,
+            (op @ ("$in" | "$nin"), RawBsonRef::Array(list)) => {
+                let op = if op == "$in" { "$in" } else { "$nin" };
+                if op == "$nin" {
+                    v.visit(Event::Negation { op, path })?;
+                }
+                v.visit(Event::InList {
+                    op,
+                    len: list.into_iter().count(),
+                    path,
+                })?;
+                list_regexes(list, path, v, depth)?;
+            }
+            ("$all", RawBsonRef::Array(list)) => list_regexes(list, path, v, depth)?,
+            ("$not", not) => {
+                v.visit(Event::Negation { op: "$not", path })?;
+                match not {
+                    RawBsonRef::RegularExpression(r) => v.visit(regex(r, path))?,
+                    RawBsonRef::Document(d) if is_operator_doc(d) => {
+                        operators(path, d, v, depth + 1)?
+                    }
+                    _ => v.visit(Event::Malformed)?,
+                }
+            }
+            ("$regex", RawBsonRef::String(pattern)) => v.visit(Event::Regex {
+                pattern,
+                options,
+                path,
+            })?,
+            ("$regex", RawBsonRef::RegularExpression(r)) => {
+                let own = r.options.as_str();
+                // Options on both the literal and `$options`: report both, the rule keeps
+                // the worse.
+                v.visit(regex(r, path))?;
+                if !options.is_empty() && options != own {
+                    v.visit(Event::Regex {
+                        pattern: r.pattern.as_str(),
+                        options,
+                        path,
+                    })?;
+                }
+            }
+            ("$exists", e) if !true_value(e) => v.visit(Event::ExistsFalse { path })?,
+            ("$elemMatch", RawBsonRef::Document(d)) => {
+                if elem_match_is_value_form(d) {
+                    operators(path, d, v, depth + 1)?
+                } else {
+                    filter_doc(d, v, depth + 1)?
+                }
+            }
+            ("$in" | "$nin" | "$all" | "$regex" | "$elemMatch", _) => v.visit(Event::Malformed)?,
+            _ => {}
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// Regex literals in `$in` / `$nin` / `$all` lists match as regexes; `$all` may also hold
+/// `{$elemMatch: ...}` documents.
+fn list_regexes<'a>(
+    list: &'a RawArray,
+    path: &'a str,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> ControlFlow<()> {
+    for item in list {
+        match item {
+            Ok(RawBsonRef::RegularExpression(r)) => v.visit(regex(r, path))?,
+            Ok(RawBsonRef::Document(d)) if first_key(d) == Some("$elemMatch") => {
+                operators(path, d, v, depth + 1)?
+            }
+            Ok(_) => {}
+            Err(_) => return v.visit(Event::Malformed),
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// `{$elemMatch: {$gt: 1}}` (value form: operators on the element) versus
+/// `{$elemMatch: {b: 1}}` or `{$elemMatch: {$or: [...]}}` (query form: a filter on
+/// element documents).
+fn elem_match_is_value_form(d: &RawDocument) -> bool {
+    match first_key(d) {
+        Some(k) if k.starts_with('$') => !matches!(
+            k,
+            "$and" | "$or" | "$nor" | "$expr" | "$where" | "$text" | "$comment" | "$jsonSchema"
+        ),
+        _ => false,
+    }
+}

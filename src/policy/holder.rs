@@ -1,0 +1,110 @@
+//! The policy in force, swappable at run time: a reload validates the new file completely
+//! and only then swaps it in atomically; an invalid file keeps the old policy.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+    time::SystemTime,
+};
+
+use super::{Policy, PolicyError};
+
+/// Where the policy came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicySource {
+    /// A profile compiled into the binary.
+    BuiltIn(&'static str),
+    /// A file.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicySource::BuiltIn(name) => write!(f, "built-in profile {name}"),
+            PolicySource::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// The current policy and how to reload it.
+#[derive(Debug)]
+pub struct PolicyHolder {
+    current: RwLock<Arc<Policy>>,
+    source: PolicySource,
+    modified: RwLock<Option<SystemTime>>,
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl PolicyHolder {
+    /// Loads the initial policy: the file if given (an error is fatal: never fall back to
+    /// defaults), else the built-in standard profile.
+    pub fn load(file: Option<&Path>) -> Result<PolicyHolder, PolicyError> {
+        let (policy, source, modified) = match file {
+            Some(path) => (
+                Policy::load(path)?,
+                PolicySource::File(path.to_owned()),
+                mtime(path),
+            ),
+            None => (Policy::standard(), PolicySource::BuiltIn("standard"), None),
+        };
+        Ok(PolicyHolder {
+            current: RwLock::new(Arc::new(policy)),
+            source,
+            modified: RwLock::new(modified),
+        })
+    }
+
+    /// A holder around an already compiled policy (tests, tools).
+    pub fn fixed(policy: Policy) -> PolicyHolder {
+        PolicyHolder {
+            current: RwLock::new(Arc::new(policy)),
+            source: PolicySource::BuiltIn("custom"),
+            modified: RwLock::new(None),
+        }
+    }
+
+    /// The policy in force (a reference count bump).
+    pub fn current(&self) -> Arc<Policy> {
+        match self.current.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Where it came from.
+    pub fn source(&self) -> &PolicySource {
+        &self.source
+    }
+
+    /// Re-reads the file and swaps it in if it is valid. Built-in profiles never change.
+    /// Returns the new policy's hash.
+    pub fn reload(&self) -> Result<Option<u64>, PolicyError> {
+        let PolicySource::File(path) = &self.source else {
+            return Ok(None);
+        };
+        let modified = mtime(path);
+        let policy = Policy::load(path)?;
+        let hash = policy.hash();
+        match self.current.write() {
+            Ok(mut g) => *g = Arc::new(policy),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
+        }
+        if let Ok(mut m) = self.modified.write() {
+            *m = modified;
+        }
+        Ok(Some(hash))
+    }
+
+    /// True when the file's modification time differs from the one last loaded.
+    pub fn changed_on_disk(&self) -> bool {
+        let PolicySource::File(path) = &self.source else {
+            return false;
+        };
+        let now = mtime(path);
+        self.modified.read().map(|m| *m != now).unwrap_or(true)
+    }
+}

@@ -1,0 +1,141 @@
+//! The policy engine: rules as data, evaluation as a pure, synchronous function.
+//!
+//! A [`Policy`] is compiled from TOML (`policies/*.toml`; the `standard` profile is built in)
+//! into immutable data. [`Policy::evaluate`] reads a [`CommandView`] and returns a
+//! [`Decision`]: it never performs I/O, never panics on input, allocates nothing when the
+//! command is allowed, and turns any doubt about what a command does into a block (G001).
+
+mod compiled;
+mod documents;
+mod error;
+mod evaluate;
+mod file;
+pub mod filter;
+mod holder;
+mod indexes;
+mod queries;
+mod rules;
+#[cfg(test)]
+mod vectors;
+mod writes;
+
+use std::net::IpAddr;
+
+use bson::RawDocument;
+use serde::Deserialize;
+
+pub use compiled::{Params, Policy};
+pub use error::PolicyError;
+pub use file::{MAX_OVERRIDES, PROFILES};
+pub use holder::{PolicyHolder, PolicySource};
+pub use rules::{RuleId, RuleInfo, RULES, RULE_COUNT};
+
+use crate::command::CommandView;
+
+/// What a rule does when it fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Not checked.
+    Off,
+    /// Forward, and record a violation.
+    Warn,
+    /// Answer the client with an error, never forward, and record.
+    Block,
+}
+
+impl Action {
+    /// `"off" | "warn" | "block"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Off => "off",
+            Action::Warn => "warn",
+            Action::Block => "block",
+        }
+    }
+}
+
+/// Global (or per-override) mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Blocks block.
+    Enforce,
+    /// Every block becomes a warning: see what would break, break nothing.
+    Audit,
+}
+
+impl Mode {
+    /// `"enforce" | "audit"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Audit => "audit",
+        }
+    }
+}
+
+/// Who sent the request: what overrides match on, and upstream facts some rules need.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestContext<'a> {
+    /// Application name from the handshake.
+    pub app: Option<&'a str>,
+    /// Authenticated user, when known.
+    pub user: Option<&'a str>,
+    /// Client address.
+    pub client_ip: Option<IpAddr>,
+    /// The upstream's maxWireVersion, when known (I001 needs it).
+    pub upstream_wire_version: Option<i32>,
+}
+
+/// One rule that fired.
+#[derive(Clone, Copy, Debug)]
+pub struct Violation<'a> {
+    /// The rule.
+    pub rule: RuleId,
+    /// What is done about it (after overrides and mode): `Warn` or `Block`.
+    pub action: Action,
+    /// The statement index in a batch, for statement-level rules.
+    pub statement: Option<usize>,
+    /// The filter involved, for shape rendering in the record.
+    pub filter: Option<&'a RawDocument>,
+    /// For G001: what could not be read.
+    pub detail: Option<&'static str>,
+}
+
+/// The outcome of evaluating one command.
+#[derive(Clone, Debug)]
+pub struct Decision<'a> {
+    /// Every violation, in rule order of checking. Empty (and unallocated) when allowed.
+    pub violations: Vec<Violation<'a>>,
+    /// The mode in force for this request.
+    pub mode: Mode,
+}
+
+impl Decision<'_> {
+    /// The strongest action among the violations (`Off` when none fired).
+    pub fn verdict(&self) -> Action {
+        self.violations
+            .iter()
+            .map(|v| v.action)
+            .max()
+            .unwrap_or(Action::Off)
+    }
+
+    /// True when the command must not be forwarded.
+    pub fn is_block(&self) -> bool {
+        self.verdict() == Action::Block
+    }
+
+    /// The violations that block.
+    pub fn blocking(&self) -> impl Iterator<Item = &Violation<'_>> {
+        self.violations.iter().filter(|v| v.action == Action::Block)
+    }
+}
+
+impl Policy {
+    /// Evaluates a command. Pure and synchronous; see the module docs.
+    pub fn evaluate<'a>(&self, view: &CommandView<'a>, ctx: &RequestContext<'_>) -> Decision<'a> {
+        evaluate::evaluate(self, view, ctx)
+    }
+}

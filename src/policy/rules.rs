@@ -1,0 +1,146 @@
+//! The rule registry: every rule of the pack, with its stable id, name, reason and the
+//! default action of each shipped profile (see STANDARDS.md). Ids never change meaning.
+
+use super::Action;
+
+/// A rule of the pack. The discriminant indexes per-rule arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[allow(missing_docs)]
+pub enum RuleId {
+    W001,
+    W002,
+    W003,
+    W004,
+    W005,
+    W006,
+    W007,
+    W008,
+    W009,
+    W010,
+    W011,
+    Q001,
+    Q002,
+    Q003,
+    Q004,
+    Q005,
+    Q006,
+    Q007,
+    Q008,
+    I001,
+    I002,
+    I003,
+    I004,
+    D001,
+    D002,
+    D003,
+    D004,
+    D005,
+    /// Not a standard: the command could not be read, so it is refused (fail closed).
+    G001,
+}
+
+/// Number of rules (size of per-rule arrays).
+pub const RULE_COUNT: usize = RuleId::G001 as usize + 1;
+
+/// Static facts about a rule.
+#[derive(Debug)]
+pub struct RuleInfo {
+    /// The rule.
+    pub id: RuleId,
+    /// `"W001"`.
+    pub code: &'static str,
+    /// `"multi-update-without-filter"`.
+    pub name: &'static str,
+    /// One line, for the violation record and the error the client sees.
+    pub reason: &'static str,
+    /// Default in `standard`.
+    pub standard: Action,
+    /// Default in `strict`.
+    pub strict: Action,
+    /// False for rules that need facts from the upstream or the shard config (not built yet):
+    /// they can be configured but never fire.
+    pub implemented: bool,
+}
+
+use Action::{Block as B, Off as O, Warn as W};
+
+macro_rules! rule {
+    ($id:ident, $name:literal, $reason:literal, $std:expr, $strict:expr) => {
+        rule!($id, $name, $reason, $std, $strict, true)
+    };
+    ($id:ident, $name:literal, $reason:literal, $std:expr, $strict:expr, $impl:expr) => {
+        RuleInfo {
+            id: RuleId::$id,
+            code: stringify!($id),
+            name: $name,
+            reason: $reason,
+            standard: $std,
+            strict: $strict,
+            implemented: $impl,
+        }
+    };
+}
+
+/// Every rule, in `RuleId` order.
+pub static RULES: [RuleInfo; RULE_COUNT] = [
+    rule!(W001, "multi-update-without-filter", "a multi-document update whose filter matches every document rewrites the whole collection", B, B),
+    rule!(W002, "update-without-filter", "a single-document update whose filter matches every document modifies an arbitrary document", W, B),
+    rule!(W003, "delete-many-without-filter", "a multi-document delete whose filter matches every document empties the collection", B, B),
+    rule!(W004, "delete-many", "bulk removes load the server; prefer a TTL index, drop, or a throttled job", W, W),
+    rule!(W005, "system-namespace-write", "writes into admin, local, config or system.* collections can break the deployment", B, B),
+    rule!(W006, "journal-disabled", "a write concern with j:false acknowledges writes that a crash can lose", B, B),
+    rule!(W007, "unacknowledged-write", "an unacknowledged write (w:0 or moreToCome) hides every error from the application", W, B),
+    rule!(W008, "drop-database", "dropDatabase destroys every collection of the database", W, B),
+    rule!(W009, "rename-collection", "renameCollection breaks every reader of the old name and locks the database", W, W),
+    rule!(W010, "whole-document-replace", "a whole-document replacement is a read-modify-write race; prefer $set", O, W),
+    rule!(W011, "unbounded-array-push", "$push without $slice grows arrays towards the 16 MB document limit", W, W),
+    rule!(Q001, "negation-operator", "$ne, $nin and $not cannot use an index well; rewrite as $in", W, W),
+    rule!(Q002, "server-side-javascript", "server-side JavaScript ($where, $function, $accumulator, mapReduce) is slow and unsafe", W, B),
+    rule!(Q003, "unanchored-regex", "an unanchored or case-insensitive regex scans every index key", W, W),
+    rule!(Q004, "exists-false", "{$exists: false} cannot use an index efficiently", W, W),
+    rule!(Q005, "large-in-or", "very long $in/$nin lists or $or branches make plans slow and unstable", W, W),
+    rule!(Q006, "collection-scan", "the upstream's plan for this query shape is a collection scan", W, W, false),
+    rule!(Q007, "in-memory-sort", "the upstream's plan for this query shape sorts in memory", W, W, false),
+    rule!(Q008, "query-without-shard-key", "a query on a sharded collection without its shard key goes to every shard", O, W, false),
+    rule!(I001, "foreground-index-build", "before MongoDB 4.2 an index built without background:true blocks the database", W, B),
+    rule!(I002, "too-many-indexes", "every index slows every write; keep collections under 10 indexes", W, W, false),
+    rule!(I003, "ttl-on-compound-index", "the TTL monitor ignores expireAfterSeconds on a compound index", W, B),
+    rule!(I004, "range-shard-on-monotonic-key", "a range shard key on _id sends every insert to one shard; use hashed", W, B),
+    rule!(D001, "document-too-large", "large documents are slow to read, write and replicate", W, W),
+    rule!(D002, "deep-nesting", "deeply nested documents are hard to index and query", W, W),
+    rule!(D003, "large-array", "very large arrays make updates and indexes expensive", W, W),
+    rule!(D004, "random-id", "string or UUID _id values are random keys that split B-tree pages; prefer ObjectId", W, W),
+    rule!(D005, "naming-convention", "database names must be db_<lowercase>, collection names t_<lowercase>", O, W),
+    rule!(G001, "unreadable-command", "mongoguard cannot tell what this command does, so it refuses it (fail closed)", B, B),
+];
+
+impl RuleId {
+    /// Static facts.
+    pub fn info(self) -> &'static RuleInfo {
+        &RULES[self as usize]
+    }
+
+    /// `"W001"`.
+    pub fn code(self) -> &'static str {
+        self.info().code
+    }
+
+    /// Looks a rule up by its code.
+    pub fn from_code(code: &str) -> Option<RuleId> {
+        RULES.iter().find(|r| r.code == code).map(|r| r.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_is_in_id_order_and_codes_are_unique() {
+        for (i, r) in RULES.iter().enumerate() {
+            assert_eq!(r.id as usize, i, "{}", r.code);
+            assert_eq!(RuleId::from_code(r.code), Some(r.id));
+            assert!(!r.reason.contains('\n'));
+        }
+    }
+}

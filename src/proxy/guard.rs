@@ -1,0 +1,169 @@
+//! Enforcement: evaluate each client command against the policy in force, record every
+//! violation, and decide whether the command is forwarded or answered by mongoguard.
+
+use std::{net::SocketAddr, time::SystemTime};
+
+use bson::RawDocumentBuf;
+
+use super::Context;
+use crate::{
+    audit::{self, ViolationRecord},
+    command::CommandView,
+    policy::{filter, Action, Decision, Mode, RequestContext, RuleId, Violation},
+    wire::{builder::error_document, Message, OpCode},
+};
+
+/// The code of every error mongoguard answers a blocked command with. It is outside every
+/// code drivers retry or treat as a topology change (PROTOCOL.md), so no retry storms and no
+/// pool clears; the reply carries no `errorLabels` and the connection stays open.
+pub const BLOCK_CODE: i32 = 65_001;
+/// The codeName paired with [`BLOCK_CODE`].
+pub const BLOCK_CODE_NAME: &str = "MongoguardPolicyViolation";
+
+/// What to do with a client message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Judgement {
+    /// Send it upstream (allowed, or only warnings).
+    Forward,
+    /// Answer it (or drop it, when it expects no reply) with this message.
+    Block { errmsg: String },
+}
+
+/// Who sent the message, for overrides and records.
+pub(crate) struct Who<'s> {
+    pub peer: SocketAddr,
+    pub app: Option<&'s str>,
+    pub driver: Option<&'s str>,
+    pub upstream_wire_version: Option<i32>,
+}
+
+/// Evaluates one (decompressed) client message.
+pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id: i32) -> Judgement {
+    let policy = ctx.policy.current();
+    let view = match CommandView::from_message(msg) {
+        Ok(v) => v,
+        Err(e) => {
+            // Nothing can be read, so no override can match: the global mode decides.
+            let action = if policy.mode() == Mode::Audit {
+                Action::Warn
+            } else {
+                Action::Block
+            };
+            let v = Violation {
+                rule: RuleId::G001,
+                action,
+                statement: None,
+                filter: None,
+                detail: None,
+            };
+            ctx.audit
+                .record(record(&v, policy.mode(), None, who, request_id));
+            return match action {
+                Action::Block => Judgement::Block {
+                    errmsg: format!(
+                        "mongoguard blocked this command: G001 unreadable-command: {e}"
+                    ),
+                },
+                _ => Judgement::Forward,
+            };
+        }
+    };
+    let rctx = RequestContext {
+        app: who.app,
+        user: None,
+        client_ip: Some(who.peer.ip()),
+        upstream_wire_version: who.upstream_wire_version,
+    };
+    let decision = policy.evaluate(&view, &rctx);
+    if decision.violations.is_empty() {
+        return Judgement::Forward;
+    }
+    for v in &decision.violations {
+        ctx.audit
+            .record(record(v, decision.mode, Some(&view), who, request_id));
+    }
+    if decision.is_block() {
+        Judgement::Block {
+            errmsg: blocked_message(&decision),
+        }
+    } else {
+        Judgement::Forward
+    }
+}
+
+/// "mongoguard blocked this command: W001 multi-update-without-filter (statement 3): reason;
+/// ..." — every blocking rule, with its statement index.
+pub(crate) fn blocked_message(decision: &Decision<'_>) -> String {
+    let mut out = String::from("mongoguard blocked this command: ");
+    for (i, v) in decision.blocking().enumerate() {
+        if i > 0 {
+            out.push_str("; ");
+        }
+        let info = v.rule.info();
+        out.push_str(info.code);
+        out.push(' ');
+        out.push_str(info.name);
+        if let Some(s) = v.statement {
+            out.push_str(&format!(" (statement {s})"));
+        }
+        out.push_str(": ");
+        out.push_str(v.detail.unwrap_or(info.reason));
+    }
+    out
+}
+
+/// The error document for a blocked command, in the request's family: a command error for
+/// OP_MSG and `$cmd` queries, a `$err` document for a legacy OP_QUERY find.
+pub(crate) fn block_document(errmsg: &str, op: OpCode, legacy_find: bool) -> RawDocumentBuf {
+    if op == OpCode::Query && legacy_find {
+        return bson::rawdoc! {"$err": errmsg, "code": BLOCK_CODE, "codeName": BLOCK_CODE_NAME, "ok": 0.0};
+    }
+    error_document(BLOCK_CODE, BLOCK_CODE_NAME, errmsg)
+}
+
+/// What a legacy application's getLastError gets after its fire-and-forget write was
+/// blocked: the write's error, as mongod reports write errors there.
+pub(crate) fn last_error_document(errmsg: &str) -> RawDocumentBuf {
+    bson::rawdoc! {
+        "ok": 1.0, "err": errmsg, "code": BLOCK_CODE, "codeName": BLOCK_CODE_NAME, "n": 0,
+    }
+}
+
+fn record(
+    v: &Violation<'_>,
+    mode: Mode,
+    view: Option<&CommandView<'_>>,
+    who: &Who<'_>,
+    request_id: i32,
+) -> ViolationRecord {
+    let info = v.rule.info();
+    let shape = v.filter.map(filter::shape);
+    let shape_hash = shape.as_deref().map(filter::shape_hash);
+    let ns = view.map(|view| view.namespace());
+    ViolationRecord {
+        time: SystemTime::now(),
+        rule_id: info.code,
+        rule_name: info.name,
+        reason: v.detail.unwrap_or(info.reason),
+        action: match v.action {
+            Action::Block => audit::Action::Block,
+            _ => audit::Action::Warn,
+        },
+        mode: match mode {
+            Mode::Enforce => audit::Mode::Enforce,
+            Mode::Audit => audit::Mode::Audit,
+        },
+        client_addr: Some(who.peer),
+        app_name: who.app.map(str::to_owned),
+        driver: who.driver.map(str::to_owned),
+        user: None,
+        database: ns.map_or_else(String::new, |ns| ns.db.to_owned()),
+        collection: ns.and_then(|ns| ns.coll).map(str::to_owned),
+        command: view.map_or_else(|| "unknown".to_owned(), |v| v.display_name().to_owned()),
+        statement_index: v.statement,
+        filter_shape: shape,
+        shape_hash,
+        request_id,
+        source: audit::Source::Proxy,
+    }
+}
