@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod audit;
+pub mod check;
 pub mod command;
 pub mod config;
 pub mod policy;

@@ -1,21 +1,50 @@
 //! The mongoguard command line. The only place `anyhow` is used.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::ExitCode,
+    sync::Arc,
+};
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 use mongoguard::{
+    check::{Checker, Format},
     config::{Config, LogFormat},
+    policy::{Policy, RULES},
     proxy::Proxy,
 };
 
 /// A MongoDB wire-protocol guard proxy.
 ///
 /// Applications connect to mongoguard instead of mongod or mongos. It decodes every message,
-/// forwards the original bytes upstream, and relays the replies.
+/// enforces the MongoDB development standards (the policy), forwards what is allowed and
+/// records every violation. Without a subcommand, mongoguard runs the proxy.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the proxy (the default).
+    Run(RunArgs),
+    /// Evaluate captured commands against a policy, without the proxy: mongod JSON log lines
+    /// (4.4+), profiler documents exported from system.profile, or JSON lines of commands.
+    /// Exits 1 when a blocking rule fires, 2 on bad input.
+    Check(CheckArgs),
+    /// Policy files.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
     /// Configuration file (TOML). Flags below override its values.
     #[arg(long, short = 'c', value_name = "FILE")]
     config: Option<PathBuf>,
@@ -25,6 +54,9 @@ struct Cli {
     /// Upstream mongod/mongos, e.g. mongodb://127.0.0.1:27018.
     #[arg(long, value_name = "URI")]
     upstream: Option<String>,
+    /// Policy file (default: the built-in standard profile).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
@@ -36,21 +68,55 @@ struct Cli {
     check_config: bool,
 }
 
-fn load_config(cli: &Cli) -> anyhow::Result<Config> {
-    let mut config = match &cli.config {
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// Policy file (default: the built-in standard profile).
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Report format.
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
+    /// Database for bare commands that carry no $db.
+    #[arg(long, default_value = "test")]
+    db: String,
+    /// Input files ("-" for standard input).
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Check a policy file without running the proxy; print its effective rules.
+    Validate {
+        /// The policy file.
+        file: PathBuf,
+    },
+    /// Print the rules of a policy (a file, or a built-in profile name).
+    Show {
+        /// A file, or standard / strict / audit.
+        #[arg(default_value = "standard")]
+        policy: String,
+    },
+}
+
+fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
-    if let Some(listen) = cli.listen {
+    if let Some(listen) = args.listen {
         config.proxy.listen = listen;
     }
-    if let Some(uri) = &cli.upstream {
+    if let Some(uri) = &args.upstream {
         config.upstream.uri = uri.parse().context("--upstream")?;
     }
-    if let Some(format) = cli.log_format {
+    if let Some(policy) = &args.policy {
+        config.policy.file = Some(policy.clone());
+    }
+    if let Some(format) = args.log_format {
         config.log.format = format;
     }
-    if let Some(level) = &cli.log_level {
+    if let Some(level) = &args.log_level {
         config.log.level = level.clone();
     }
     config.validate()?;
@@ -70,12 +136,11 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let config = load_config(&cli)?;
-    if cli.check_config {
+fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
+    let config = load_config(args)?;
+    if args.check_config {
         println!("configuration OK: {config:#?}");
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -86,5 +151,93 @@ fn main() -> anyhow::Result<()> {
         let proxy = Proxy::start(Arc::new(config)).await?;
         proxy.run_until_signal().await?;
         anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load_policy(file: Option<&PathBuf>) -> anyhow::Result<Policy> {
+    Ok(match file {
+        Some(path) => Policy::load(path)?,
+        None => Policy::standard(),
     })
+}
+
+fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let policy = load_policy(args.policy.as_ref())?;
+    let mut checker = Checker::default();
+    for file in &args.files {
+        let reader: Box<dyn BufRead> = if file.as_os_str() == "-" {
+            Box::new(BufReader::new(std::io::stdin()))
+        } else {
+            let f =
+                std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+            Box::new(BufReader::new(f))
+        };
+        for line in reader.lines() {
+            let line = line.with_context(|| format!("reading {}", file.display()))?;
+            checker.line(&policy, &line, &args.db);
+        }
+    }
+    let report = checker.report();
+    print!("{}", report.render(args.format));
+    if args.format == Format::Json {
+        println!();
+    }
+    Ok(if report.has_blocking() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_rules(policy: &Policy) {
+    println!("mode: {}", policy.mode().as_str());
+    for rule in RULES.iter() {
+        let note = if rule.implemented {
+            ""
+        } else {
+            "  (not implemented yet: never fires)"
+        };
+        println!(
+            "{} {:<32} {:<5}{note}",
+            rule.code,
+            rule.name,
+            policy.action(rule.id).as_str()
+        );
+    }
+}
+
+fn policy_command(cmd: &PolicyCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        PolicyCommand::Validate { file } => {
+            let policy = Policy::load(file)?;
+            println!("{}: valid (hash {:016x})", file.display(), policy.hash());
+            print_rules(&policy);
+        }
+        PolicyCommand::Show { policy } => {
+            let p = match Policy::profile(policy) {
+                Some(p) => p,
+                None => Policy::load(std::path::Path::new(policy))?,
+            };
+            print_rules(&p);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        None => run(&cli.run),
+        Some(Command::Run(args)) => run(args),
+        Some(Command::Check(args)) => check(args),
+        Some(Command::Policy(cmd)) => policy_command(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mongoguard: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,0 +1,137 @@
+//! The report: human text or JSON.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde_json::{json, Value};
+
+use super::Group;
+use crate::policy::Action;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned text for people.
+    Text,
+    /// One JSON document for machines.
+    Json,
+}
+
+/// Everything `mongoguard check` found.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// (rule, namespace) groups.
+    pub groups: Vec<Group>,
+    /// Lines read.
+    pub lines: u64,
+    /// Commands evaluated.
+    pub evaluated: u64,
+    /// Lines without a command.
+    pub ignored: u64,
+    /// Unparseable lines by reason.
+    pub unreadable: BTreeMap<&'static str, u64>,
+}
+
+impl Report {
+    /// True when a rule whose action is `block` fired: the process exits non-zero.
+    pub fn has_blocking(&self) -> bool {
+        self.groups.iter().any(|g| g.action == Action::Block)
+    }
+
+    /// Renders the report.
+    pub fn render(&self, format: Format) -> String {
+        match format {
+            Format::Text => self.text(),
+            Format::Json => self.json().to_string(),
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "mongoguard check: {} lines, {} commands evaluated, {} without a command, {} unreadable",
+            self.lines,
+            self.evaluated,
+            self.ignored,
+            self.unreadable.values().sum::<u64>()
+        );
+        for (reason, n) in &self.unreadable {
+            let _ = writeln!(out, "  unreadable: {n} x {reason}");
+        }
+        if self.groups.is_empty() {
+            let _ = writeln!(out, "\nno violations");
+            return out;
+        }
+        let _ = writeln!(out);
+        let mut current = "";
+        for g in &self.groups {
+            if g.rule != current {
+                current = g.rule;
+                let total: u64 = self
+                    .groups
+                    .iter()
+                    .filter(|x| x.rule == g.rule)
+                    .map(|x| x.count)
+                    .sum();
+                let _ = writeln!(
+                    out,
+                    "{} {} [{}]: {} occurrence(s)",
+                    g.rule,
+                    g.name,
+                    g.action.as_str(),
+                    total
+                );
+            }
+            let _ = write!(
+                out,
+                "    {:<40} {:>6} x {}",
+                g.namespace, g.count, g.command
+            );
+            if let Some(shape) = &g.example_shape {
+                let _ = write!(out, "  e.g. {shape}");
+            }
+            let _ = writeln!(out);
+        }
+        let blocking: u64 = self
+            .groups
+            .iter()
+            .filter(|g| g.action == Action::Block)
+            .map(|g| g.count)
+            .sum();
+        let warning: u64 = self
+            .groups
+            .iter()
+            .filter(|g| g.action == Action::Warn)
+            .map(|g| g.count)
+            .sum();
+        let _ = writeln!(out, "\n{blocking} blocking, {warning} warning violation(s)");
+        out
+    }
+
+    fn json(&self) -> Value {
+        let groups: Vec<Value> = self
+            .groups
+            .iter()
+            .map(|g| {
+                let shape = g
+                    .example_shape
+                    .as_deref()
+                    .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                    .unwrap_or(Value::Null);
+                json!({
+                    "rule": g.rule, "name": g.name, "action": g.action.as_str(),
+                    "namespace": g.namespace, "count": g.count, "command": g.command,
+                    "example_shape": shape,
+                })
+            })
+            .collect();
+        json!({
+            "lines": self.lines,
+            "evaluated": self.evaluated,
+            "ignored": self.ignored,
+            "unreadable": self.unreadable,
+            "blocking": self.has_blocking(),
+            "groups": groups,
+        })
+    }
+}
