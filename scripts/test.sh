@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, every Rust test (unit, property,
+# wire-level proxy tests, the stand-in's own tests, the Rust driver through the proxy), then
+# the pymongo suite through the proxy. Installs what it needs (Python packages into
+# integration/.venv). Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test (workspace)"
+cargo test --workspace
+
+step "pymongo through mongoguard (integration/run_local.sh)"
+bash integration/run_local.sh
