@@ -14,7 +14,7 @@ use super::{
 };
 
 /// What an update does to the documents it matches.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum UpdateMods<'a> {
     /// `$set`, `$inc`, ...: the first key starts with `$`.
     Operators(&'a RawDocument),
@@ -46,7 +46,7 @@ impl<'a> UpdateMods<'a> {
 }
 
 /// One statement of a write.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum Statement<'a> {
     /// An inserted document.
     Insert {
@@ -74,7 +74,7 @@ pub enum Statement<'a> {
 }
 
 /// A statement with its position and target.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct StatementRef<'a> {
     /// Index in the batch (what the blocked reply names).
     pub index: usize,
@@ -409,4 +409,40 @@ fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, Comman
         multi: false,
         upsert: flag(body, "upsert", "findAndModify")?,
     })
+}
+
+crate::wire::debug_fields!(StatementRef<'a>, "StatementRef", index, ns, find_and_modify);
+
+// Variant names only: the documents may hold literals.
+impl std::fmt::Debug for UpdateMods<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UpdateMods::Operators(_) => "Operators(..)",
+            UpdateMods::Replacement(_) => "Replacement(..)",
+            UpdateMods::Pipeline(_) => "Pipeline(..)",
+        })
+    }
+}
+
+impl std::fmt::Debug for Statement<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Statement::Insert { .. } => f.write_str("Insert { .. }"),
+            Statement::Update {
+                update,
+                multi,
+                upsert,
+                ..
+            } => f
+                .debug_struct("Update")
+                .field("update", update)
+                .field("multi", multi)
+                .field("upsert", upsert)
+                .finish_non_exhaustive(),
+            Statement::Delete { many, .. } => f
+                .debug_struct("Delete")
+                .field("many", many)
+                .finish_non_exhaustive(),
+        }
+    }
 }

@@ -31,7 +31,7 @@ impl<'a> Namespace<'a> {
 }
 
 /// Where the command came from.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
     /// An OP_MSG or OP_QUERY command document (and, for OP_MSG, its sequences).
     Command {
@@ -51,7 +51,7 @@ pub(crate) enum Source<'a> {
 }
 
 /// A borrowed model of one command.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct CommandView<'a> {
     pub(crate) kind: Kind,
     pub(crate) name: &'a str,
@@ -271,3 +271,12 @@ impl<'a> CommandView<'a> {
         }
     }
 }
+
+crate::wire::debug_fields!(
+    CommandView<'a>,
+    "CommandView",
+    kind,
+    db,
+    more_to_come,
+    explain
+);

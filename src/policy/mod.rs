@@ -89,7 +89,7 @@ pub struct RequestContext<'a> {
 }
 
 /// One rule that fired.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Violation<'a> {
     /// The rule.
     pub rule: RuleId,
@@ -139,3 +139,5 @@ impl Policy {
         evaluate::evaluate(self, view, ctx)
     }
 }
+
+crate::wire::debug_fields!(Violation<'a>, "Violation", rule, action, statement, detail);

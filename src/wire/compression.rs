@@ -68,7 +68,7 @@ impl Compressor {
 }
 
 /// A validated, borrowed view of an OP_COMPRESSED.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpCompressed<'a> {
     header: Header,
     /// The opcode of the wrapped message.
@@ -347,3 +347,11 @@ mod tests {
         );
     }
 }
+
+super::debug_fields!(
+    OpCompressed<'a>,
+    "OpCompressed",
+    original_op_code,
+    uncompressed_size,
+    compressor
+);

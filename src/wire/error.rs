@@ -65,6 +65,15 @@ pub enum WireError {
     /// A document appears twice under the same top-level key.
     #[error("duplicate top-level key {0:?} in a command document")]
     DuplicateKey(String),
+    /// Two kind-1 sections with the same identifier (mongod: 40431).
+    #[error("OP_MSG repeats document sequence {0:?}")]
+    DuplicateSequence(String),
+    /// A kind-1 identifier that is also a body field (mongod: 40433).
+    #[error("OP_MSG document sequence {0:?} duplicates a body field")]
+    SequenceShadowsBody(String),
+    /// More kind-1 sections than any driver sends.
+    #[error("OP_MSG has {0} document sequences (at most {max})", max = super::op_msg::MAX_SEQUENCES)]
+    TooManySequences(usize),
     /// OP_COMPRESSED names a compressor this build does not know.
     #[error("unknown compressor id {0}")]
     UnknownCompressor(u8),

@@ -22,7 +22,7 @@ fn finish(r: &Reader<'_>, ctx: &'static str) -> Result<(), WireError> {
 }
 
 /// OP_INSERT (2002).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpInsert<'a> {
     /// Bit 0: continueOnError.
     pub flags: i32,
@@ -65,7 +65,7 @@ impl<'a> OpInsert<'a> {
 }
 
 /// OP_UPDATE (2001).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpUpdate<'a> {
     /// `db.collection`.
     pub full_collection_name: &'a str,
@@ -112,7 +112,7 @@ impl<'a> OpUpdate<'a> {
 }
 
 /// OP_DELETE (2006).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpDelete<'a> {
     /// `db.collection`.
     pub full_collection_name: &'a str,
@@ -176,7 +176,7 @@ impl<'a> OpGetMore<'a> {
 }
 
 /// OP_KILL_CURSORS (2007).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpKillCursors<'a> {
     ids: &'a [u8],
 }
@@ -249,3 +249,11 @@ mod tests {
         assert!(OpInsert::parse(&ins).is_err());
     }
 }
+
+super::debug_fields!(OpInsert<'a>, "OpInsert", flags, full_collection_name);
+
+super::debug_fields!(OpUpdate<'a>, "OpUpdate", full_collection_name, flags);
+
+super::debug_fields!(OpDelete<'a>, "OpDelete", full_collection_name, flags);
+
+super::debug_fields!(OpKillCursors<'a>, "OpKillCursors");

@@ -6,6 +6,21 @@
 //! the parse path, except decompression of `OP_COMPRESSED`, which must materialise the inner
 //! message.
 
+/// `Debug` that prints only the named fields: message views hold documents whose literals and
+/// credentials must never reach a log through `{:?}`.
+macro_rules! debug_fields {
+    ($ty:ident $(<$lt:lifetime>)?, $name:literal $(, $field:ident)*) => {
+        impl $(<$lt>)? ::std::fmt::Debug for $ty $(<$lt>)? {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.debug_struct($name)
+                    $(.field(stringify!($field), &self.$field))*
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+pub(crate) use debug_fields;
+
 mod bson_util;
 pub mod builder;
 pub mod codec;

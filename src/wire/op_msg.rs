@@ -33,7 +33,7 @@ impl MsgFlags {
 }
 
 /// A kind-1 section: an identifier (`documents`, `updates`, `deletes`, ...) and its documents.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct DocumentSequence<'a> {
     identifier: &'a str,
     docs: &'a [u8],
@@ -59,7 +59,7 @@ impl<'a> DocumentSequence<'a> {
 }
 
 /// A validated, borrowed view of an OP_MSG.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpMsg<'a> {
     flags: MsgFlags,
     body: &'a RawDocument,
@@ -172,21 +172,46 @@ fn read_section<'a>(r: &mut Reader<'a>) -> Result<Section<'a>, WireError> {
     }
 }
 
-/// Walks every section; returns the single body.
+/// Most kind-1 sections accepted (drivers send one; mongod 8.0 accepts at most two).
+pub const MAX_SEQUENCES: usize = 16;
+
+/// Walks every section; returns the single body. Like mongod, refuses an identifier used
+/// twice or also present as a body field: the guard and the server must read the same
+/// statements.
 fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
     let mut r = Reader::new(sections, "OP_MSG section");
     let mut body = None;
     let mut bodies = 0usize;
+    let mut ids: [&str; MAX_SEQUENCES] = [""; MAX_SEQUENCES];
+    let mut n_ids = 0usize;
     while !r.is_empty() {
-        if let Section::Body(doc) = read_section(&mut r)? {
-            bodies += 1;
-            body = Some(doc);
+        match read_section(&mut r)? {
+            Section::Body(doc) => {
+                bodies += 1;
+                body = Some(doc);
+            }
+            Section::Sequence(seq) => {
+                if ids[..n_ids].contains(&seq.identifier) {
+                    return Err(WireError::DuplicateSequence(seq.identifier.to_owned()));
+                }
+                if n_ids == MAX_SEQUENCES {
+                    return Err(WireError::TooManySequences(n_ids + 1));
+                }
+                ids[n_ids] = seq.identifier;
+                n_ids += 1;
+            }
         }
     }
-    match (bodies, body) {
-        (1, Some(doc)) => Ok(doc),
-        (n, _) => Err(WireError::BodySectionCount(n)),
+    let body = match (bodies, body) {
+        (1, Some(doc)) => doc,
+        (n, _) => return Err(WireError::BodySectionCount(n)),
+    };
+    for id in &ids[..n_ids] {
+        if body.get(id).ok().flatten().is_some() {
+            return Err(WireError::SequenceShadowsBody((*id).to_owned()));
+        }
     }
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -298,3 +323,7 @@ mod tests {
         );
     }
 }
+
+super::debug_fields!(DocumentSequence<'a>, "DocumentSequence", identifier);
+
+super::debug_fields!(OpMsg<'a>, "OpMsg", flags);

@@ -6,7 +6,7 @@ use bson::RawDocument;
 use super::{bson_util::check_duplicate_keys, error::WireError, reader::Reader, HEADER_LEN};
 
 /// A validated, borrowed view of an OP_QUERY.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpQuery<'a> {
     /// Query flags (tailable, slaveOk, exhaust...).
     pub flags: i32,
@@ -132,3 +132,12 @@ mod tests {
         ));
     }
 }
+
+super::debug_fields!(
+    OpQuery<'a>,
+    "OpQuery",
+    flags,
+    full_collection_name,
+    number_to_skip,
+    number_to_return
+);

@@ -10,7 +10,7 @@ pub const CURSOR_NOT_FOUND: i32 = 1 << 0;
 pub const QUERY_FAILURE: i32 = 1 << 1;
 
 /// A validated, borrowed view of an OP_REPLY.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct OpReply<'a> {
     /// responseFlags.
     pub response_flags: i32,
@@ -85,3 +85,12 @@ mod tests {
         assert!(OpReply::parse(&lying).is_err());
     }
 }
+
+super::debug_fields!(
+    OpReply<'a>,
+    "OpReply",
+    response_flags,
+    cursor_id,
+    starting_from,
+    number_returned
+);

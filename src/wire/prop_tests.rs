@@ -41,12 +41,15 @@ fn config(cases: u32) -> Config {
 // ---------------------------------------------------------------------------------------
 // A BSON value model and its encoder.
 
+/// A document in the model: fields in wire order (the generators keep keys unique).
+type Fields = Vec<(String, Val)>;
+
 /// The values the generated documents hold. Doubles are kept as bits so that NaN compares.
 #[derive(Clone, Debug, PartialEq)]
 enum Val {
     F64(u64),
     Str(String),
-    Doc(Vec<(String, Val)>),
+    Doc(Fields),
     Arr(Vec<Val>),
     Bool(bool),
     Null,
@@ -89,7 +92,7 @@ fn encode_elem(out: &mut Vec<u8>, key: &str, val: &Val) {
         }
         Val::Doc(fields) => out.extend_from_slice(&encode_doc(fields)),
         Val::Arr(items) => {
-            let fields: Vec<(String, Val)> = items
+            let fields: Fields = items
                 .iter()
                 .enumerate()
                 .map(|(i, v)| (i.to_string(), v.clone()))
@@ -109,7 +112,7 @@ fn raw(fields: &[(String, Val)]) -> RawDocumentBuf {
 
 /// Reads a parsed document back into the model, so a round trip is checked value by value
 /// through the lazily parsed nested levels, not only as bytes.
-fn model_of_doc(doc: &RawDocument) -> Vec<(String, Val)> {
+fn model_of_doc(doc: &RawDocument) -> Fields {
     doc.iter()
         .map(|item| {
             let (key, value) = item.expect("round-tripped document is valid");
@@ -156,7 +159,7 @@ fn leaf() -> impl Strategy<Value = Val> {
 }
 
 /// Fields with unique keys, in generated (not sorted) order.
-fn fields(value: impl Strategy<Value = Val>) -> impl Strategy<Value = Vec<(String, Val)>> {
+fn fields(value: impl Strategy<Value = Val>) -> impl Strategy<Value = Fields> {
     prop::collection::vec((key(), value), 0..6).prop_map(|mut fields| {
         let mut seen = std::collections::HashSet::new();
         fields.retain(|(k, _)| seen.insert(k.clone()));
@@ -173,7 +176,7 @@ fn value() -> impl Strategy<Value = Val> {
     })
 }
 
-fn doc() -> impl Strategy<Value = Vec<(String, Val)>> {
+fn doc() -> impl Strategy<Value = Fields> {
     fields(value())
 }
 
@@ -186,8 +189,8 @@ fn namespace() -> impl Strategy<Value = String> {
 struct MsgSpec {
     flags: u32,
     checksum: bool,
-    body: Vec<(String, Val)>,
-    sequences: Vec<(String, Vec<Vec<(String, Val)>>)>,
+    body: Fields,
+    sequences: Vec<(String, Vec<Fields>)>,
     request_id: i32,
     response_to: i32,
 }
@@ -633,6 +636,11 @@ proptest! {
         ));
     }
 
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
     #[test]
     fn legacy_ops_round_trip(
         ns in namespace(),
@@ -747,6 +755,136 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------
+// Validation: what must be rejected is rejected, whatever else the message holds.
+
+/// An OP_MSG built by hand: flags, then the sections in the given order.
+fn hand_msg(flags: u32, sections: &[Vec<u8>]) -> Vec<u8> {
+    let mut payload = flags.to_le_bytes().to_vec();
+    for s in sections {
+        payload.extend_from_slice(s);
+    }
+    with_header(OpCode::Msg as i32, &payload)
+}
+
+fn body_section(doc: &[(String, Val)]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&encode_doc(doc));
+    out
+}
+
+fn sequence_section(identifier: &str, docs: &[Fields]) -> Vec<u8> {
+    let mut rest = identifier.as_bytes().to_vec();
+    rest.push(0);
+    for d in docs {
+        rest.extend_from_slice(&encode_doc(d));
+    }
+    let size = i32::try_from(4 + rest.len()).expect("small");
+    let mut out = vec![1u8];
+    out.extend_from_slice(&size.to_le_bytes());
+    out.extend_from_slice(&rest);
+    out
+}
+
+/// The same fields with one of them repeated (same key, possibly another value) at `at`.
+fn with_duplicate(
+    fields: &[(String, Val)],
+    which: prop::sample::Index,
+    at: prop::sample::Index,
+    value: Val,
+) -> (Fields, String) {
+    let key = fields[which.index(fields.len())].0.clone();
+    let mut out = fields.to_vec();
+    out.insert(at.index(out.len() + 1), (key.clone(), value));
+    (out, key)
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn op_msg_body_may_sit_anywhere_among_sequences(
+        body in doc(),
+        sequences in prop::collection::vec(("[a-z]{1,8}", prop::collection::vec(doc(), 0..3)), 0..4),
+        at in any::<prop::sample::Index>(),
+    ) {
+        let mut sections: Vec<Vec<u8>> =
+            sequences.iter().map(|(id, docs)| sequence_section(id, docs)).collect();
+        sections.insert(at.index(sections.len() + 1), body_section(&body));
+        let bytes = hand_msg(0, &sections);
+        let msg = OpMsg::parse(&bytes).expect("any section order is valid");
+        prop_assert_eq!(model_of_doc(msg.body()), body);
+        let ids: Vec<&str> = msg.sequences().map(|s| s.identifier()).collect();
+        let want: Vec<&str> = sequences.iter().map(|(id, _)| id.as_str()).collect();
+        prop_assert_eq!(ids, want);
+    }
+
+    #[test]
+    fn op_msg_rejects_zero_or_several_bodies_and_unknown_kinds(
+        bodies in prop::collection::vec(doc(), 0..4),
+        kind in 2u8..=255,
+        required in 2u32..16,
+    ) {
+        let sections: Vec<Vec<u8>> = bodies.iter().map(|b| body_section(b)).collect();
+        let bytes = hand_msg(0, &sections);
+        if bodies.len() == 1 {
+            prop_assert!(OpMsg::parse(&bytes).is_ok());
+            // An unknown required flag bit (2-15) fails the message.
+            let bad = hand_msg(1 << required, &sections);
+            prop_assert_eq!(
+                OpMsg::parse(&bad).unwrap_err(),
+                WireError::UnknownRequiredFlags(1 << required)
+            );
+            // An undefined section kind fails it too.
+            let mut odd = sections.clone();
+            odd[0][0] = kind;
+            prop_assert_eq!(
+                OpMsg::parse(&hand_msg(0, &odd)).unwrap_err(),
+                WireError::UnknownSectionKind(kind)
+            );
+        } else {
+            prop_assert_eq!(
+                OpMsg::parse(&bytes).unwrap_err(),
+                WireError::BodySectionCount(bodies.len())
+            );
+        }
+    }
+
+    #[test]
+    fn duplicate_top_level_keys_are_always_rejected(
+        body in doc().prop_filter("needs a key", |d| !d.is_empty()),
+        which in any::<prop::sample::Index>(),
+        at in any::<prop::sample::Index>(),
+        value in value(),
+        db in "[a-z]{1,6}",
+    ) {
+        let (dup, key) = with_duplicate(&body, which, at, value);
+        let raw_dup = raw(&dup);
+        prop_assert_eq!(check_duplicate_keys(&raw_dup), Err(WireError::DuplicateKey(key.clone())));
+        let msg = MsgBuilder::new(raw_dup.clone()).encode(1, 0);
+        prop_assert_eq!(OpMsg::parse(&msg).unwrap_err(), WireError::DuplicateKey(key.clone()));
+        let cmd_ns = format!("{db}.$cmd");
+        let query = builder::encode_query(1, 0, &cmd_ns, 0, -1, &raw_dup, None);
+        prop_assert_eq!(OpQuery::parse(&query).unwrap_err(), WireError::DuplicateKey(key.clone()));
+        // ... also when wrapped in $query, as old drivers send commands with a read preference.
+        let wrapped = raw(&[("$query".to_owned(), Val::Doc(dup))]);
+        let query = builder::encode_query(1, 0, &cmd_ns, 0, -1, &wrapped, None);
+        prop_assert_eq!(OpQuery::parse(&query).unwrap_err(), WireError::DuplicateKey(key));
+    }
+
+    #[test]
+    fn any_single_bit_flip_of_a_checksummed_op_msg_is_rejected(
+        spec in msg_spec(),
+        bit in any::<prop::sample::Index>(),
+    ) {
+        let spec = MsgSpec { checksum: true, ..spec };
+        let mut bytes = spec.encode().to_vec();
+        let bit = bit.index(bytes.len() * 8);
+        bytes[bit / 8] ^= 1 << (bit % 8);
+        prop_assert!(OpMsg::parse(&bytes).is_err(), "bit {} flipped and still accepted", bit);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Robustness: errors are fine, panics are not.
 
 proptest! {
@@ -772,6 +910,11 @@ proptest! {
         exercise_stream(&bytes, &[], DEFAULT_MAX_MESSAGE_SIZE);
     }
 
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
     #[test]
     fn mutated_messages_never_panic(
         original in any_frame(),
@@ -791,6 +934,11 @@ proptest! {
         exercise_stream(&bytes, &cuts, DEFAULT_MAX_MESSAGE_SIZE);
     }
 
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
     #[test]
     fn mutated_compressed_payloads_never_panic(
         original in any_message(),
@@ -809,4 +957,49 @@ proptest! {
         exercise_slice(&bytes);
         exercise_stream(&bytes, &[], DEFAULT_MAX_MESSAGE_SIZE);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Divergences from mongod found while writing these tests. mongod's OP_MSG parser
+// (src/mongo/rpc/op_msg.cpp) rejects both messages below; mongoguard accepts them, and
+// `OpMsg::sequence(id)` then shows the command layer only the first sequence of that name.
+// Not a bypass against mongod (it refuses the message), but the guard and the server should
+// never read a message differently; un-ignore once `OpMsg::parse` rejects them.
+
+#[test]
+// Regression: OpMsg::parse accepted a kind-1 identifier used twice (mongod: 40431).
+fn repeated_sequence_identifier_is_rejected() {
+    use bson::rawdoc;
+    let bytes = MsgBuilder::new(rawdoc! {"delete": "c", "$db": "d"})
+        .sequence(Sequence::new(
+            "deletes",
+            vec![rawdoc! {"q": {"a": 1}, "limit": 1}],
+        ))
+        .sequence(Sequence::new(
+            "deletes",
+            vec![rawdoc! {"q": {}, "limit": 0}],
+        ))
+        .encode(1, 0);
+    assert!(
+        OpMsg::parse(&bytes).is_err(),
+        "two `deletes` sequences accepted"
+    );
+}
+
+#[test]
+// Regression: OpMsg::parse accepted a sequence named like a body field (mongod: 40433).
+fn sequence_named_like_a_body_field_is_rejected() {
+    use bson::rawdoc;
+    let bytes = MsgBuilder::new(
+        rawdoc! {"delete": "c", "deletes": [{"q": {"a": 1}, "limit": 1}], "$db": "d"},
+    )
+    .sequence(Sequence::new(
+        "deletes",
+        vec![rawdoc! {"q": {}, "limit": 0}],
+    ))
+    .encode(1, 0);
+    assert!(
+        OpMsg::parse(&bytes).is_err(),
+        "body `deletes` and a `deletes` sequence accepted"
+    );
 }
