@@ -11,6 +11,7 @@
 #   STANDIN_PORT [27100]  MONGOGUARD_PORT [27101]  HAPROXY_PORT [27102]
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   HAPROXY_NBTHREAD [haproxy's default: one per CPU]
+#   MONGOGUARD_ARGS [] extra flags for mongoguard, e.g. "--policy bench/policy-off.toml"
 #   OUT_FILE [docs/benchmarks-latest.md]   RUST_LOG [warn, for mongoguard and the stand-in]
 #   SKIP_BUILD=1 and BIN_DIR [target/release]: use already-built binaries
 # Everything started here is stopped on exit.
@@ -155,7 +156,8 @@ PIDS+=("$STANDIN_PID")
 wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PORT_A" "$STANDIN_PID" standin
 
 # --- mongoguard --------------------------------------------------------------
-"$BIN/mongoguard" --listen "127.0.0.1:$PORT_B" --upstream "mongodb://127.0.0.1:$PORT_A" \
+# shellcheck disable=SC2086 # MONGOGUARD_ARGS is a list of extra flags
+"$BIN/mongoguard" --listen "127.0.0.1:$PORT_B" --upstream "mongodb://127.0.0.1:$PORT_A" ${MONGOGUARD_ARGS:-} \
     >"$WORK/mongoguard.log" 2>&1 &
 MONGOGUARD_PID=$!
 PIDS+=("$MONGOGUARD_PID")
