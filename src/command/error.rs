@@ -23,6 +23,10 @@ pub enum CommandError {
     /// The BSON inside the command is malformed.
     #[error("malformed BSON in the command")]
     Malformed,
+    /// A sub-document the guard reads (a statement, writeConcern, nsInfo entry, `$merge`
+    /// target...) repeats a key: mongoguard and the server could read different values.
+    #[error("a sub-document of the command repeats a key")]
+    DuplicateKey,
     /// Commands nested deeper than mongoguard follows.
     #[error("command nesting too deep")]
     TooDeep,

@@ -8,6 +8,7 @@ use bson::{RawBsonRef, RawDocument};
 use super::{
     error::CommandError,
     kind::Kind,
+    value::unique_keys,
     value::{get, get_array, get_doc, get_str},
     view::{CommandView, Namespace},
 };
@@ -95,20 +96,27 @@ impl<'a> CommandView<'a> {
             Kind::BulkWrite => {
                 let mut err = None;
                 let flow =
-                    self.each_entry(body, "nsInfo", "bulkWrite", &mut |_, entry| match get_str(
-                        entry,
-                        "ns",
+                    self.each_entry(
+                        body,
+                        "nsInfo",
                         "bulkWrite",
-                    ) {
-                        Ok(Some(full)) => f(Namespace::parse_full(full)),
-                        Ok(None) | Err(_) => {
-                            err = Some(CommandError::BadField {
-                                command: "bulkWrite",
-                                field: "ns",
-                            });
-                            ControlFlow::Break(())
-                        }
-                    })?;
+                        &mut |_, entry| match unique_keys(entry)
+                            .and_then(|e| get_str(e, "ns", "bulkWrite"))
+                        {
+                            Ok(Some(full)) => f(Namespace::parse_full(full)),
+                            Ok(None) => {
+                                err = Some(CommandError::BadField {
+                                    command: "bulkWrite",
+                                    field: "ns",
+                                });
+                                ControlFlow::Break(())
+                            }
+                            Err(e) => {
+                                err = Some(e);
+                                ControlFlow::Break(())
+                            }
+                        },
+                    )?;
                 err.map_or(Ok(flow), Err)
             }
             Kind::ApplyOps => {
@@ -124,6 +132,7 @@ impl<'a> CommandView<'a> {
                             field: "applyOps",
                         });
                     };
+                    let op = unique_keys(op)?;
                     let full = get_str(op, "ns", "applyOps")?.ok_or(CommandError::BadField {
                         command: "applyOps",
                         field: "ns",
@@ -169,18 +178,18 @@ fn stage_output<'a>(
             db,
             coll: Some(coll),
         })),
-        ("$out", RawBsonRef::Document(spec)) => db_coll(db, spec, "$out").map(Some),
+        ("$out", RawBsonRef::Document(spec)) => db_coll(db, unique_keys(spec)?, "$out").map(Some),
         ("$out", _) => Err(bad("$out")),
         ("$merge", RawBsonRef::String(coll)) => Ok(Some(Namespace {
             db,
             coll: Some(coll),
         })),
-        ("$merge", RawBsonRef::Document(spec)) => match get(spec, "into")? {
+        ("$merge", RawBsonRef::Document(spec)) => match get(unique_keys(spec)?, "into")? {
             Some(RawBsonRef::String(coll)) => Ok(Some(Namespace {
                 db,
                 coll: Some(coll),
             })),
-            Some(RawBsonRef::Document(into)) => db_coll(db, into, "$merge").map(Some),
+            Some(RawBsonRef::Document(into)) => db_coll(db, unique_keys(into)?, "$merge").map(Some),
             _ => Err(bad("$merge")),
         },
         ("$merge", _) => Err(bad("$merge")),
@@ -210,6 +219,7 @@ fn map_reduce_output<'a>(
     db: &'a str,
     out: &'a RawDocument,
 ) -> Result<Option<Namespace<'a>>, CommandError> {
+    let out = unique_keys(out)?;
     if get(out, "inline")?.is_some() {
         return Ok(None);
     }

@@ -285,6 +285,7 @@ impl<'a> CommandView<'a> {
         body: &'a RawDocument,
         op: &'a RawDocument,
     ) -> Result<(Namespace<'a>, Statement<'a>), CommandError> {
+        let op = value::unique_keys(op)?;
         let bad = |field| CommandError::BadField {
             command: "bulkWrite",
             field,
@@ -341,9 +342,9 @@ impl<'a> CommandView<'a> {
                 ControlFlow::Continue(())
             }
         })?;
-        let entry = found.ok_or(CommandError::BadReference(
+        let entry = value::unique_keys(found.ok_or(CommandError::BadReference(
             "bulkWrite op refers to a missing nsInfo entry",
-        ))?;
+        ))?)?;
         let full = value::get_str(entry, "ns", "bulkWrite")?.ok_or(CommandError::BadField {
             command: "bulkWrite",
             field: "ns",
@@ -354,6 +355,7 @@ impl<'a> CommandView<'a> {
 
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
     let (q, u) = ("q", "u");
+    let stmt = value::unique_keys(stmt)?;
     Ok(Statement::Update {
         filter: get_doc(stmt, q, "update")?.ok_or(CommandError::BadField {
             command: "update",
@@ -373,6 +375,7 @@ fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
 }
 
 fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
+    let stmt = value::unique_keys(stmt)?;
     let bad = |field| CommandError::BadField {
         command: "delete",
         field,

@@ -69,14 +69,16 @@ fn msg(body: RawDocumentBuf) -> bytes::Bytes {
 }
 
 #[test]
-fn statements_from_body_and_sequence_are_numbered_across_both() {
-    let bytes = MsgBuilder::new(rawdoc! {"update": "c", "$db": "d",
-    "updates": [{"q": {"a": 1}, "u": {"$set": {"b": 1}}, "multi": 1}]})
-    .sequence(Sequence::new(
-        "updates",
-        vec![rawdoc! {"q": {}, "u": {"b": 2}, "upsert": 1.0}],
-    ))
-    .encode(1, 0);
+fn statements_from_a_kind_1_sequence_are_numbered() {
+    let bytes = MsgBuilder::new(rawdoc! {"update": "c", "$db": "d"})
+        .sequence(Sequence::new(
+            "updates",
+            vec![
+                rawdoc! {"q": {"a": 1}, "u": {"$set": {"b": 1}}, "multi": 1},
+                rawdoc! {"q": {}, "u": {"b": 2}, "upsert": 1.0},
+            ],
+        ))
+        .encode(1, 0);
     with_view(&bytes, |v| {
         assert_eq!(v.kind(), Kind::Update);
         assert_eq!(
@@ -93,6 +95,34 @@ fn statements_from_body_and_sequence_are_numbered_across_both() {
         assert_eq!(filter_count(&v), 2);
         assert_eq!(written(&v), vec!["d.c"]);
     });
+}
+
+#[test]
+fn repeated_keys_inside_statements_are_errors() {
+    // {q: {}, limit: 1, limit: 0}: the guard would read 1, a server may read 0.
+    let mut stmt = Vec::new();
+    stmt.extend_from_slice(&[0x03]);
+    stmt.extend_from_slice(b"q\0");
+    stmt.extend_from_slice(&[5, 0, 0, 0, 0]);
+    for v in [1i32, 0] {
+        stmt.push(0x10);
+        stmt.extend_from_slice(b"limit\0");
+        stmt.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut doc = ((stmt.len() + 5) as i32).to_le_bytes().to_vec();
+    doc.extend_from_slice(&stmt);
+    doc.push(0);
+    let stmt = RawDocumentBuf::from_bytes(doc).unwrap();
+    let bytes = MsgBuilder::new(rawdoc! {"delete": "c", "$db": "d"})
+        .sequence(Sequence::new("deletes", vec![stmt]))
+        .encode(1, 0);
+    let m = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+    let v = CommandView::from_message(&m).unwrap();
+    assert_eq!(
+        v.for_each_statement(|_| ControlFlow::Continue(()))
+            .unwrap_err(),
+        CommandError::DuplicateKey
+    );
 }
 
 #[test]

@@ -5,6 +5,16 @@ use bson::{RawArray, RawBsonRef, RawDocument};
 
 use super::error::CommandError;
 
+/// Refuses a sub-document with a repeated key. The guard reads the first value of a key;
+/// a server may read the last: such a document must never be judged (fail closed).
+pub(crate) fn unique_keys(doc: &RawDocument) -> Result<&RawDocument, CommandError> {
+    crate::wire::check_duplicate_keys(doc).map_err(|e| match e {
+        crate::wire::WireError::DuplicateKey(_) => CommandError::DuplicateKey,
+        _ => CommandError::Malformed,
+    })?;
+    Ok(doc)
+}
+
 /// A field's value; absent and malformed are told apart.
 pub(crate) fn get<'a>(
     doc: &'a RawDocument,

@@ -214,7 +214,9 @@ impl<'a> CommandView<'a> {
     /// `writeConcern`, if given.
     pub fn write_concern(&self) -> Result<Option<&'a RawDocument>, CommandError> {
         match self.body() {
-            Some(body) => value::get_doc(body, "writeConcern", "command"),
+            Some(body) => value::get_doc(body, "writeConcern", "command")?
+                .map(value::unique_keys)
+                .transpose(),
             None => Ok(None),
         }
     }

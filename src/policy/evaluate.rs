@@ -128,6 +128,9 @@ fn error_detail(e: &CommandError) -> &'static str {
         CommandError::BadReference(r) => r,
         CommandError::Malformed => "malformed BSON inside the command",
         CommandError::TooDeep => "nesting deeper than mongoguard follows",
+        CommandError::DuplicateKey => {
+            "a statement, writeConcern or namespace document repeats a key"
+        }
     }
 }
 

@@ -21,12 +21,18 @@ pub const BLOCK_CODE: i32 = 65_001;
 pub const BLOCK_CODE_NAME: &str = "MongoguardPolicyViolation";
 
 /// What to do with a client message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum Judgement {
     /// Send it upstream (allowed, or only warnings).
     Forward,
-    /// Answer it (or drop it, when it expects no reply) with this message.
-    Block { errmsg: String },
+    /// Answer it (or drop it, when it expects no reply) with this message. When the command
+    /// belonged to a transaction, `abort` is the abortTransaction to send upstream first:
+    /// mongod aborts a transaction whose command fails, so a client that ignores the error
+    /// cannot commit the rest.
+    Block {
+        errmsg: String,
+        abort: Option<RawDocumentBuf>,
+    },
 }
 
 /// Who sent the message, for overrides and records.
@@ -63,6 +69,7 @@ pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id:
                     errmsg: format!(
                         "mongoguard blocked this command: G001 unreadable-command: {e}"
                     ),
+                    abort: None,
                 },
                 _ => Judgement::Forward,
             };
@@ -85,10 +92,30 @@ pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id:
     if decision.is_block() {
         Judgement::Block {
             errmsg: blocked_message(&decision),
+            abort: view.body().and_then(abort_transaction),
         }
     } else {
         Judgement::Forward
     }
+}
+
+/// `{abortTransaction: 1, lsid, txnNumber, autocommit: false, $db: "admin"}` for a command
+/// that is part of a multi-document transaction (`autocommit: false`), else `None`.
+fn abort_transaction(body: &bson::RawDocument) -> Option<RawDocumentBuf> {
+    use bson::RawBsonRef;
+    let in_txn = matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false))));
+    if !in_txn {
+        return None;
+    }
+    let lsid = body.get("lsid").ok()??;
+    let txn = body.get("txnNumber").ok()??;
+    let mut cmd = RawDocumentBuf::new();
+    cmd.append(bson::cstr!("abortTransaction"), 1);
+    cmd.append(bson::cstr!("lsid"), lsid);
+    cmd.append(bson::cstr!("txnNumber"), txn);
+    cmd.append(bson::cstr!("autocommit"), false);
+    cmd.append(bson::cstr!("$db"), "admin");
+    Some(cmd)
 }
 
 /// "mongoguard blocked this command: W001 multi-update-without-filter (statement 3): reason;

@@ -117,7 +117,10 @@ pub(crate) async fn run(
             info!("client handshake");
             session.metadata = Some(meta.clone());
         }
-        if session.answer_locally(&request).await? {
+        if session
+            .answer_locally(&request, &mut up_write, &mut upstream_in)
+            .await?
+        {
             continue;
         }
         up_write
@@ -150,10 +153,18 @@ impl Session {
 
     /// Answers a blocked command (or drops it when it expects no reply), and a legacy
     /// getLastError that follows a dropped write. True when the request was handled here.
-    async fn answer_locally(&mut self, request: &Request) -> Result<bool, SessionError> {
+    async fn answer_locally(
+        &mut self,
+        request: &Request,
+        up_write: &mut OwnedWriteHalf,
+        upstream_in: &mut Reader,
+    ) -> Result<bool, SessionError> {
         let doc = match &request.judgement {
-            Judgement::Block { errmsg } => {
+            Judgement::Block { errmsg, abort } => {
                 self.ctx.stats.blocked.inc();
+                if let Some(abort) = abort {
+                    self.abort_transaction(abort, up_write, upstream_in).await?;
+                }
                 if !request.expects_reply {
                     debug!("blocked a write that expects no reply; dropped");
                     self.last_blocked = Some(errmsg.clone());
@@ -180,6 +191,39 @@ impl Session {
                 .map_err(SessionError::ClientIo)?;
         }
         Ok(true)
+    }
+
+    /// Sends abortTransaction upstream for a blocked command of a transaction and waits for
+    /// its reply (whatever it says: a transaction that never started is already gone).
+    async fn abort_transaction(
+        &mut self,
+        abort: &bson::RawDocument,
+        up_write: &mut OwnedWriteHalf,
+        upstream_in: &mut Reader,
+    ) -> Result<(), SessionError> {
+        let id = self.ctx.request_ids.next();
+        let bytes = crate::wire::builder::encode_msg_reply(id, 0, abort);
+        up_write
+            .write_all(&bytes)
+            .await
+            .map_err(SessionError::UpstreamIo)?;
+        let timeout = self.ctx.config.upstream.reply_timeout;
+        let reply = tokio::select! {
+            r = upstream_in.next() => r,
+            _ = sleep_unless_zero(timeout) => return Err(SessionError::ReplyTimeout(timeout)),
+        };
+        match reply {
+            Some(Ok(frame)) if frame.header().response_to == id => {
+                debug!("aborted the transaction of a blocked command");
+                Ok(())
+            }
+            Some(Ok(_)) => Err(SessionError::UpstreamProtocol(WireError::bad_doc(
+                "upstream reply",
+                "abortTransaction reply does not answer it",
+            ))),
+            Some(Err(e)) => Err(upstream_error(e)),
+            None => Err(SessionError::UpstreamClosed),
+        }
     }
 
     /// Waits for the next client request. `Ok(Err(end))` is a normal end of the session.

@@ -116,7 +116,67 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
     }
 }
 
+/// The spellings mongod accepts: command lookup is case-sensitive, with a few historical
+/// aliases. `Update` or `FIND` is CommandNotFound there, so it is here too.
+const SPELLINGS: &[&str] = &[
+    "hello",
+    "isMaster",
+    "ismaster",
+    "ping",
+    "collMod",
+    "commitTransaction",
+    "abortTransaction",
+    "endSessions",
+    "killSessions",
+    "killAllSessions",
+    "refreshSessions",
+    "logout",
+    "resetStats",
+    "getLastError",
+    "getlasterror",
+    "buildInfo",
+    "buildinfo",
+    "getParameter",
+    "listDatabases",
+    "drop",
+    "dropDatabase",
+    "create",
+    "listCollections",
+    "createIndexes",
+    "listIndexes",
+    "dropIndexes",
+    "deleteIndexes",
+    "renameCollection",
+    "serverStatus",
+    "connectionStatus",
+    "whatsmyuri",
+    "dbStats",
+    "dbstats",
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "find",
+    "getMore",
+    "killCursors",
+    "count",
+    "distinct",
+    "aggregate",
+    "explain",
+    "saslStart",
+    "saslContinue",
+    "authenticate",
+];
+
 fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdResult {
+    if !SPELLINGS.contains(&original) {
+        return Err(CmdError::new(
+            59,
+            "CommandNotFound",
+            format!("no such command: '{original}'"),
+        ));
+    }
     match name {
         "hello" | "ismaster" => hello::hello(ctx, name, cmd),
         "ping" | "collmod" | "committransaction" | "aborttransaction" | "endsessions"
