@@ -486,3 +486,32 @@ async fn legacy_insert_is_forwarded_without_waiting_for_a_reply() {
     assert_eq!(reply.get_i32("n").unwrap(), 1);
     assert_eq!(standin.stats().command_count("op_insert"), 1);
 }
+
+#[tokio::test]
+async fn a_blocked_command_in_a_transaction_aborts_it_upstream() {
+    let (standin, proxy) = stack().await;
+    let mut c = Raw::connect(&proxy).await;
+    let lsid = rawdoc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] }};
+    let blocked = c
+        .command(
+            1,
+            rawdoc! {"update": "t", "$db": "txn", "lsid": lsid.clone(), "txnNumber": 3_i64,
+            "autocommit": false, "startTransaction": true,
+            "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "multi": true}]},
+        )
+        .await;
+    assert_eq!(blocked.get_i32("code").unwrap(), 65001);
+    assert!(blocked.get("errorLabels").unwrap().is_none());
+    assert_eq!(standin.stats().command_count("update"), 0);
+    assert_eq!(standin.stats().command_count("aborttransaction"), 1);
+    // Outside a transaction no abort is sent.
+    let blocked = c
+        .command(
+            2,
+            rawdoc! {"update": "t", "$db": "txn", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "multi": true}]},
+        )
+        .await;
+    assert_eq!(blocked.get_i32("code").unwrap(), 65001);
+    assert_eq!(standin.stats().command_count("aborttransaction"), 1);
+    assert!(ok(&c.command(3, rawdoc! {"ping": 1, "$db": "admin"}).await));
+}
