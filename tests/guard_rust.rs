@@ -485,7 +485,6 @@ async fn strict_w008_drop_database_is_blocked() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "Q002 not implemented yet"]
 async fn strict_q002_where_find_is_blocked() {
     let s = Scenario::start("q002", Some(STRICT)).await;
     let coll = s.coll();

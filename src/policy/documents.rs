@@ -1,11 +1,341 @@
-//! Rule family (being written).
+//! D001–D005: the documents written, and the names they are written under.
+//!
+//! D001–D004 look at every inserted document (insert body or kind-1 sequence, legacy
+//! OP_INSERT, bulkWrite `insert`) and every replacement document (update `u`, findAndModify
+//! `update`, bulkWrite `updateMods` without operators). Pipeline and operator updates are
+//! not documents and are not judged here. An explained write writes nothing: its statements
+//! are not seen, so D001–D005 never fire on explain.
+//!
+//! Edge decisions:
+//! - D001: the document's BSON length in bytes, strictly above `max_document_bytes`.
+//! - D002: a document's depth counts containers: the written document is level 1, a
+//!   document or array held by one of its fields is level 2, and so on (`{a: 1}` is 1,
+//!   `{a: {b: 1}}` and `{a: [1]}` are 2, `{a: [{b: 1}]}` is 3, an empty `{a: {}}` is 2).
+//!   It fires above `max_depth`. The walk stops descending once that is known, unless D003
+//!   still needs to look deeper; it never follows more than `MAX_DEPTH` + 1 levels (mongod
+//!   stores at most 100), and a document deeper than that is refused as unreadable.
+//! - D003: an array, at any depth, with more than `max_array_elements` elements.
+//! - D004: a top-level `_id` that is a string, or binary of subtype 3 or 4 (UUID).
+//! - D001–D004 skip documents written into `admin`, `local`, `config` or a `system.*`
+//!   collection: those have shapes MongoDB prescribes (`system.js` keys functions by name)
+//!   and W005 already judges the write itself.
+//! - D005: a database must be `db_` followed by `[a-z0-9_]*`, at most 64 bytes; a
+//!   collection `t_` followed by the same, at most 120 bytes (so a dot, as in `t_a.b`,
+//!   breaks it). Checked on the namespace of commands that name one (CRUD, aggregate, count,
+//!   distinct, mapReduce, and DDL: create, createIndexes, dropIndexes, drop, dropDatabase,
+//!   collMod, renameCollection, convertToCapped, cloneCollectionAsCapped, shardCollection;
+//!   also as legacy opcodes) and on every namespace a command writes (`$out` / `$merge`
+//!   targets, bulkWrite `nsInfo`, applyOps, rename targets). Every other command (hello,
+//!   ping, listCollections, user management, ...) targets no namespace here. `admin`,
+//!   `local`, `config` and `system.*` are skipped; a database-level target is judged on the
+//!   database name alone.
 
-use super::evaluate::Emitter;
-use crate::command::{CommandError, CommandView};
+use std::ops::ControlFlow;
+
+use bson::{
+    raw::RawIter,
+    spec::{BinarySubtype, ElementType},
+    RawBsonRef, RawDocument,
+};
+
+use super::{evaluate::Emitter, filter::MAX_DEPTH, writes::is_system_namespace, RuleId};
+use crate::command::{CommandError, CommandView, Kind, Namespace, Statement, UpdateMods};
+
+const DOCUMENT_RULES: &[RuleId] = &[RuleId::D001, RuleId::D002, RuleId::D003, RuleId::D004];
+
+/// The deepest level the document walk follows.
+const MAX_LEVEL: usize = MAX_DEPTH + 1;
 
 pub(crate) fn check<'a>(
-    _view: &CommandView<'a>,
-    _em: &mut Emitter<'_, 'a>,
+    view: &CommandView<'a>,
+    em: &mut Emitter<'_, 'a>,
 ) -> Result<(), CommandError> {
+    let writes_documents = matches!(
+        view.kind(),
+        Kind::Insert | Kind::Update | Kind::FindAndModify | Kind::BulkWrite
+    );
+    if writes_documents && !em.all_off(DOCUMENT_RULES) {
+        documents(view, em)?;
+    }
+    if em.on(RuleId::D005) && !view.is_explain() {
+        naming(view, em)?;
+    }
     Ok(())
+}
+
+/// What D001–D004 look for; `None` for a rule that is off.
+#[derive(Clone, Copy)]
+struct Limits {
+    max_bytes: Option<usize>,
+    max_depth: Option<usize>,
+    max_elements: Option<usize>,
+    random_id: bool,
+}
+
+fn documents<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(), CommandError> {
+    let on = |rule, v: usize| em.on(rule).then_some(v);
+    let limits = Limits {
+        max_bytes: on(RuleId::D001, em.params.max_document_bytes),
+        max_depth: on(RuleId::D002, em.params.max_depth),
+        max_elements: on(RuleId::D003, em.params.max_array_elements),
+        random_id: em.on(RuleId::D004),
+    };
+    let mut err = None;
+    let _ = view.for_each_statement(|s| {
+        let doc = match s.statement {
+            Statement::Insert { doc } => doc,
+            Statement::Update {
+                update: UpdateMods::Replacement(doc),
+                ..
+            } => doc,
+            _ => return ControlFlow::Continue(()),
+        };
+        if is_system_namespace(s.ns) {
+            return ControlFlow::Continue(());
+        }
+        match judge(doc, limits) {
+            Ok(found) => {
+                let at = Some(s.index);
+                for (hit, rule) in [
+                    (found.large, RuleId::D001),
+                    (found.deep, RuleId::D002),
+                    (found.long_array, RuleId::D003),
+                    (found.random_id, RuleId::D004),
+                ] {
+                    if hit {
+                        em.emit(rule, at, None);
+                    }
+                }
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                err = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    })?;
+    err.map_or(Ok(()), Err)
+}
+
+/// What one document breaks.
+#[derive(Default)]
+struct Found {
+    large: bool,
+    deep: bool,
+    long_array: bool,
+    random_id: bool,
+}
+
+fn judge(doc: &RawDocument, limits: Limits) -> Result<Found, CommandError> {
+    let mut found = Found {
+        large: limits
+            .max_bytes
+            .is_some_and(|max| doc.as_bytes().len() > max),
+        ..Found::default()
+    };
+    if limits.random_id {
+        found.random_id = match doc.get("_id").map_err(|_| CommandError::Malformed)? {
+            Some(RawBsonRef::String(_)) => true,
+            Some(RawBsonRef::Binary(b)) => {
+                matches!(b.subtype, BinarySubtype::Uuid | BinarySubtype::UuidOld)
+            }
+            _ => false,
+        };
+    }
+    if limits.max_depth.is_some() || limits.max_elements.is_some() {
+        let mut walk = Walk {
+            limits,
+            found: &mut found,
+        };
+        walk.container(doc.iter_elements(), 1, false)?;
+    }
+    Ok(found)
+}
+
+/// The D002 / D003 walk over one document.
+struct Walk<'f> {
+    limits: Limits,
+    found: &'f mut Found,
+}
+
+impl Walk<'_> {
+    /// True when nothing below `level` can change the answer.
+    fn done_below(&self, level: usize) -> bool {
+        let depth_known = match self.limits.max_depth {
+            Some(max) => self.found.deep || level > max,
+            None => true,
+        };
+        let arrays_known = self.limits.max_elements.is_none() || self.found.long_array;
+        depth_known && arrays_known
+    }
+
+    /// Called for a container found at `level` (the top document is level 1).
+    fn enter(&mut self, level: usize) -> Result<bool, CommandError> {
+        if self.limits.max_depth.is_some_and(|max| level > max) {
+            self.found.deep = true;
+        }
+        if self.done_below(level) {
+            return Ok(false);
+        }
+        if level > MAX_LEVEL {
+            return Err(CommandError::TooDeep);
+        }
+        Ok(true)
+    }
+
+    /// A document or an array at `level`: its elements are at `level + 1`. Only containers
+    /// are decoded (scalars are skipped unread: no UTF-8 check of strings).
+    fn container(
+        &mut self,
+        elements: RawIter<'_>,
+        level: usize,
+        array: bool,
+    ) -> Result<(), CommandError> {
+        if !self.enter(level)? {
+            return Ok(());
+        }
+        let mut len = 0usize;
+        for elem in elements {
+            let elem = elem.map_err(|_| CommandError::Malformed)?;
+            len += 1;
+            match elem.element_type() {
+                ElementType::EmbeddedDocument | ElementType::Array => {
+                    match elem.value().map_err(|_| CommandError::Malformed)? {
+                        RawBsonRef::Document(d) => {
+                            self.container(d.iter_elements(), level + 1, false)?
+                        }
+                        RawBsonRef::Array(a) => {
+                            self.container(a.iter_elements(), level + 1, true)?
+                        }
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        if array && self.limits.max_elements.is_some_and(|max| len > max) {
+            self.found.long_array = true;
+        }
+        Ok(())
+    }
+}
+
+/// Commands whose [`CommandView::namespace`] is a database or collection they act on.
+fn names_a_namespace(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Find
+            | Kind::Insert
+            | Kind::Update
+            | Kind::Delete
+            | Kind::FindAndModify
+            | Kind::Aggregate
+            | Kind::Count
+            | Kind::Distinct
+            | Kind::MapReduce
+            | Kind::Create
+            | Kind::CreateIndexes
+            | Kind::DropIndexes
+            | Kind::Drop
+            | Kind::DropDatabase
+            | Kind::CollMod
+            | Kind::RenameCollection
+            | Kind::ConvertToCapped
+            | Kind::CloneCollectionAsCapped
+            | Kind::ShardCollection
+    )
+}
+
+fn naming<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(), CommandError> {
+    let mut bad = names_a_namespace(view.kind()) && !well_named(view.namespace());
+    if !bad {
+        let _ = view.for_each_written_namespace(|ns| {
+            bad = !well_named(ns);
+            if bad {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+    }
+    if bad {
+        em.emit(RuleId::D005, None, None);
+    }
+    Ok(())
+}
+
+/// D005's convention; MongoDB's own namespaces are exempt.
+fn well_named(ns: Namespace<'_>) -> bool {
+    is_system_namespace(ns)
+        || (conventional(ns.db, "db_", 64) && ns.coll.is_none_or(|c| conventional(c, "t_", 120)))
+}
+
+/// `prefix` + `[a-z0-9_]*`, at most `max` bytes.
+fn conventional(name: &str, prefix: &str, max: usize) -> bool {
+    name.len() <= max
+        && name.strip_prefix(prefix).is_some_and(|rest| {
+            rest.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    const ALL: Limits = Limits {
+        max_bytes: Some(100),
+        max_depth: Some(3),
+        max_elements: Some(2),
+        random_id: true,
+    };
+
+    #[test]
+    fn depth_counts_containers() {
+        let at = |d: &RawDocument| judge(d, ALL).unwrap().deep;
+        assert!(!at(&rawdoc! {"a": {"b": {"c": 1}}}));
+        assert!(!at(&rawdoc! {"a": [[1]]}));
+        assert!(at(&rawdoc! {"a": {"b": {"c": {}}}}));
+        assert!(at(&rawdoc! {"a": [{"b": [1]}]}));
+    }
+
+    #[test]
+    fn arrays_below_the_depth_limit_are_still_counted() {
+        let d = rawdoc! {"a": {"b": {"c": {"d": {"e": [1, 2, 3]}}}}};
+        let found = judge(&d, ALL).unwrap();
+        assert!(found.deep && found.long_array);
+        let found = judge(&rawdoc! {"a": [1, 2]}, ALL).unwrap();
+        assert!(!found.long_array);
+    }
+
+    #[test]
+    fn hostile_depth_is_refused_only_when_it_matters() {
+        let mut d = rawdoc! {"x": 1};
+        for _ in 0..150 {
+            d = rawdoc! {"a": d};
+        }
+        assert!(matches!(judge(&d, ALL), Err(CommandError::TooDeep)));
+        let depth_only = Limits {
+            max_elements: None,
+            ..ALL
+        };
+        assert!(judge(&d, depth_only).unwrap().deep);
+    }
+
+    #[test]
+    fn names() {
+        assert!(conventional("db_sales_2024", "db_", 64));
+        assert!(conventional("db_", "db_", 64));
+        assert!(!conventional("db_Sales", "db_", 64));
+        assert!(!conventional("sales", "db_", 64));
+        assert!(!conventional("t_a.b", "t_", 120));
+        assert!(!conventional(&format!("db_{}", "a".repeat(62)), "db_", 64));
+        assert!(conventional(&format!("db_{}", "a".repeat(61)), "db_", 64));
+        let ns = |db, coll| Namespace { db, coll };
+        assert!(well_named(ns("admin", Some("Anything"))));
+        assert!(well_named(ns("db_x", Some("system.views"))));
+        assert!(well_named(ns("db_x", None)));
+        assert!(!well_named(ns("db_x", Some("orders"))));
+    }
 }

@@ -231,6 +231,13 @@ fn msg_spec() -> impl Strategy<Value = MsgSpec> {
                     } else {
                         0
                     };
+                // Identifiers are unique and never a body key: mongod (and OpMsg::parse)
+                // refuse anything else.
+                let mut seen = std::collections::HashSet::new();
+                let sequences = sequences
+                    .into_iter()
+                    .filter(|(id, _)| !body.iter().any(|(k, _)| k == id) && seen.insert(id.clone()))
+                    .collect();
                 MsgSpec {
                     flags,
                     checksum,
@@ -807,6 +814,12 @@ proptest! {
         sequences in prop::collection::vec(("[a-z]{1,8}", prop::collection::vec(doc(), 0..3)), 0..4),
         at in any::<prop::sample::Index>(),
     ) {
+        // Unique identifiers that are not body keys (anything else is refused, as by mongod).
+        let mut seen = std::collections::HashSet::new();
+        let sequences: Vec<_> = sequences
+            .into_iter()
+            .filter(|(id, _)| !body.iter().any(|(k, _)| k == id) && seen.insert(id.clone()))
+            .collect();
         let mut sections: Vec<Vec<u8>> =
             sequences.iter().map(|(id, docs)| sequence_section(id, docs)).collect();
         sections.insert(at.index(sections.len() + 1), body_section(&body));

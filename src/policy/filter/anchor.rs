@@ -6,10 +6,23 @@
 /// newline, so only `\A` anchors; unknown options and inline flag groups `(?i)` / `(?m)`
 /// make it unanchored.
 pub fn regex_is_anchored(pattern: &str, options: &str) -> bool {
+    regex_is_anchored_with(pattern, options, true)
+}
+
+/// [`regex_is_anchored`], with a choice about case: when `case_insensitive_unanchors` is
+/// false, the `i` option and `(?i)` flag groups are accepted (a policy that does not count
+/// case-insensitive prefixes as scans). `m`, `(?m)` and unknown options still decide as
+/// there.
+pub fn regex_is_anchored_with(
+    pattern: &str,
+    options: &str,
+    case_insensitive_unanchors: bool,
+) -> bool {
     let mut multiline = false;
     for c in options.chars() {
         match c {
             'm' => multiline = true,
+            'i' if !case_insensitive_unanchors => {}
             's' | 'x' | 'u' => {}
             _ => return false,
         }
@@ -57,7 +70,7 @@ pub fn regex_is_anchored(pattern: &str, options: &str) -> bool {
                     let mut run = flags
                         .iter()
                         .take_while(|f| f.is_ascii_alphabetic() || **f == b'-');
-                    if run.any(|f| *f == b'i' || *f == b'm') {
+                    if run.any(|f| *f == b'm' || (case_insensitive_unanchors && *f == b'i')) {
                         return false;
                     }
                 }

@@ -29,7 +29,10 @@ mod js;
 
 pub use shape::{shape, shape_hash};
 pub use tautology::{coverage, Coverage};
-pub use walk::{regex_is_anchored, walk_expression, walk_filter, walk_pipeline, Event, Visitor};
+pub use walk::{
+    regex_is_anchored, regex_is_anchored_with, walk_expression, walk_filter, walk_pipeline, Event,
+    Visitor,
+};
 
 use bson::{Decimal128, RawBsonRef, RawDocument};
 

@@ -29,12 +29,15 @@
 //! `$nor` whose branches all match nothing; `$expr` of a truthy constant (folding `$literal`,
 //! `$and`, `$or`, `$not`); `$where` whose body only returns a truthy constant; `$comment`
 //! (ignored); `$alwaysTrue: 1`; `$sampleRate: 1`; `$jsonSchema: {}`; on a top-level field:
-//! `$nin: []`, `$not` of anything that matches nothing (`$in: []`, `$all: []`); on `_id`
+//! `$nin: []`, `$not` of anything that matches nothing (`$in: []`, `$all: []`), and those
+//! two on a dotted path too; on `_id`
 //! (which every stored document has): `$exists: true`, `$gte: MinKey`, `$lte: MaxKey`.
 //!
 //! # Deliberately left unknown
 //!
-//! Dotted paths are never `All` (array traversal makes their semantics subtle); comparisons
+//! Dotted paths are never `All` (array traversal makes their semantics subtle), except for
+//! operators whose answer does not depend on the field's value or presence at all
+//! (`{"a.b": {$nin: []}}`, `$not` of something that matches nothing); comparisons
 //! with MinKey / MaxKey on fields other than `_id` (missing-field semantics); `NaN`
 //! comparands; unknown operators; non-constant `$expr`; real JavaScript; anything malformed
 //! (mongod would reject it) or nested deeper than [`MAX_DEPTH`].

@@ -145,12 +145,33 @@ fn min_and_max_key_only_on_id() {
 }
 
 #[test]
-fn dotted_paths_are_never_all() {
+fn dotted_paths_are_all_only_for_value_independent_operators() {
     check(&[
-        (r#"{"a.b": {"$nin": []}}"#, Unknown),
-        (r#"{"a.b": {"$not": {"$in": []}}}"#, Unknown),
+        (r#"{"a.b": {"$nin": []}}"#, All),
+        (r#"{"a.b": {"$not": {"$in": []}}}"#, All),
+        (r#"{"a.b": {"$not": {"$all": []}}}"#, All),
+        (r#"{"a.b.c": {"$nin": [], "$not": {"$in": []}}}"#, All),
+        (r#"{"_id.x": {"$nin": []}}"#, All),
+        (r#"{"a.b": {"$nin": []}, "c": 1}"#, Conditioned),
+        (r#"{"a.b": {"$in": []}}"#, Conditioned),
+        (r#"{"a.b": {"$not": {"$nin": []}}}"#, Conditioned),
         (r#"{"a.b": 1}"#, Conditioned),
+        (r#"{"$or": [{"x": 1}, {"a.b": {"$nin": []}}]}"#, All),
+        // Depends on the value (or on array traversal): stays conservative.
+        (
+            r#"{"a.b": {"$not": {"$exists": false, "$in": [1]}}}"#,
+            Unknown,
+        ),
+        (r#"{"a.b": {"$nin": [], "$exists": true}}"#, Conditioned),
+        (r#"{"a.b": {"$nin": [1]}}"#, Conditioned),
     ]);
+}
+
+/// Regression: `{"a.b": {$nin: []}}` matches every document, yet was `Unknown`, so a
+/// multi-delete with it slipped past W003.
+#[test]
+fn dotted_nin_empty_is_all_regression() {
+    assert_eq!(cov(r#"{"a.b": {"$nin": []}}"#), All);
 }
 
 #[test]

@@ -26,7 +26,7 @@ mod expr;
 
 use expr::{expression, stages};
 
-pub use super::anchor::regex_is_anchored;
+pub use super::anchor::{regex_is_anchored, regex_is_anchored_with};
 
 /// One predicate occurrence worth a rule's attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

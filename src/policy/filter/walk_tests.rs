@@ -3,7 +3,9 @@
 use std::ops::ControlFlow;
 
 use super::test_util::doc;
-use super::walk::{regex_is_anchored, walk_expression, walk_filter, walk_pipeline, Event};
+use super::walk::{
+    regex_is_anchored, regex_is_anchored_with, walk_expression, walk_filter, walk_pipeline, Event,
+};
 use super::MAX_DEPTH;
 use bson::{rawdoc, RawBsonRef, RawDocument};
 use Event::*;
@@ -324,5 +326,21 @@ fn anchoring() {
         (".*^a", ""),
     ] {
         assert!(!regex_is_anchored(p, o), "{p} /{o}");
+    }
+}
+
+#[test]
+fn anchoring_with_case_insensitivity_allowed() {
+    for (p, o) in [
+        ("^abc", "i"),
+        ("^(?i)abc", ""),
+        ("\\Aabc", "im"),
+        ("^a", "ix"),
+    ] {
+        assert!(regex_is_anchored_with(p, o, false), "{p} /{o}");
+        assert!(!regex_is_anchored_with(p, o, true), "{p} /{o}");
+    }
+    for (p, o) in [("abc", "i"), ("^abc", "mi"), ("^(?m)a", ""), ("^a", "iq")] {
+        assert!(!regex_is_anchored_with(p, o, false), "{p} /{o}");
     }
 }

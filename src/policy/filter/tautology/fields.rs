@@ -24,13 +24,52 @@ pub(super) fn field_truth(path: &str, value: RawBsonRef<'_>, depth: usize) -> Re
             Tri::Maybe
         };
     }
+    // Array traversal makes most dotted-path reasoning subtle; an operator document whose
+    // answer does not depend on the field at all (`$nin: []`) is the exception.
     if path.contains('.') && t.all == Tri::Yes {
-        t = Truth {
-            all: Tri::Maybe,
-            ..t
+        let constant = match value {
+            RawBsonRef::Document(d) => value_independent(d, depth + 1) == Some(true),
+            _ => false,
         };
+        if !constant {
+            t = Truth {
+                all: Tri::Maybe,
+                ..t
+            };
+        }
     }
     Ok(t)
+}
+
+/// Whether the operators on a field match every document (`Some(true)`) or none
+/// (`Some(false)`) whatever the field holds and whether it exists at all, so for any path,
+/// dotted or not: `$in: []` and `$all: []` match nothing, `$nin: []` everything, `$not`
+/// flips a constant, and a conjunction is constant when one operator matches nothing or all
+/// of them match everything. `None` when the answer depends on the value (or the operator
+/// document is one mongod would reject: [`ops_truth`] has already refused those).
+fn value_independent(ops: &RawDocument, depth: usize) -> Option<bool> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let mut all = true;
+    for elem in ops.iter_elements() {
+        let elem = elem.ok()?;
+        let value = elem.value().ok()?;
+        let this = match (elem.key().as_str(), value) {
+            ("$in" | "$all", RawBsonRef::Array(a)) if a.is_empty() => Some(false),
+            ("$nin", RawBsonRef::Array(a)) if a.is_empty() => Some(true),
+            ("$not", RawBsonRef::Document(d)) if is_operator_doc(d) => {
+                value_independent(d, depth + 1).map(|b| !b)
+            }
+            _ => None,
+        };
+        match this {
+            Some(false) => return Some(false),
+            Some(true) => {}
+            None => all = false,
+        }
+    }
+    all.then_some(true)
 }
 
 /// `field: literal`: equality, except that a regex literal is a regex match.

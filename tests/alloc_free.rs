@@ -1,0 +1,199 @@
+//! The request path allocates nothing when a command is allowed: parsing the frame, building
+//! the command view and evaluating the standard policy, counted by a global allocator.
+//!
+//! The lib crate forbids `unsafe`; implementing [`GlobalAlloc`] needs it, and an integration
+//! test is its own crate, so the (minimal, forwarding) `unsafe` lives here only. Counting is
+//! switched on per thread, so the test harness's own threads never pollute a count.
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    cell::Cell,
+};
+
+use bson::{rawdoc, RawDocumentBuf};
+use bytes::Bytes;
+use mongoguard::{
+    command::CommandView,
+    policy::{Policy, RequestContext},
+    wire::{
+        builder::{MsgBuilder, Sequence},
+        Message, DEFAULT_MAX_MESSAGE_SIZE,
+    },
+};
+
+/// Forwards to the system allocator, counting allocations made while the current thread has
+/// counting switched on.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: the allocator can run while thread-locals are being torn down.
+    let on = COUNTING.try_with(Cell::get).unwrap_or(false);
+    if on {
+        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+    }
+}
+
+// SAFETY: every method forwards its arguments unchanged to `System`, which upholds the
+// `GlobalAlloc` contract; the counting touches only const-initialised thread-locals that
+// never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract for `alloc` is passed through unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: `ptr` and `layout` came from this allocator, i.e. from `System`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` and `layout` came from this allocator, i.e. from `System`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Parses, views and evaluates `frame` once to warm up, then again while counting; returns
+/// the number of allocations of the counted run. Panics unless the command is allowed.
+fn allocations(policy: &Policy, frame: &Bytes) -> usize {
+    let run = || {
+        let msg = Message::parse(frame, DEFAULT_MAX_MESSAGE_SIZE).expect("a valid frame");
+        let view = CommandView::from_message(&msg).expect("a readable command");
+        let decision = policy.evaluate(&view, &RequestContext::default());
+        assert!(decision.violations.is_empty(), "{:?}", decision.violations);
+    };
+    run();
+    COUNT.with(|c| c.set(0));
+    COUNTING.with(|c| c.set(true));
+    run();
+    COUNTING.with(|c| c.set(false));
+    COUNT.with(Cell::get)
+}
+
+/// A typical driver `find`.
+fn find() -> Bytes {
+    MsgBuilder::new(rawdoc! {
+        "find": "users",
+        "filter": {"status": "active", "age": {"$gte": 21}},
+        "projection": {"name": 1},
+        "limit": 20,
+        "$db": "app",
+    })
+    .encode(1, 0)
+}
+
+/// 100 single-document updates with real filters and `$set`, in a kind-1 sequence.
+fn update_batch() -> Bytes {
+    let updates: Vec<RawDocumentBuf> = (0..100i64)
+        .map(|i| {
+            rawdoc! {
+                "q": {"_id": i, "status": {"$in": ["active", "trial"]}},
+                "u": {"$set": {"seen": true, "visits": i}},
+            }
+        })
+        .collect();
+    MsgBuilder::new(rawdoc! {"update": "users", "ordered": true, "$db": "app"})
+        .sequence(Sequence::new("updates", updates))
+        .encode(2, 0)
+}
+
+/// 1,000 small documents with increasing integer `_id`s, in a kind-1 sequence.
+fn insert_batch() -> Bytes {
+    let docs: Vec<RawDocumentBuf> = (0..1000i64)
+        .map(|i| {
+            rawdoc! {
+                "_id": 1_700_000_000_000 + i,
+                "name": format!("user-{i}"),
+                "tags": ["a", "b"],
+                "address": {"city": "Lyon", "zip": "69001"},
+            }
+        })
+        .collect();
+    MsgBuilder::new(rawdoc! {"insert": "users", "ordered": true, "$db": "app"})
+        .sequence(Sequence::new("documents", docs))
+        .encode(3, 0)
+}
+
+#[test]
+fn typical_find_allocates_nothing() {
+    let policy = Policy::standard();
+    assert_eq!(allocations(&policy, &find()), 0);
+}
+
+#[test]
+fn hundred_statement_update_allocates_nothing() {
+    let policy = Policy::standard();
+    assert_eq!(allocations(&policy, &update_batch()), 0);
+}
+
+#[test]
+fn thousand_document_insert_allocates_nothing() {
+    let policy = Policy::standard();
+    assert_eq!(allocations(&policy, &insert_batch()), 0);
+}
+
+#[test]
+fn strict_profile_allocates_nothing_on_conventional_names() {
+    let policy = Policy::profile("strict").expect("a shipped profile");
+    let frame = MsgBuilder::new(rawdoc! {
+        "find": "t_users",
+        "filter": {"status": "active"},
+        "$db": "db_app",
+    })
+    .encode(4, 0);
+    assert_eq!(allocations(&policy, &frame), 0);
+}
+
+#[test]
+fn aggregate_with_nested_pipelines_allocates_nothing() {
+    let policy = Policy::standard();
+    let frame = MsgBuilder::new(rawdoc! {
+        "aggregate": "orders",
+        "pipeline": [
+            {"$match": {"status": "paid", "total": {"$gt": 100}}},
+            {"$lookup": {"from": "items", "as": "items", "let": {"o": "$_id"},
+                "pipeline": [{"$match": {"$expr": {"$eq": ["$order", "$$o"]}}}]}},
+            {"$facet": {"byDay": [{"$group": {"_id": "$day", "n": {"$sum": 1}}}]}},
+        ],
+        "cursor": {},
+        "$db": "app",
+    })
+    .encode(6, 0);
+    assert_eq!(allocations(&policy, &frame), 0);
+}
+
+/// The counter itself works: a violation allocates the decision's list.
+#[test]
+fn the_counter_sees_allocations() {
+    let policy = Policy::standard();
+    let frame = MsgBuilder::new(rawdoc! {
+        "find": "users",
+        "filter": {"a": {"$ne": 1}},
+        "$db": "app",
+    })
+    .encode(5, 0);
+    let msg = Message::parse(&frame, DEFAULT_MAX_MESSAGE_SIZE).expect("a valid frame");
+    let view = CommandView::from_message(&msg).expect("a readable command");
+    COUNT.with(|c| c.set(0));
+    COUNTING.with(|c| c.set(true));
+    let decision = policy.evaluate(&view, &RequestContext::default());
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(decision.violations.len(), 1);
+    assert!(COUNT.with(Cell::get) > 0);
+}
