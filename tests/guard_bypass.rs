@@ -1183,7 +1183,6 @@ async fn nested_duplicate_keys_never_reach_the_upstream() {
 /// document with each of them; mongoguard currently calls them "unknown" and forwards the
 /// multi update / delete-many as conditioned.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "gap: constant $expr tautologies ($eq of literals, {}, [1], $$ROOT) are not recognised"]
 async fn constant_expression_tautologies_are_treated_as_empty() {
     let mut b = Bypass::start("exprtaut").await;
     let db = b.db().to_string();

@@ -69,7 +69,9 @@ fn expr_of_constants() {
         (r#"{"$expr": {"$eq": ["$a", 1]}}"#, Unknown),
         (r#"{"$expr": {"$and": [true, "$a"]}}"#, Unknown),
         (r#"{"$expr": {"$numberDouble": "NaN"}}"#, Unknown),
-        (r#"{"$expr": [true]}"#, Unknown),
+        (r#"{"$expr": [true]}"#, All),
+        (r#"{"$expr": [false]}"#, All),
+        (r#"{"$expr": ["$a"]}"#, Unknown),
         (r#"{"$expr": {"$literal": true, "$eq": [1, 1]}}"#, Unknown),
     ]);
 }

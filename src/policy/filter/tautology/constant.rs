@@ -14,11 +14,14 @@ pub(super) fn expr_truth(expr: RawBsonRef<'_>, depth: usize) -> Result<Option<bo
         return Err(Invalid);
     }
     Ok(match expr {
+        // The current document itself: every document is truthy.
+        RawBsonRef::String("$$ROOT" | "$$CURRENT") => Some(true),
         RawBsonRef::String(s) if s.starts_with('$') => None,
         RawBsonRef::Document(d) => {
             let mut elems = d.iter_elements();
             let Some(first) = elems.next() else {
-                return Ok(None);
+                // `{}`: an empty object expression evaluates to `{}`, which is truthy.
+                return Ok(Some(true));
             };
             let first = first.map_err(|_| Invalid)?;
             let key = first.key().as_str();
@@ -44,11 +47,22 @@ pub(super) fn expr_truth(expr: RawBsonRef<'_>, depth: usize) -> Result<Option<bo
                     other => expr_truth(other, depth + 1)?,
                 }
                 .map(|b| !b),
+                "$eq" | "$ne" | "$gt" | "$gte" | "$lt" | "$lte" => compare(key, arg),
                 _ => None,
             }
         }
-        // `$expr: [..]` is ambiguous between an array literal and an argument list.
-        RawBsonRef::Array(_) => None,
+        // An array expression evaluates to an array, which is truthy, provided evaluating it
+        // cannot fail: every element a constant.
+        RawBsonRef::Array(items) => {
+            let mut all_constant = true;
+            for item in items {
+                if constant(item.map_err(|_| Invalid)?).is_none() {
+                    all_constant = false;
+                    break;
+                }
+            }
+            all_constant.then_some(true)
+        }
         other => literal_truth(other),
     })
 }
@@ -92,4 +106,64 @@ fn fold(arg: RawBsonRef<'_>, depth: usize, is_and: bool) -> Result<Option<bool>,
         }
     }
     Ok(acc)
+}
+
+/// A constant operand of a comparison, when it is one of the comparable kinds.
+#[derive(Clone, Copy, PartialEq, PartialOrd)]
+enum Constant<'a> {
+    Number(f64),
+    Text(&'a str),
+    Bool(bool),
+    Null,
+}
+
+/// A literal (or `{$literal: x}`) usable in a folded comparison.
+fn constant(v: RawBsonRef<'_>) -> Option<Constant<'_>> {
+    match v {
+        RawBsonRef::Int32(n) => Some(Constant::Number(f64::from(n))),
+        RawBsonRef::Int64(n) => Some(Constant::Number(n as f64)),
+        RawBsonRef::Double(f) if !f.is_nan() => Some(Constant::Number(f)),
+        RawBsonRef::String(s) if !s.starts_with('$') => Some(Constant::Text(s)),
+        RawBsonRef::Boolean(b) => Some(Constant::Bool(b)),
+        RawBsonRef::Null => Some(Constant::Null),
+        RawBsonRef::Document(d) => match d.get("$literal") {
+            Ok(Some(RawBsonRef::String(s))) => Some(Constant::Text(s)),
+            Ok(Some(inner)) if d.iter_elements().count() == 1 => constant(inner),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `{$eq: [a, b]}` and friends over two constants of the same kind (numbers compare by value,
+/// strings by bytes as without a collation); anything else is not folded.
+fn compare(op: &str, arg: RawBsonRef<'_>) -> Option<bool> {
+    let RawBsonRef::Array(args) = arg else {
+        return None;
+    };
+    let mut it = args.into_iter();
+    let (Some(Ok(a)), Some(Ok(b)), None) = (it.next(), it.next(), it.next()) else {
+        return None;
+    };
+    let (a, b) = (constant(a)?, constant(b)?);
+    let same_kind = matches!(
+        (a, b),
+        (Constant::Number(_), Constant::Number(_))
+            | (Constant::Text(_), Constant::Text(_))
+            | (Constant::Bool(_), Constant::Bool(_))
+            | (Constant::Null, Constant::Null)
+    );
+    if !same_kind {
+        return None;
+    }
+    let ord = a.partial_cmp(&b)?;
+    Some(match op {
+        "$eq" => ord.is_eq(),
+        "$ne" => !ord.is_eq(),
+        "$gt" => ord.is_gt(),
+        "$gte" => ord.is_ge(),
+        "$lt" => ord.is_lt(),
+        "$lte" => ord.is_le(),
+        _ => return None,
+    })
 }
