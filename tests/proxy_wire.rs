@@ -30,6 +30,7 @@ const BOUND: Duration = Duration::from_secs(20);
 async fn stack_with(tweak: impl FnOnce(&mut Config)) -> (StandIn, ProxyHandle) {
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();
     let mut config = Config::for_upstream(&standin.uri()).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
     tweak(&mut config);
     let proxy = Proxy::start(Arc::new(config)).await.unwrap();
     (standin, proxy)
