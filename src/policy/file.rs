@@ -1,7 +1,7 @@
 //! The policy file format (TOML) and its compilation into an immutable [`Policy`].
 //!
 //! ```toml
-//! extends = "standard"          # base profile: standard | strict | audit | none
+//! extends = "standard"          # base profile: standard (the default) | strict | audit | none
 //! mode = "enforce"              # or "audit": every block becomes a warning
 //! [rules]
 //! W004 = "block"                # an action...
@@ -117,7 +117,13 @@ impl Policy {
             origin: origin.to_owned(),
             message: e.to_string(),
         })?;
-        let mut policy = match file.extends.as_deref() {
+        // A file that names no base extends `standard`: an empty (or truncated) file never
+        // turns the rules off. Starting from nothing takes an explicit `extends = "none"`.
+        let mut policy = match file
+            .extends
+            .as_deref()
+            .or((depth == 0).then_some("standard"))
+        {
             None | Some("none") => Policy::empty(),
             Some(base) => {
                 let (_, base_text) =
@@ -266,4 +272,46 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_or_truncated_file_is_the_standard_profile_not_rules_off() {
+        let empty = Policy::from_toml("", "empty.toml").unwrap();
+        let standard = Policy::standard();
+        for r in RULES.iter() {
+            assert_eq!(empty.action(r.id), standard.action(r.id), "{}", r.code);
+        }
+        let none = Policy::from_toml("extends = \"none\"\n", "none.toml").unwrap();
+        assert_eq!(none.action(RuleId::W001), Action::Off);
+        assert_eq!(none.action(RuleId::G001), Action::Block);
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_their_reason() {
+        let cases = [
+            ("[rules]\nW001 = \"maybe\"\n", "W001"),
+            ("[rules]\nX123 = \"block\"\n", "unknown rule"),
+            (
+                "[rules]\nW001 = { action = \"block\", max_in = 3 }\n",
+                "does not apply",
+            ),
+            ("[rules]\nG001 = \"warn\"\n", "G001"),
+            (
+                "[[overrides]]\nrules = { W001 = \"off\" }\n",
+                "at least one of",
+            ),
+            ("[[overrides]]\nclient = \"10.0.0.0/40\"\n", "bad prefix"),
+            ("extends = \"lenient\"\n", "no such profile"),
+            ("mode = \"enforce\"\nmdoe = \"audit\"\n", "line 2"),
+        ];
+        for (text, want) in cases {
+            let err = Policy::from_toml(text, "p.toml").unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+            assert!(err.contains("p.toml"), "{err}");
+        }
+    }
 }

@@ -99,12 +99,14 @@ impl PolicyHolder {
         Ok(Some(hash))
     }
 
-    /// True when the file's modification time differs from the one last loaded.
-    pub fn changed_on_disk(&self) -> bool {
+    /// The file's modification time now, when it differs from the one last loaded (`None`
+    /// when unchanged or not a file).
+    pub fn changed_on_disk(&self) -> Option<Option<SystemTime>> {
         let PolicySource::File(path) = &self.source else {
-            return false;
+            return None;
         };
         let now = mtime(path);
-        self.modified.read().map(|m| *m != now).unwrap_or(true)
+        let loaded = self.modified.read().map(|m| *m).unwrap_or(None);
+        (now != loaded).then_some(now)
     }
 }

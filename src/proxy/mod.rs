@@ -214,6 +214,7 @@ async fn reload_policy(ctx: Arc<Context>) {
     let poll = ctx.config.policy.reload_poll;
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut last_seen = None;
     loop {
         let hangup = async {
             #[cfg(unix)]
@@ -235,9 +236,17 @@ async fn reload_policy(ctx: Arc<Context>) {
             _ = hangup => true,
             _ = tick => false,
         };
-        if !by_signal && !ctx.policy.changed_on_disk() {
-            continue;
+        if !by_signal {
+            // Reload only once the modification time has been stable for a whole poll
+            // interval, so a file caught half-written by a non-atomic editor is never read.
+            let seen = ctx.policy.changed_on_disk();
+            let stable = seen.is_some() && seen == last_seen;
+            last_seen = seen;
+            if !stable {
+                continue;
+            }
         }
+        last_seen = None;
         match ctx.policy.reload() {
             Ok(hash) => {
                 ctx.stats.policy_reloads.inc();

@@ -1,0 +1,95 @@
+//! The policy file reloads while the proxy runs: a valid change takes effect on the next
+//! request, an invalid one keeps the old policy (and is counted), never falls back to defaults.
+
+use std::{sync::Arc, time::Duration};
+
+use bson::rawdoc;
+use futures::StreamExt;
+use mongoguard::{
+    config::Config,
+    proxy::Proxy,
+    wire::{builder::MsgBuilder, MessageCodec, OpMsg},
+};
+use mongoguard_standin::{StandIn, StandInConfig};
+use tokio::{io::AsyncWriteExt, net::TcpStream};
+use tokio_util::codec::FramedRead;
+
+/// Sends a delete of everything (W003) and returns the reply's code (0 when forwarded).
+async fn delete_all_code(addr: std::net::SocketAddr, id: i32) -> i32 {
+    let (r, mut w) = TcpStream::connect(addr).await.unwrap().into_split();
+    let mut read = FramedRead::new(r, MessageCodec::default());
+    let cmd = rawdoc! {"delete": "t", "$db": "reload", "deletes": [{"q": {}, "limit": 0}]};
+    w.write_all(&MsgBuilder::new(cmd).encode(id, 0))
+        .await
+        .unwrap();
+    let frame = tokio::time::timeout(Duration::from_secs(20), read.next())
+        .await
+        .expect("reply")
+        .expect("open")
+        .expect("valid");
+    let body = OpMsg::parse(frame.bytes()).unwrap().body().to_owned();
+    body.get_i32("code").unwrap_or(0)
+}
+
+#[tokio::test]
+async fn policy_file_changes_are_validated_then_swapped() {
+    let dir = std::env::temp_dir().join(format!("mg-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.toml");
+    std::fs::write(&file, "extends = \"standard\"\n").unwrap();
+
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut config = Config::for_upstream(&standin.uri()).unwrap();
+    config.policy.file = Some(file.clone());
+    config.policy.reload_poll = Duration::from_millis(50);
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let addr = proxy.local_addr();
+    let stats = proxy.stats();
+    assert_eq!(
+        delete_all_code(addr, 1).await,
+        65001,
+        "standard blocks W003"
+    );
+
+    // Audit mode: the same command is forwarded.
+    std::fs::write(&file, "extends = \"standard\"\nmode = \"audit\"\n").unwrap();
+    let mut reloaded = false;
+    for _ in 0..400 {
+        if stats.policy_reloads.get() >= 1 {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(reloaded, "the file change was not picked up");
+    assert_eq!(delete_all_code(addr, 2).await, 0, "audit mode forwards");
+
+    // An invalid file is refused; the audit policy stays in force.
+    std::fs::write(&file, "extends = \"standard\"\n[rules]\nW003 = \"maybe\"\n").unwrap();
+    let mut refused = false;
+    for _ in 0..400 {
+        if stats.policy_reload_failures.get() >= 1 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "the invalid file was not noticed");
+    assert_eq!(
+        delete_all_code(addr, 3).await,
+        0,
+        "the previous (audit) policy is kept"
+    );
+
+    // A valid file again: enforcement is back.
+    std::fs::write(&file, "extends = \"strict\"\n").unwrap();
+    for _ in 0..400 {
+        if stats.policy_reloads.get() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(delete_all_code(addr, 4).await, 65001);
+    proxy.shutdown().await;
+}
