@@ -66,6 +66,10 @@ struct Session {
     /// The error of the last fire-and-forget write mongoguard dropped, for the client's next
     /// getLastError (legacy applications learn about write errors only that way).
     last_blocked: Option<String>,
+    /// Per-session children of the proxy's shutdown tokens: waiting on the shared tokens
+    /// would take their one mutex twice per request in every session.
+    drain: tokio_util::sync::CancellationToken,
+    kill: tokio_util::sync::CancellationToken,
 }
 
 /// Runs one client connection to its end.
@@ -86,6 +90,8 @@ pub(crate) async fn run(
         upstream_wire_version: None,
         pending: None,
         last_blocked: None,
+        drain: ctx.drain.child_token(),
+        kill: ctx.kill.child_token(),
         peer,
         ctx,
     };
@@ -236,7 +242,7 @@ impl Session {
         tokio::pin!(idle_timer);
         tokio::select! {
             biased;
-            _ = self.ctx.drain.cancelled() => Ok(Err(End::Drained)),
+            _ = self.drain.cancelled() => Ok(Err(End::Drained)),
             next = self.client_in.next() => match next {
                 None => Ok(Err(End::ClientClosed)),
                 Some(Ok(frame)) => Ok(Ok(frame)),
@@ -272,9 +278,9 @@ impl Session {
             tokio::pin!(timer);
             let reply = tokio::select! {
                 biased;
-                _ = self.ctx.kill.cancelled() => return Err(SessionError::Killed),
+                _ = self.kill.cancelled() => return Err(SessionError::Killed),
                 // A streaming hello (monitoring) never ends by itself: cut it at drain.
-                _ = self.ctx.drain.cancelled(), if request.is_hello && request.exhaust_allowed => {
+                _ = self.drain.cancelled(), if request.is_hello && request.exhaust_allowed => {
                     return Err(SessionError::Killed);
                 }
                 next = upstream_in.next() => match next {
