@@ -115,9 +115,10 @@ async fn walkthrough(proxy: &ProxyHandle) -> anyhow::Result<()> {
         ),
     ];
     for (what, cmd) in steps {
+        println!("* {what}");
         let reply = c.run(cmd).await?;
-        println!("  {what:<48} -> {}", summary(&reply));
         proxy.audit().flush().await;
+        println!("  -> {}", summary(&reply));
     }
     Ok(())
 }
