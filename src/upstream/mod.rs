@@ -1,5 +1,6 @@
 //! The upstream side: where mongod / mongos is, and connecting to it.
 
+pub mod pool;
 mod uri;
 
 pub use uri::{Host, UpstreamUri};

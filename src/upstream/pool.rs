@@ -1,0 +1,317 @@
+//! The upstream connection pool (pooled mode): one pool per (upstream server, upstream
+//! identity), PgBouncer semantics.
+//!
+//! - A checkout takes the most recently used idle connection (LIFO, so surplus connections
+//!   age out through `idle_timeout`), opens a new one when the pool holds fewer than
+//!   `pool_size`, and otherwise waits in a fair FIFO queue for at most `checkout_timeout`.
+//! - An idle connection is checked with [`PooledConn::is_usable`] before it is handed out, so a
+//!   connection the server closed while it sat idle is never given to a client.
+//! - A [`Checkout`] goes back to the pool only through [`Checkout::release`]. Dropping it any
+//!   other way (the client disconnected, the request future was cancelled, a panic) discards
+//!   the connection: a connection that may be mid-request is never reused.
+//! - Connections past `idle_timeout` (idle) or `max_lifetime` (any) are closed lazily at
+//!   checkout and by [`Pool::maintain`], which also opens connections up to `min_idle`.
+//!
+//! The pool is generic over a [`Connector`], so its behaviour is tested with dummy
+//! connections; [`TcpConnector`] is the plain-TCP one.
+//!
+//! # Cancellation safety
+//! [`Pool::checkout`] is cancellation safe: dropping its future while it waits for a slot
+//! leaves the wait queue (no slot is leaked and no later release is lost), and dropping it
+//! while it connects frees the reserved slot.
+
+mod keyed;
+mod stats;
+mod tcp;
+
+pub use keyed::Checkout;
+pub use stats::PoolStats;
+pub use tcp::TcpConnector;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use keyed::KeyPool;
+
+use super::{ConnectError, Host};
+
+/// Identifies one pool: the upstream server and the upstream identity the connections are
+/// authenticated as. A connection authenticated as one identity never serves another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKey {
+    /// The upstream server (`host:port`).
+    pub server: Host,
+    /// The name of the upstream identity (the user mongoguard authenticates as).
+    pub identity: String,
+}
+
+impl PoolKey {
+    /// A key for `identity` on `server`.
+    pub fn new(server: Host, identity: impl Into<String>) -> Self {
+        PoolKey {
+            server,
+            identity: identity.into(),
+        }
+    }
+}
+
+// `Host` does not implement `Hash`; hash the same fields `Eq` compares.
+impl Hash for PoolKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.server.name.hash(state);
+        self.server.port.hash(state);
+        self.identity.hash(state);
+    }
+}
+
+/// `identity@host:port`.
+impl fmt::Display for PoolKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.identity, self.server)
+    }
+}
+
+/// A connection the pool can hold.
+pub trait PooledConn: Send + 'static {
+    /// Whether an idle connection can still be handed out. Called without blocking just before
+    /// a checkout returns an idle connection; `false` closes it. For a socket: the peer closed
+    /// it, it has an error, or it has unsolicited data pending (an idle MongoDB connection
+    /// never receives any).
+    fn is_usable(&mut self) -> bool;
+}
+
+/// Opens (and, once upstream authentication exists, authenticates) upstream connections.
+pub trait Connector: Send + Sync + 'static {
+    /// The connection type.
+    type Conn: PooledConn;
+
+    /// Opens a connection for `key`. Must bound its own duration (connect timeout).
+    fn connect(
+        &self,
+        key: &PoolKey,
+    ) -> impl Future<Output = Result<Self::Conn, ConnectError>> + Send;
+}
+
+/// Limits of every per-key pool, with PgBouncer's meaning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Most connections (idle, in use or being opened) per key.
+    pub pool_size: usize,
+    /// Idle connections [`Pool::maintain`] keeps open per known key.
+    pub min_idle: usize,
+    /// Longest a checkout waits for a free slot when all `pool_size` are in use. Connecting
+    /// is bounded by the connector's own timeout, not by this.
+    pub checkout_timeout: Duration,
+    /// An idle connection unused for this long is closed. `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// A connection older than this is closed when next idle. `None`: never.
+    pub max_lifetime: Option<Duration>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            pool_size: 20,
+            min_idle: 0,
+            checkout_timeout: Duration::from_secs(5),
+            idle_timeout: Some(Duration::from_secs(600)),
+            max_lifetime: Some(Duration::from_secs(3600)),
+        }
+    }
+}
+
+/// A [`PoolConfig`] that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolConfigError {
+    /// `pool_size` is 0.
+    #[error("pool_size must be at least 1")]
+    ZeroPoolSize,
+    /// `min_idle` is larger than `pool_size`.
+    #[error("min_idle ({min_idle}) must not exceed pool_size ({pool_size})")]
+    MinIdleAbovePoolSize {
+        /// The configured `min_idle`.
+        min_idle: usize,
+        /// The configured `pool_size`.
+        pool_size: usize,
+    },
+}
+
+impl PoolConfig {
+    /// Checks the limits are consistent.
+    pub fn validate(&self) -> Result<(), PoolConfigError> {
+        if self.pool_size == 0 {
+            return Err(PoolConfigError::ZeroPoolSize);
+        }
+        if self.min_idle > self.pool_size {
+            return Err(PoolConfigError::MinIdleAbovePoolSize {
+                min_idle: self.min_idle,
+                pool_size: self.pool_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Why a checkout failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// Every connection of the pool stayed in use for the whole `checkout_timeout`. The text is
+    /// meant for the client.
+    #[error(
+        "no upstream connection available for {pool}: all {pool_size} connections (pool_size) \
+         stayed in use for {} ms (checkout_timeout); the upstream pool is saturated, retry \
+         later or raise pool_size",
+        .waited.as_millis()
+    )]
+    CheckoutTimeout {
+        /// The pool (`identity@host:port`).
+        pool: PoolKey,
+        /// How long the checkout waited.
+        waited: Duration,
+        /// The pool's limit.
+        pool_size: usize,
+    },
+    /// Opening a new upstream connection failed; the slot was freed.
+    #[error("upstream pool {pool}: {source}")]
+    Connect {
+        /// The pool (`identity@host:port`).
+        pool: PoolKey,
+        /// The connect error.
+        source: ConnectError,
+    },
+    /// The pool was closed (the proxy is shutting down).
+    #[error("upstream pool {pool} is closed")]
+    Closed {
+        /// The pool (`identity@host:port`).
+        pool: PoolKey,
+    },
+}
+
+/// Upstream connection pools, one per [`PoolKey`], created on first use. Cheap to clone
+/// (shared state).
+pub struct Pool<C: Connector> {
+    shared: Arc<Shared<C>>,
+}
+
+struct Shared<C: Connector> {
+    connector: C,
+    config: PoolConfig,
+    pools: Mutex<HashMap<PoolKey, Arc<KeyPool<C::Conn>>>>,
+    /// Set (under the `pools` lock) by [`Pool::close`]; pools created afterwards start closed.
+    closed: AtomicBool,
+}
+
+impl<C: Connector> Clone for Pool<C> {
+    fn clone(&self) -> Self {
+        Pool {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C: Connector> fmt::Debug for Pool<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Connector> Pool<C> {
+    /// A pool set opening connections with `connector`, limited by `config`.
+    pub fn new(connector: C, config: PoolConfig) -> Result<Self, PoolConfigError> {
+        config.validate()?;
+        Ok(Pool {
+            shared: Arc::new(Shared {
+                connector,
+                config,
+                pools: Mutex::new(HashMap::new()),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.config
+    }
+
+    /// Checks out a connection for `key`: an idle usable one (most recently used first), else a
+    /// new one if the pool holds fewer than `pool_size`, else the next one freed, waiting in
+    /// FIFO order for at most `checkout_timeout`. See the module docs for cancellation safety.
+    pub async fn checkout(&self, key: &PoolKey) -> Result<Checkout<C::Conn>, PoolError> {
+        let pool = self.key_pool(key);
+        pool.checkout(&self.shared.connector).await
+    }
+
+    /// Closes idle connections past `idle_timeout` or `max_lifetime` or no longer usable, and
+    /// opens connections up to `min_idle` for every key seen so far. Call it periodically.
+    /// Returns the first connect error met while prefilling, if any (the other keys are still
+    /// maintained).
+    pub async fn maintain(&self) -> Result<(), PoolError> {
+        let pools: Vec<_> = self.lock_pools().values().cloned().collect();
+        let mut first_error = None;
+        for pool in pools {
+            pool.close_stale();
+            if let Err(e) = pool.prefill(&self.shared.connector).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Makes `key` known without checking out, so that [`Pool::maintain`] prefills its pool
+    /// up to `min_idle` before the first client needs it.
+    pub fn register(&self, key: &PoolKey) {
+        self.key_pool(key);
+    }
+
+    /// Counters and gauges of the pool for `key` (all zero if it was never used).
+    pub fn stats(&self, key: &PoolKey) -> PoolStats {
+        self.lock_pools()
+            .get(key)
+            .map(|p| p.stats())
+            .unwrap_or_default()
+    }
+
+    /// The keys of every pool created so far.
+    pub fn keys(&self) -> Vec<PoolKey> {
+        self.lock_pools().keys().cloned().collect()
+    }
+
+    /// Closes every pool: idle connections are dropped, waiting and later checkouts fail with
+    /// [`PoolError::Closed`], and connections in use are discarded when their checkout ends.
+    pub fn close(&self) {
+        let pools = self.lock_pools();
+        self.shared.closed.store(true, Ordering::SeqCst);
+        for pool in pools.values() {
+            pool.close();
+        }
+    }
+
+    fn key_pool(&self, key: &PoolKey) -> Arc<KeyPool<C::Conn>> {
+        let mut pools = self.lock_pools();
+        if let Some(pool) = pools.get(key) {
+            return pool.clone();
+        }
+        let pool = Arc::new(KeyPool::new(key.clone(), self.shared.config.clone()));
+        if self.shared.closed.load(Ordering::SeqCst) {
+            pool.close();
+        }
+        pools.insert(key.clone(), pool.clone());
+        pool
+    }
+
+    fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<KeyPool<C::Conn>>>> {
+        // The map is only inserted into; a panic elsewhere cannot leave it inconsistent.
+        self.shared
+            .pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}

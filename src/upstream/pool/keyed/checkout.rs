@@ -1,0 +1,150 @@
+//! [`Checkout`] and the guards that keep a pool's counts right however a checkout ends.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::{Closed, KeyPool};
+use crate::upstream::pool::{PoolKey, PooledConn};
+
+/// A slot counted in `total` for a connect in progress: uncounted on drop unless opened.
+pub(super) struct Reservation<'a, T: PooledConn> {
+    pool: &'a KeyPool<T>,
+    opened: bool,
+}
+
+impl<'a, T: PooledConn> Reservation<'a, T> {
+    pub(super) fn new(pool: &'a KeyPool<T>) -> Self {
+        pool.gauges.connecting.fetch_add(1, Ordering::Relaxed);
+        Reservation {
+            pool,
+            opened: false,
+        }
+    }
+
+    pub(super) fn opened(mut self) {
+        self.opened = true;
+    }
+}
+
+impl<T: PooledConn> Drop for Reservation<'_, T> {
+    fn drop(&mut self) {
+        self.pool.gauges.connecting.fetch_sub(1, Ordering::Relaxed);
+        if !self.opened {
+            self.pool.uncount(Closed::NeverOpened);
+        }
+    }
+}
+
+/// The slot of a checkout: on drop it uncounts the connection (a discard) unless it was
+/// checked in, then frees the permit, waking the next waiter.
+struct Slot<T: PooledConn> {
+    pool: Arc<KeyPool<T>>,
+    _permit: OwnedSemaphorePermit,
+    checked_in: bool,
+}
+
+impl<T: PooledConn> Slot<T> {
+    fn new(pool: Arc<KeyPool<T>>, permit: OwnedSemaphorePermit) -> Self {
+        Slot {
+            pool,
+            _permit: permit,
+            checked_in: false,
+        }
+    }
+}
+
+impl<T: PooledConn> Drop for Slot<T> {
+    fn drop(&mut self) {
+        self.pool.gauges.in_use.fetch_sub(1, Ordering::Relaxed);
+        if !self.checked_in {
+            self.pool.uncount(Closed::Discarded);
+        }
+        // `_permit` is dropped after this body: the state is settled before a waiter wakes.
+    }
+}
+
+/// A connection checked out of the pool for one round trip (or a pinned sequence). Derefs
+/// to the connection.
+///
+/// End it with [`Checkout::release`] when the exchange completed cleanly and nothing is left
+/// to read; anything else — [`Checkout::discard`], or dropping it because of an error, a
+/// cancelled future, a client that went away or a panic — closes the connection instead.
+pub struct Checkout<T: PooledConn> {
+    // Declared before `slot`: the connection is closed before the slot is freed.
+    conn: T,
+    created: Instant,
+    slot: Slot<T>,
+}
+
+impl<T: PooledConn> Checkout<T> {
+    /// A checkout of `conn` holding `permit`; the connection is counted in the pool's
+    /// `in_use` until the checkout ends.
+    pub(super) fn new(
+        conn: T,
+        created: Instant,
+        pool: Arc<KeyPool<T>>,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        pool.gauges.in_use.fetch_add(1, Ordering::Relaxed);
+        Checkout {
+            conn,
+            created,
+            slot: Slot::new(pool, permit),
+        }
+    }
+
+    /// Returns the connection to the pool, unless it is past `max_lifetime` (then it is
+    /// closed). Only call this after a complete exchange.
+    pub fn release(self) {
+        let Checkout {
+            conn,
+            created,
+            mut slot,
+        } = self;
+        slot.checked_in = true;
+        slot.pool.check_in(conn, created);
+    }
+
+    /// Closes the connection (it errored or its state is unknown) and frees its slot.
+    pub fn discard(self) {
+        drop(self);
+    }
+
+    /// The pool this connection belongs to.
+    pub fn key(&self) -> &PoolKey {
+        &self.slot.pool.key
+    }
+
+    /// How long ago the connection was opened.
+    pub fn age(&self) -> std::time::Duration {
+        self.created.elapsed()
+    }
+}
+
+impl<T: PooledConn> Deref for Checkout<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.conn
+    }
+}
+
+impl<T: PooledConn> DerefMut for Checkout<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.conn
+    }
+}
+
+impl<T: PooledConn> fmt::Debug for Checkout<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkout")
+            .field("pool", &self.slot.pool.key)
+            .field("age", &self.age())
+            .finish_non_exhaustive()
+    }
+}

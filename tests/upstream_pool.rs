@@ -1,0 +1,575 @@
+//! The upstream connection pool, one concern per test: dummy connections whose connects,
+//! failures and liveness the test controls, plus one test with real TCP against the stand-in.
+//!
+//! tokio's `test-util` (paused time) is not enabled for this crate, so time-dependent tests
+//! use small real durations and only assert on ordering and counts, never on speed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mongoguard::upstream::pool::{
+    Connector, Pool, PoolConfig, PoolError, PoolKey, PoolStats, PooledConn, TcpConnector,
+};
+use mongoguard::upstream::{ConnectError, Host};
+use mongoguard_standin::{StandIn, StandInConfig};
+
+/// Safety net against hangs, not a performance assertion.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// What the dummy connector does, shared with the test.
+#[derive(Default)]
+struct Control {
+    connects: AtomicUsize,
+    closed: AtomicUsize,
+    fail: AtomicBool,
+    connect_delay_ms: AtomicU64,
+    alive: Mutex<Vec<Arc<AtomicBool>>>,
+}
+
+impl Control {
+    fn connects(&self) -> usize {
+        self.connects.load(Ordering::SeqCst)
+    }
+
+    /// Simulates the server closing every connection opened so far.
+    fn kill_all(&self) {
+        for flag in self.alive.lock().unwrap().iter() {
+            flag.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+struct Dummy(Arc<Control>);
+
+struct DummyConn {
+    id: usize,
+    alive: Arc<AtomicBool>,
+    control: Arc<Control>,
+}
+
+impl PooledConn for DummyConn {
+    fn is_usable(&mut self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for DummyConn {
+    fn drop(&mut self) {
+        self.control.closed.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Connector for Dummy {
+    type Conn = DummyConn;
+
+    async fn connect(&self, key: &PoolKey) -> Result<DummyConn, ConnectError> {
+        let delay = self.0.connect_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if self.0.fail.load(Ordering::SeqCst) {
+            return Err(ConnectError::Io {
+                host: key.server.to_string(),
+                source: std::io::ErrorKind::ConnectionRefused.into(),
+            });
+        }
+        let id = self.0.connects.fetch_add(1, Ordering::SeqCst) + 1;
+        let alive = Arc::new(AtomicBool::new(true));
+        self.0.alive.lock().unwrap().push(alive.clone());
+        Ok(DummyConn {
+            id,
+            alive,
+            control: self.0.clone(),
+        })
+    }
+}
+
+fn key(identity: &str) -> PoolKey {
+    PoolKey::new(
+        Host {
+            name: "db.example".into(),
+            port: 27017,
+        },
+        identity,
+    )
+}
+
+fn config(pool_size: usize) -> PoolConfig {
+    PoolConfig {
+        pool_size,
+        min_idle: 0,
+        checkout_timeout: BOUND,
+        idle_timeout: None,
+        max_lifetime: None,
+    }
+}
+
+fn pool(config: PoolConfig) -> (Pool<Dummy>, Arc<Control>) {
+    let control = Arc::new(Control::default());
+    let pool = Pool::new(Dummy(control.clone()), config).unwrap();
+    (pool, control)
+}
+
+/// Polls `cond` until it holds; panics after [`BOUND`].
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn stats(pool: &Pool<Dummy>) -> PoolStats {
+    pool.stats(&key("app"))
+}
+
+#[tokio::test]
+async fn sequential_checkouts_reuse_one_connection() {
+    let (pool, control) = pool(config(4));
+    for _ in 0..20 {
+        let conn = pool.checkout(&key("app")).await.unwrap();
+        assert_eq!(conn.id, 1);
+        conn.release();
+    }
+    assert_eq!(control.connects(), 1);
+    let s = stats(&pool);
+    assert_eq!((s.total, s.idle, s.in_use, s.connects), (1, 1, 0, 1));
+}
+
+#[tokio::test]
+async fn idle_connections_are_reused_most_recent_first() {
+    let (pool, _control) = pool(config(4));
+    let a = pool.checkout(&key("app")).await.unwrap();
+    let b = pool.checkout(&key("app")).await.unwrap();
+    let (a_id, b_id) = (a.id, b.id);
+    a.release();
+    b.release();
+    assert_eq!(pool.checkout(&key("app")).await.unwrap().id, b_id);
+    assert_ne!(a_id, b_id);
+}
+
+#[tokio::test]
+async fn checkout_beyond_pool_size_waits_for_a_release() {
+    let (pool, control) = pool(config(2));
+    let first = pool.checkout(&key("app")).await.unwrap();
+    let _second = pool.checkout(&key("app")).await.unwrap();
+    let waiter = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let conn = pool.checkout(&key("app")).await?;
+            let id = conn.id;
+            conn.release();
+            Ok::<_, PoolError>(id)
+        }
+    });
+    until("the third checkout to wait", || stats(&pool).waiting == 1).await;
+    assert!(!waiter.is_finished());
+    assert_eq!(stats(&pool).total, 2);
+
+    let first_id = first.id;
+    first.release();
+    let got = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
+    assert_eq!(
+        got.unwrap(),
+        first_id,
+        "the waiter gets the released connection"
+    );
+    assert_eq!(control.connects(), 2);
+    assert!(stats(&pool).max_wait > Duration::ZERO);
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() {
+    let (pool, _control) = pool(config(1));
+    let held = pool.checkout(&key("app")).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for n in 0..3 {
+        let (task_pool, order) = (pool.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let conn = task_pool.checkout(&key("app")).await.unwrap();
+            order.lock().unwrap().push(n);
+            conn.release();
+        }));
+        until("the waiter to queue", || stats(&pool).waiting == n + 1).await;
+    }
+    held.release();
+    for task in tasks {
+        tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+}
+
+#[tokio::test]
+async fn checkout_timeout_gives_a_clear_error() {
+    let mut cfg = config(1);
+    cfg.checkout_timeout = Duration::from_millis(50);
+    let (pool, _control) = pool(cfg);
+    let _held = pool.checkout(&key("app")).await.unwrap();
+    let err = pool.checkout(&key("app")).await.unwrap_err();
+    let PoolError::CheckoutTimeout {
+        waited, pool_size, ..
+    } = &err
+    else {
+        panic!("expected a checkout timeout, got {err}");
+    };
+    assert!(*waited >= Duration::from_millis(50));
+    assert_eq!(*pool_size, 1);
+    let text = err.to_string();
+    for part in [
+        "app@db.example:27017",
+        "all 1 connections",
+        "pool_size",
+        "checkout_timeout",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from {text:?}");
+    }
+    let s = stats(&pool);
+    assert_eq!((s.timeouts, s.waiting, s.total), (1, 0, 1));
+    assert!(s.max_wait >= Duration::from_millis(50));
+}
+
+#[tokio::test]
+async fn dropped_checkout_is_discarded_not_reused() {
+    let (pool, control) = pool(config(2));
+    let conn = pool.checkout(&key("app")).await.unwrap();
+    drop(conn);
+    assert_eq!(
+        control.closed.load(Ordering::SeqCst),
+        1,
+        "connection closed"
+    );
+    let s = stats(&pool);
+    assert_eq!((s.discards, s.total, s.idle, s.in_use), (1, 0, 0, 0));
+    assert_eq!(pool.checkout(&key("app")).await.unwrap().id, 2);
+}
+
+#[tokio::test]
+async fn request_cancelled_mid_flight_discards_its_connection() {
+    let (pool, control) = pool(config(1));
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let request = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let _conn = pool.checkout(&key("app")).await.unwrap();
+            let _ = started_tx.send(());
+            // The upstream never answers; the client goes away.
+            std::future::pending::<()>().await;
+        }
+    });
+    started_rx.await.unwrap();
+    request.abort();
+    let _ = request.await;
+    let s = stats(&pool);
+    assert_eq!((s.discards, s.total, s.in_use), (1, 0, 0));
+    assert_eq!(pool.checkout(&key("app")).await.unwrap().id, 2);
+    assert_eq!(control.connects(), 2);
+}
+
+#[tokio::test]
+async fn discard_frees_a_slot_for_a_waiter() {
+    let (pool, control) = pool(config(1));
+    let held = pool.checkout(&key("app")).await.unwrap();
+    let waiter = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let conn = pool.checkout(&key("app")).await?;
+            let id = conn.id;
+            conn.release();
+            Ok::<_, PoolError>(id)
+        }
+    });
+    until("the waiter to queue", || stats(&pool).waiting == 1).await;
+    held.discard();
+    let got = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
+    assert_eq!(got.unwrap(), 2, "a fresh connection, not the discarded one");
+    assert_eq!(control.connects(), 2);
+    assert_eq!(stats(&pool).discards, 1);
+}
+
+#[tokio::test]
+async fn idle_connection_closed_by_server_is_not_handed_out() {
+    let (pool, control) = pool(config(2));
+    pool.checkout(&key("app")).await.unwrap().release();
+    control.kill_all();
+    let conn = pool.checkout(&key("app")).await.unwrap();
+    assert_eq!(conn.id, 2);
+    assert!(conn.alive.load(Ordering::SeqCst));
+    let s = stats(&pool);
+    assert_eq!((s.unusable, s.total, s.in_use), (1, 1, 1));
+}
+
+#[tokio::test]
+async fn maintain_closes_idle_connections_the_server_closed() {
+    let (pool, control) = pool(config(2));
+    pool.checkout(&key("app")).await.unwrap().release();
+    control.kill_all();
+    pool.maintain().await.unwrap();
+    let s = stats(&pool);
+    assert_eq!((s.unusable, s.total, s.idle), (1, 0, 0));
+}
+
+#[tokio::test]
+async fn idle_timeout_closes_idle_connections() {
+    let mut cfg = config(2);
+    cfg.idle_timeout = Some(Duration::from_millis(40));
+    let (pool, control) = pool(cfg);
+    pool.checkout(&key("app")).await.unwrap().release();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    pool.maintain().await.unwrap();
+    assert_eq!((stats(&pool).expired, stats(&pool).total), (1, 0));
+
+    // Lazily, at checkout, without maintain.
+    pool.checkout(&key("app")).await.unwrap().release();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(pool.checkout(&key("app")).await.unwrap().id, 3);
+    assert_eq!(control.connects(), 3);
+    assert_eq!(stats(&pool).expired, 2);
+}
+
+#[tokio::test]
+async fn max_lifetime_closes_connections_in_use_and_idle() {
+    let mut cfg = config(2);
+    cfg.max_lifetime = Some(Duration::from_millis(40));
+    let (pool, control) = pool(cfg);
+
+    // Expires while in use: not returned at release.
+    let conn = pool.checkout(&key("app")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    conn.release();
+    let s = stats(&pool);
+    assert_eq!((s.expired, s.total, s.idle), (1, 0, 0));
+
+    // Expires while idle: not handed out.
+    pool.checkout(&key("app")).await.unwrap().release();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(pool.checkout(&key("app")).await.unwrap().id, 3);
+    assert_eq!(control.connects(), 3);
+    assert_eq!(stats(&pool).expired, 2);
+}
+
+#[tokio::test]
+async fn maintain_prefills_min_idle_per_known_key() {
+    let mut cfg = config(5);
+    cfg.min_idle = 3;
+    let (pool, control) = pool(cfg);
+    pool.maintain().await.unwrap();
+    assert_eq!(control.connects(), 0, "no key known yet");
+
+    pool.register(&key("app"));
+    pool.maintain().await.unwrap();
+    let s = stats(&pool);
+    assert_eq!((s.idle, s.total, s.connects), (3, 3, 3));
+
+    // Connections in use do not count as idle; prefill stays within pool_size.
+    let held: Vec<_> = hold(&pool, 3).await;
+    pool.maintain().await.unwrap();
+    let s = stats(&pool);
+    assert_eq!((s.in_use, s.idle, s.total), (3, 2, 5));
+    drop(held);
+}
+
+async fn hold(
+    pool: &Pool<Dummy>,
+    n: usize,
+) -> Vec<mongoguard::upstream::pool::Checkout<DummyConn>> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        held.push(pool.checkout(&key("app")).await.unwrap());
+    }
+    held
+}
+
+#[tokio::test]
+async fn connect_failure_frees_the_slot() {
+    let (pool, control) = pool(config(1));
+    control.fail.store(true, Ordering::SeqCst);
+    let err = pool.checkout(&key("app")).await.unwrap_err();
+    assert!(matches!(err, PoolError::Connect { .. }), "{err}");
+    assert!(err.to_string().contains("app@db.example:27017"), "{err}");
+    let s = stats(&pool);
+    assert_eq!((s.total, s.connecting, s.connect_failures), (0, 0, 1));
+
+    control.fail.store(false, Ordering::SeqCst);
+    let conn = tokio::time::timeout(BOUND, pool.checkout(&key("app"))).await;
+    assert_eq!(conn.unwrap().unwrap().id, 1);
+}
+
+#[tokio::test]
+async fn cancelled_waiters_leave_no_leak() {
+    let (pool, _control) = pool(config(2));
+    let a = pool.checkout(&key("app")).await.unwrap();
+    let b = pool.checkout(&key("app")).await.unwrap();
+
+    let app = key("app");
+    let timed_out = tokio::time::timeout(Duration::from_millis(20), pool.checkout(&app));
+    assert!(timed_out.await.is_err());
+    tokio::select! {
+        _ = pool.checkout(&app) => panic!("no slot is free"),
+        _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+    }
+    assert_eq!(stats(&pool).waiting, 0);
+
+    a.release();
+    b.release();
+    let all = tokio::time::timeout(BOUND, hold(&pool, 2)).await.unwrap();
+    assert_eq!(all.len(), 2);
+    let s = stats(&pool);
+    assert_eq!((s.in_use, s.total, s.waiting), (2, 2, 0));
+}
+
+#[tokio::test]
+async fn checkout_cancelled_while_connecting_frees_the_slot() {
+    let (pool, control) = pool(config(1));
+    control.connect_delay_ms.store(5_000, Ordering::SeqCst);
+    let app = key("app");
+    let attempt = tokio::time::timeout(Duration::from_millis(20), pool.checkout(&app));
+    assert!(attempt.await.is_err());
+    let s = stats(&pool);
+    assert_eq!((s.total, s.connecting, s.in_use), (0, 0, 0));
+
+    control.connect_delay_ms.store(0, Ordering::SeqCst);
+    let conn = tokio::time::timeout(BOUND, pool.checkout(&key("app"))).await;
+    assert!(conn.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn separate_keys_have_separate_pools() {
+    let (pool, control) = pool(config(1));
+    let alice = pool.checkout(&key("alice")).await.unwrap();
+    let bob = tokio::time::timeout(BOUND, pool.checkout(&key("bob"))).await;
+    let bob = bob.unwrap().unwrap();
+    assert_ne!(alice.id, bob.id);
+    assert_eq!(control.connects(), 2);
+    assert_eq!(pool.stats(&key("alice")).in_use, 1);
+    assert_eq!(pool.stats(&key("bob")).in_use, 1);
+    alice.release();
+    // Alice's idle connection is never given to bob.
+    bob.release();
+    let bob_again = pool.checkout(&key("bob")).await.unwrap();
+    assert_eq!(bob_again.key(), &key("bob"));
+    assert_eq!(control.connects(), 2);
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused() {
+    let control = Arc::new(Control::default());
+    assert!(Pool::new(Dummy(control.clone()), config(0)).is_err());
+    let mut cfg = config(2);
+    cfg.min_idle = 3;
+    assert!(Pool::new(Dummy(control), cfg).is_err());
+}
+
+#[tokio::test]
+async fn close_fails_waiters_and_later_checkouts() {
+    let (pool, _control) = pool(config(1));
+    let held = pool.checkout(&key("app")).await.unwrap();
+    let waiter = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.checkout(&key("app")).await.map(|_| ()) }
+    });
+    until("the waiter to queue", || stats(&pool).waiting == 1).await;
+    pool.close();
+    let got = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
+    assert!(matches!(got, Err(PoolError::Closed { .. })));
+    held.release();
+    assert_eq!(stats(&pool).total, 0, "released into a closed pool: closed");
+    assert!(matches!(
+        pool.checkout(&key("other")).await,
+        Err(PoolError::Closed { .. })
+    ));
+}
+
+#[tokio::test]
+async fn tcp_pool_opens_one_upstream_connection_and_skips_closed_ones() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let addr = standin.addr();
+    let key = PoolKey::new(
+        Host {
+            name: addr.ip().to_string(),
+            port: addr.port(),
+        },
+        "app",
+    );
+    let pool = Pool::new(TcpConnector::new(BOUND), config(4)).unwrap();
+    for _ in 0..50 {
+        pool.checkout(&key).await.unwrap().release();
+    }
+    let upstream = standin.stats();
+    until("the stand-in to run the connection", || {
+        upstream.connections_open() == 1
+    })
+    .await;
+    assert_eq!(upstream.connections_accepted(), 1);
+
+    // The server goes away: the idle connection is noticed closed, not handed out.
+    standin.shutdown().await;
+    let stats = pool.stats(&key);
+    assert_eq!((stats.idle, stats.unusable), (1, 0));
+    // Loopback delivers the close at once; a reactor turn (any park) records it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let gone = pool.checkout(&key).await;
+    assert!(matches!(gone, Err(PoolError::Connect { .. })), "{gone:?}");
+    let stats = pool.stats(&key);
+    assert_eq!((stats.unusable, stats.total, stats.idle), (1, 0, 0));
+
+    // The server comes back on the same address: a fresh connection is opened.
+    let standin = StandIn::start(StandInConfig {
+        listen: addr,
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    for _ in 0..50 {
+        pool.checkout(&key).await.unwrap().release();
+    }
+    let upstream = standin.stats();
+    until("the stand-in to run the connection", || {
+        upstream.connections_open() == 1
+    })
+    .await;
+    assert_eq!(upstream.connections_accepted(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_churn_keeps_counts_consistent() {
+    let mut cfg = config(3);
+    cfg.checkout_timeout = BOUND;
+    let (pool, control) = pool(cfg);
+    let mut tasks = Vec::new();
+    for task in 0..12usize {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..50usize {
+                let conn = pool.checkout(&key("app")).await.unwrap();
+                let s = stats(&pool);
+                assert!(s.total <= 3 && s.in_use <= 3, "{s:?}");
+                tokio::task::yield_now().await;
+                match (task + round) % 5 {
+                    0 => conn.discard(),
+                    1 => drop(conn),
+                    _ => conn.release(),
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+    }
+    let s = stats(&pool);
+    assert_eq!((s.in_use, s.waiting, s.connecting), (0, 0, 0));
+    assert_eq!(s.total, s.idle);
+    assert!(s.total <= 3);
+    let opened = control.connects();
+    let closed = control.closed.load(Ordering::SeqCst);
+    assert_eq!(
+        opened - closed,
+        s.total,
+        "every uncounted connection was closed"
+    );
+    assert_eq!(s.discards, 12 * 50 * 2 / 5);
+}
