@@ -7,14 +7,24 @@
 //!   [`wire::Frame`]s and validated borrowed views of every opcode (OP_MSG, OP_QUERY,
 //!   OP_REPLY, the legacy writes, OP_COMPRESSED), plus the encoders for replies mongoguard
 //!   sends itself.
+//! - [`command`]: [`command::CommandView`], one borrowed model of what a message asks for
+//!   (statements, filters, written namespaces), whatever opcode carried it.
+//! - [`policy`]: the rule pack compiled from TOML into an immutable policy, and
+//!   `evaluate()`: pure, synchronous, allocation-free when allowed, failing closed.
+//! - [`audit`]: violation records (JSON lines with literal-free shapes), dedup, sinks.
+//! - [`check`]: `mongoguard check`, the rule pack applied to captured traffic.
 //! - [`config`]: the typed, validated configuration (TOML file + CLI overrides).
 //! - [`upstream`]: where the upstream is (URI parsing) and how to connect to it.
-//! - [`proxy`]: the listener, the per-client session loop, hello handling and graceful
-//!   shutdown.
+//! - [`auth`]: authentication terminated by mongoguard, sans-IO: SCRAM (server side toward
+//!   clients, client side toward mongod), the saslStart/saslContinue command layer and the
+//!   users file.
+//! - [`proxy`]: the listener, the per-client session loop, hello handling, enforcement of
+//!   the policy, and graceful shutdown.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod audit;
+pub mod auth;
 pub mod check;
 pub mod command;
 pub mod config;
