@@ -41,6 +41,26 @@ enum Command {
     /// Policy files.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// The users file of pooled mode (SCRAM secrets, never passwords).
+    #[command(subcommand)]
+    Users(UsersCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum UsersCommand {
+    /// Derive SCRAM-SHA-256 and SCRAM-SHA-1 secrets for NAME and append them to the users
+    /// file (created with mode 0600 if missing). The password is read from the first line of
+    /// standard input, so it never appears in the process list or shell history.
+    Add {
+        /// The users file.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        /// Authentication database.
+        #[arg(long, default_value = "admin")]
+        db: String,
+        /// User name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -225,6 +245,22 @@ fn policy_command(cmd: &PolicyCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn users_command(cmd: &UsersCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        UsersCommand::Add { file, db, name } => {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .context("reading the password from standard input")?;
+            let password = line.trim_end_matches(['\r', '\n']);
+            anyhow::ensure!(!password.is_empty(), "empty password on standard input");
+            mongoguard::auth::users::add(file, name, password, db)?;
+            println!("added {db}.{name} to {}", file.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
@@ -232,6 +268,7 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run(args),
         Some(Command::Check(args)) => check(args),
         Some(Command::Policy(cmd)) => policy_command(cmd),
+        Some(Command::Users(cmd)) => users_command(cmd),
     };
     match result {
         Ok(code) => code,

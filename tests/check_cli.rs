@@ -135,3 +135,43 @@ fn a_missing_policy_file_stops_the_proxy_from_starting() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/policy.toml"), "{err}");
 }
+
+#[test]
+fn users_add_writes_secrets_not_passwords_and_refuses_duplicates() {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("mg-users-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("users.toml");
+    let _ = std::fs::remove_file(&file);
+    let add = |name: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+            .args(["users", "add", "--file", file.to_str().unwrap(), name])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"s3cret-pw\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = add("alice");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("alice") && text.contains("SCRAM-SHA-256") && text.contains("SCRAM-SHA-1")
+    );
+    assert!(!text.contains("s3cret-pw"), "the password was written");
+    let users = mongoguard::auth::users::Users::load(&file).unwrap();
+    assert_eq!(users.len(), 1);
+    let again = add("alice");
+    assert!(!again.status.success());
+}
