@@ -82,7 +82,7 @@ async fn conn(mut sock: TcpStream, mode: Mode, seen: Arc<Mutex<Seen>>) {
         if name != "hello" {
             n += 1;
             if let Mode::FailEvery(k) = mode {
-                if n % k == 0 {
+                if n.is_multiple_of(k) {
                     reply = doc! { "ok": 0.0, "errmsg": "injected", "code": 8 };
                 }
             }
