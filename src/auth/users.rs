@@ -242,6 +242,11 @@ impl Users {
         self.users.get(&(db.to_string(), name.to_string()))
     }
 
+    /// Every user, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &User> {
+        self.users.values()
+    }
+
     /// Number of users.
     pub fn len(&self) -> usize {
         self.users.len()

@@ -26,6 +26,103 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Violation records.
     pub audit: crate::audit::AuditConfig,
+    /// Upstream connection pools (pooled mode).
+    pub pool: PoolSettings,
+    /// Client authentication terminated by mongoguard (pooled mode).
+    pub auth: AuthConfig,
+}
+
+/// The `[pool]` section (pooled mode): limits of each upstream pool, one pool per (upstream
+/// server, upstream identity). PgBouncer's meanings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSettings {
+    /// Most upstream connections per pool (in use, idle or being opened).
+    pub pool_size: usize,
+    /// Idle connections kept open per pool, opened ahead of demand.
+    pub min_idle: usize,
+    /// How long a request waits for a free upstream connection before it fails with a
+    /// non-retryable error (`"0"` is refused: a request must not wait for ever).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub checkout_timeout: Duration,
+    /// An idle upstream connection unused this long is closed (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub idle_timeout: Duration,
+    /// An upstream connection older than this is closed when next idle (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub max_lifetime: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings {
+            pool_size: 20,
+            min_idle: 0,
+            checkout_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(600),
+            max_lifetime: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl PoolSettings {
+    /// The pool's own form of these limits.
+    pub fn pool_config(&self) -> crate::upstream::pool::PoolConfig {
+        let opt = |d: Duration| (!d.is_zero()).then_some(d);
+        crate::upstream::pool::PoolConfig {
+            pool_size: self.pool_size,
+            min_idle: self.min_idle,
+            checkout_timeout: self.checkout_timeout,
+            idle_timeout: opt(self.idle_timeout),
+            max_lifetime: opt(self.max_lifetime),
+        }
+    }
+}
+
+/// The `[auth]` section (pooled mode).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The users file: SCRAM secrets of the users clients authenticate as
+    /// (`mongoguard users add`). Required in pooled mode unless `allow_unauthenticated`.
+    pub users_file: Option<std::path::PathBuf>,
+    /// Serve clients that do not authenticate, as the `default` upstream identity. Only
+    /// allowed when the listener is on a loopback address.
+    pub allow_unauthenticated: bool,
+}
+
+/// One upstream identity: the credentials mongoguard uses toward the upstream for the
+/// client users mapped to it (`upstream = "NAME"` in the users file).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// The upstream user name.
+    pub username: String,
+    /// The password, inline (prefer `password_env` or `password_file`).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// An environment variable holding the password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// A file holding the password (trailing newline ignored).
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
+    /// The authentication database (default `admin`).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// `SCRAM-SHA-256` or `SCRAM-SHA-1` (default: what the upstream offers, SHA-256 first).
+    #[serde(default)]
+    pub mechanism: Option<String>,
+}
+
+impl std::fmt::Debug for IdentityConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityConfig")
+            .field("username", &self.username)
+            .field("source", &self.source)
+            .field("mechanism", &self.mechanism)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The `[policy]` section.
@@ -56,7 +153,7 @@ impl Default for PolicyConfig {
 pub enum Mode {
     /// One upstream connection per client; the client's own authentication goes through.
     Passthrough,
-    /// Shared, pre-authenticated upstream connections (not implemented yet).
+    /// Shared, pre-authenticated upstream connections; mongoguard authenticates clients.
     Pooled,
 }
 
@@ -106,6 +203,15 @@ pub struct UpstreamConfig {
     /// close (`"0"`: wait for ever). Long enough for awaitable hello (10 s) and slow queries.
     #[serde(deserialize_with = "duration::deserialize")]
     pub reply_timeout: Duration,
+    /// Pooled mode with several upstream hosts: how often each is checked with hello.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub heartbeat_interval: Duration,
+    /// Pooled mode: how long a request waits for a suitable upstream server (a primary
+    /// during a failover) before it fails.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub server_selection_timeout: Duration,
+    /// Upstream identities besides `default` (the URI's credentials), by name.
+    pub identities: std::collections::BTreeMap<String, IdentityConfig>,
 }
 
 impl Default for UpstreamConfig {
@@ -114,6 +220,9 @@ impl Default for UpstreamConfig {
             uri: UpstreamUri::default(),
             connect_timeout: Duration::from_secs(5),
             reply_timeout: Duration::from_secs(300),
+            heartbeat_interval: Duration::from_millis(500),
+            server_selection_timeout: Duration::from_secs(15),
+            identities: Default::default(),
         }
     }
 }
@@ -180,9 +289,7 @@ impl Config {
     /// Checks the cross-field rules.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.proxy.mode == Mode::Pooled {
-            return Err(ConfigError::Invalid(
-                "proxy.mode = \"pooled\" is not implemented yet; use \"passthrough\"".into(),
-            ));
+            self.validate_pooled()?;
         }
         if self.proxy.max_client_connections == 0 {
             return Err(ConfigError::Invalid(
@@ -204,6 +311,53 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "upstream.connect_timeout must be above zero".into(),
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_pooled(&self) -> Result<(), ConfigError> {
+        self.pool
+            .pool_config()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("pool: {e}")))?;
+        if self.pool.checkout_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "pool.checkout_timeout must be above zero".into(),
+            ));
+        }
+        if self.upstream.heartbeat_interval < Duration::from_millis(50) {
+            return Err(ConfigError::Invalid(
+                "upstream.heartbeat_interval must be at least 50ms".into(),
+            ));
+        }
+        if self.upstream.server_selection_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "upstream.server_selection_timeout must be above zero".into(),
+            ));
+        }
+        if self
+            .upstream
+            .identities
+            .contains_key(crate::upstream::DEFAULT_IDENTITY)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "upstream.identities.{0}: \"{0}\" is the URI's credentials and cannot be redefined",
+                crate::upstream::DEFAULT_IDENTITY
+            )));
+        }
+        if self.auth.users_file.is_none() && !self.auth.allow_unauthenticated {
+            return Err(ConfigError::Invalid(
+                "proxy.mode = \"pooled\" terminates client authentication: set auth.users_file \
+                 (see `mongoguard users add`), or auth.allow_unauthenticated = true on a \
+                 loopback listener"
+                    .into(),
+            ));
+        }
+        if self.auth.allow_unauthenticated && !self.proxy.listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "auth.allow_unauthenticated is only allowed on a loopback listener, not {}",
+                self.proxy.listen
+            )));
         }
         Ok(())
     }
@@ -238,7 +392,29 @@ mod tests {
         assert!(
             Config::from_toml_str("[proxy]\nclient_idle_timeout = \"5 parsecs\"\n", "t").is_err()
         );
+        // Pooled mode needs a users file or explicit unauthenticated access on loopback.
         assert!(Config::from_toml_str("[proxy]\nmode = \"pooled\"\n", "t").is_err());
+        assert!(Config::from_toml_str(
+            "[proxy]\nmode = \"pooled\"\nlisten = \"0.0.0.0:1\"\n[auth]\nallow_unauthenticated = true\n",
+            "t"
+        )
+        .is_err());
+        let ok = Config::from_toml_str(
+            "[proxy]\nmode = \"pooled\"\n[auth]\nallow_unauthenticated = true\n[pool]\npool_size = 3\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(ok.pool.pool_config().pool_size, 3);
+        assert!(Config::from_toml_str(
+            "[proxy]\nmode = \"pooled\"\n[auth]\nusers_file = \"u\"\n[pool]\npool_size = 2\nmin_idle = 3\n",
+            "t"
+        )
+        .is_err());
+        assert!(Config::from_toml_str(
+            "[proxy]\nmode = \"pooled\"\n[auth]\nusers_file = \"u\"\n[upstream.identities.default]\nusername = \"x\"\n",
+            "t"
+        )
+        .is_err());
         assert!(Config::from_toml_str("[upstream]\nuri = \"http://x\"\n", "t").is_err());
         assert!(Config::from_toml_str("[proxy]\nmax_client_connections = 0\n", "t").is_err());
     }

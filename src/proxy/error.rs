@@ -21,6 +21,9 @@ pub enum ProxyError {
     /// The policy file could not be loaded (never replaced by defaults).
     #[error("policy: {0}")]
     Policy(crate::policy::PolicyError),
+    /// Pooled mode could not start (users file, identities, pool limits).
+    #[error("pooled mode: {0}")]
+    Pooled(String),
     /// The violation log could not be started (e.g. its file cannot be opened).
     #[error("audit log: {0}")]
     Audit(crate::audit::AuditError),

@@ -35,11 +35,64 @@ pub(crate) enum Judgement {
     },
 }
 
+/// What mongoguard does itself with a request, before (or instead of) forwarding it.
+pub(crate) enum Local<'r> {
+    /// Forward it.
+    Forward,
+    /// Answer it with this document (none: drop it, it expects no reply). `abort` is the
+    /// abortTransaction to send upstream first.
+    Handled {
+        answer: Option<RawDocumentBuf>,
+        abort: Option<&'r RawDocumentBuf>,
+    },
+}
+
+/// Decides whether mongoguard answers `request` itself: a blocked command (answered, or
+/// dropped when it expects no reply, its error kept in `last_blocked` for the connection's
+/// next getLastError), or that getLastError. Counts blocked requests.
+pub(crate) fn local_answer<'r>(
+    ctx: &Context,
+    request: &'r super::inspect::Request,
+    last_blocked: &mut Option<String>,
+) -> Local<'r> {
+    match &request.judgement {
+        Judgement::Block { errmsg, abort } => {
+            ctx.stats.blocked.inc();
+            let answer = if request.expects_reply {
+                Some(block_document(errmsg, request.op, request.legacy_find))
+            } else {
+                tracing::debug!("blocked a write that expects no reply; dropped");
+                *last_blocked = Some(errmsg.clone());
+                None
+            };
+            Local::Handled {
+                answer,
+                abort: abort.as_ref(),
+            }
+        }
+        Judgement::Forward if request.is_get_last_error => match last_blocked.take() {
+            Some(errmsg) => Local::Handled {
+                answer: Some(last_error_document(&errmsg)),
+                abort: None,
+            },
+            None => Local::Forward,
+        },
+        Judgement::Forward => {
+            if request.is_write {
+                *last_blocked = None;
+            }
+            Local::Forward
+        }
+    }
+}
+
 /// Who sent the message, for overrides and records.
 pub(crate) struct Who<'s> {
     pub peer: SocketAddr,
     pub app: Option<&'s str>,
     pub driver: Option<&'s str>,
+    /// The user the client authenticated as (pooled mode).
+    pub user: Option<&'s str>,
     pub upstream_wire_version: Option<i32>,
 }
 
@@ -77,7 +130,7 @@ pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id:
     };
     let rctx = RequestContext {
         app: who.app,
-        user: None,
+        user: who.user,
         client_ip: Some(who.peer.ip()),
         upstream_wire_version: who.upstream_wire_version,
     };
@@ -183,7 +236,7 @@ fn record(
         client_addr: Some(who.peer),
         app_name: who.app.map(str::to_owned),
         driver: who.driver.map(str::to_owned),
-        user: None,
+        user: who.user.map(str::to_owned),
         database: ns.map_or_else(String::new, |ns| ns.db.to_owned()),
         collection: ns.and_then(|ns| ns.coll).map(str::to_owned),
         command: view.map_or_else(|| "unknown".to_owned(), |v| v.display_name().to_owned()),

@@ -146,6 +146,79 @@ pub(crate) fn rewrite_reply(
     }
 }
 
+/// Extra fields of an emulated hello that depend on the client's authentication.
+#[derive(Debug, Default)]
+pub(crate) struct HelloAuth {
+    /// `saslSupportedMechs` to list.
+    pub mechanisms: Option<Vec<&'static str>>,
+    /// The `speculativeAuthenticate` reply.
+    pub speculative: Option<RawDocumentBuf>,
+}
+
+/// mongoguard's own hello reply (pooled mode): one mongos-like endpoint with the upstream's
+/// limits and wire versions, its own `connectionId`, no `hosts`/`setName`/`topologyVersion`
+/// (so drivers poll hello on their monitoring connection, and mongoguard answers it), and no
+/// compression (pooled replies are relayed as the upstream sent them).
+pub(crate) fn emulated_reply(
+    cmd: &RawDocument,
+    facts: &crate::upstream::HelloFacts,
+    connection_id: i32,
+    auth: HelloAuth,
+) -> RawDocumentBuf {
+    let mut r = RawDocumentBuf::new();
+    if let Ok(Some(v)) = cmd.get("helloOk") {
+        if truthy(v) {
+            r.append(bson::cstr!("helloOk"), true);
+        }
+    }
+    if first_key_is(cmd, "hello") {
+        r.append(bson::cstr!("isWritablePrimary"), true);
+    } else {
+        r.append(bson::cstr!("ismaster"), true);
+    }
+    r.append(bson::cstr!("msg"), "isdbgrid");
+    r.append(bson::cstr!("maxBsonObjectSize"), facts.max_bson_object_size);
+    r.append(
+        bson::cstr!("maxMessageSizeBytes"),
+        facts.max_message_size_bytes,
+    );
+    r.append(bson::cstr!("maxWriteBatchSize"), facts.max_write_batch_size);
+    r.append(bson::cstr!("localTime"), bson::DateTime::now());
+    if let Some(m) = facts.logical_session_timeout_minutes {
+        r.append(bson::cstr!("logicalSessionTimeoutMinutes"), m);
+    }
+    r.append(bson::cstr!("connectionId"), connection_id);
+    r.append(bson::cstr!("minWireVersion"), facts.min_wire_version);
+    r.append(bson::cstr!("maxWireVersion"), facts.max_wire_version);
+    r.append(bson::cstr!("readOnly"), false);
+    if let Some(mechs) = auth.mechanisms {
+        let mut arr = bson::RawArrayBuf::new();
+        for m in mechs {
+            arr.push(m);
+        }
+        r.append(bson::cstr!("saslSupportedMechs"), arr);
+    }
+    if let Some(spec) = auth.speculative {
+        r.append(bson::cstr!("speculativeAuthenticate"), spec);
+    }
+    r.append(bson::cstr!("ok"), 1.0);
+    r
+}
+
+fn first_key_is(doc: &RawDocument, name: &str) -> bool {
+    crate::wire::first_key(doc) == Some(name)
+}
+
+fn truthy(v: RawBsonRef<'_>) -> bool {
+    match v {
+        RawBsonRef::Boolean(b) => b,
+        RawBsonRef::Int32(i) => i != 0,
+        RawBsonRef::Int64(i) => i != 0,
+        RawBsonRef::Double(d) => d != 0.0,
+        _ => false,
+    }
+}
+
 /// `maxWireVersion` of an upstream hello reply (OP_MSG or OP_REPLY, uncompressed).
 pub(crate) fn max_wire_version(reply: &Frame, max_message_size: usize) -> Option<i32> {
     let doc = match Message::parse(reply.bytes(), max_message_size).ok()? {

@@ -52,7 +52,14 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
         ctx.tracker.spawn(
             async move {
                 task_ctx.stats.active.inc();
-                let result = session::run(task_ctx.clone(), socket, peer).await;
+                let result = match task_ctx.config.proxy.mode {
+                    crate::config::Mode::Passthrough => {
+                        session::run(task_ctx.clone(), socket, peer).await
+                    }
+                    crate::config::Mode::Pooled => {
+                        super::pooled::run(task_ctx.clone(), socket, peer).await
+                    }
+                };
                 match &result {
                     Err(e) if e.is_upstream() => task_ctx.stats.upstream_errors.inc(),
                     Err(super::SessionError::ClientProtocol(_)) => {

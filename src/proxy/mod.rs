@@ -8,6 +8,8 @@ pub mod guard;
 mod hello;
 mod inspect;
 mod listener;
+mod pooled;
+mod routing;
 mod session;
 
 use std::{
@@ -24,6 +26,7 @@ use tracing::{info, warn};
 
 pub use error::{ProxyError, SessionError};
 pub use hello::ClientMetadata;
+pub use pooled::{PinnedCounts, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 
 use crate::{
     audit::AuditLog,
@@ -44,6 +47,10 @@ impl Counter {
     /// Subtracts one (gauges only).
     pub fn dec(&self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+    /// Sets a gauge.
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
     }
     /// Current value.
     pub fn get(&self) -> u64 {
@@ -87,6 +94,8 @@ pub(crate) struct Context {
     pub kill: CancellationToken,
     pub limiter: Arc<Semaphore>,
     pub tracker: TaskTracker,
+    /// Pooled mode's shared state (`None` in passthrough mode).
+    pub pooled: Option<Arc<pooled::Pooled>>,
 }
 
 /// The entry point.
@@ -114,7 +123,12 @@ impl Proxy {
         let local_addr = listener
             .local_addr()
             .map_err(|source| ProxyError::Bind { addr, source })?;
+        let pooled = match config.proxy.mode {
+            crate::config::Mode::Pooled => Some(pooled::Pooled::start(&config)?),
+            crate::config::Mode::Passthrough => None,
+        };
         let ctx = Arc::new(Context {
+            pooled,
             stats: Arc::new(ProxyStats::default()),
             request_ids: RequestIds::default(),
             drain: CancellationToken::new(),
@@ -168,6 +182,29 @@ impl ProxyHandle {
         self.ctx.policy.clone()
     }
 
+    /// Pooled mode: the upstream pools' gauges summed over every pool, and the pinned
+    /// counts by reason. `None` in passthrough mode.
+    pub fn pool_stats(&self) -> Option<(crate::upstream::pool::PoolStats, &PinnedCounts)> {
+        let p = self.ctx.pooled.as_ref()?;
+        let mut sum = crate::upstream::pool::PoolStats::default();
+        for key in p.pool.keys() {
+            let s = p.pool.stats(&key);
+            sum.total += s.total;
+            sum.idle += s.idle;
+            sum.in_use += s.in_use;
+            sum.connecting += s.connecting;
+            sum.waiting += s.waiting;
+            sum.max_wait = sum.max_wait.max(s.max_wait);
+            sum.connects += s.connects;
+            sum.connect_failures += s.connect_failures;
+            sum.discards += s.discards;
+            sum.expired += s.expired;
+            sum.unusable += s.unusable;
+            sum.timeouts += s.timeouts;
+        }
+        Some((sum, &p.pinned))
+    }
+
     /// The violation log (counters, flush).
     pub fn audit(&self) -> Arc<AuditLog> {
         self.ctx.audit.clone()
@@ -193,6 +230,9 @@ impl ProxyHandle {
             self.ctx.tracker.wait().await;
         }
         self.reload.abort();
+        if let Some(p) = &self.ctx.pooled {
+            p.close();
+        }
         self.ctx.audit.flush().await;
         info!("mongoguard stopped");
     }

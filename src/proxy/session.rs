@@ -148,6 +148,7 @@ impl Session {
             peer: self.peer,
             app: meta.and_then(|m| m.application.as_deref()),
             driver: meta.and_then(|m| m.driver.as_deref()),
+            user: None,
             upstream_wire_version: self.upstream_wire_version,
         };
         let request_id = frame.header().request_id;
@@ -165,36 +166,16 @@ impl Session {
         up_write: &mut OwnedWriteHalf,
         upstream_in: &mut Reader,
     ) -> Result<bool, SessionError> {
-        let doc = match &request.judgement {
-            Judgement::Block { errmsg, abort } => {
-                self.ctx.stats.blocked.inc();
-                if let Some(abort) = abort {
-                    self.abort_transaction(abort, up_write, upstream_in).await?;
-                }
-                if !request.expects_reply {
-                    debug!("blocked a write that expects no reply; dropped");
-                    self.last_blocked = Some(errmsg.clone());
-                    return Ok(true);
-                }
-                guard::block_document(errmsg, request.op, request.legacy_find)
-            }
-            Judgement::Forward if request.is_get_last_error => match self.last_blocked.take() {
-                Some(errmsg) => guard::last_error_document(&errmsg),
-                None => return Ok(false),
-            },
-            Judgement::Forward => {
-                if request.is_write {
-                    self.last_blocked = None;
-                }
-                return Ok(false);
-            }
+        let (answer, abort) = match guard::local_answer(&self.ctx, request, &mut self.last_blocked)
+        {
+            guard::Local::Forward => return Ok(false),
+            guard::Local::Handled { answer, abort } => (answer, abort),
         };
-        let our_id = self.ctx.request_ids.next();
-        if let Some(bytes) = reply_for(request.op, request.request_id, our_id, &doc) {
-            self.client_out
-                .write_all(&bytes)
-                .await
-                .map_err(SessionError::ClientIo)?;
+        if let Some(abort) = abort {
+            self.abort_transaction(abort, up_write, upstream_in).await?;
+        }
+        if let Some(doc) = answer {
+            send_document(&self.ctx, &mut self.client_out, request, &doc).await?;
         }
         Ok(true)
     }
@@ -356,9 +337,29 @@ impl Session {
     }
 }
 
+/// Writes mongoguard's own reply `doc` to `request`, in the request's opcode family.
+pub(crate) async fn send_document(
+    ctx: &Context,
+    out: &mut OwnedWriteHalf,
+    request: &Request,
+    doc: &bson::RawDocument,
+) -> Result<(), SessionError> {
+    let our_id = ctx.request_ids.next();
+    if let Some(bytes) = reply_for(request.op, request.request_id, our_id, doc) {
+        out.write_all(&bytes)
+            .await
+            .map_err(SessionError::ClientIo)?;
+    }
+    Ok(())
+}
+
 /// Whether the upstream will send another reply after this one (exhaust). Validates the
 /// reply's opcode; an OP_MSG reply is parsed in full so garbage is caught here.
-fn reply_more_to_come(reply: &Frame, request: &Request, max: usize) -> Result<bool, WireError> {
+pub(crate) fn reply_more_to_come(
+    reply: &Frame,
+    request: &Request,
+    max: usize,
+) -> Result<bool, WireError> {
     match reply.op_code() {
         Some(OpCode::Msg) => {
             let msg = crate::wire::OpMsg::parse(reply.bytes())?;
@@ -396,14 +397,14 @@ fn reply_more_to_come(reply: &Frame, request: &Request, max: usize) -> Result<bo
     }
 }
 
-fn client_error(e: CodecError) -> SessionError {
+pub(crate) fn client_error(e: CodecError) -> SessionError {
     match e {
         CodecError::Io(e) => SessionError::ClientIo(e),
         CodecError::Wire(e) => SessionError::ClientProtocol(e),
     }
 }
 
-fn upstream_error(e: CodecError) -> SessionError {
+pub(crate) fn upstream_error(e: CodecError) -> SessionError {
     match e {
         CodecError::Io(e) => SessionError::UpstreamIo(e),
         CodecError::Wire(e) => SessionError::UpstreamProtocol(e),
@@ -411,7 +412,7 @@ fn upstream_error(e: CodecError) -> SessionError {
 }
 
 /// A timer for `d`, or one that never fires when `d` is zero (disabled).
-async fn sleep_unless_zero(d: Duration) {
+pub(crate) async fn sleep_unless_zero(d: Duration) {
     if d.is_zero() {
         std::future::pending::<()>().await;
     } else {

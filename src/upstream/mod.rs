@@ -1,8 +1,13 @@
 //! The upstream side: where mongod / mongos is, and connecting to it.
 
+mod conn;
+mod identity;
 pub mod pool;
+pub mod topology;
 mod uri;
 
+pub use conn::{HelloFacts, Role, UpstreamConn};
+pub use identity::{Credentials, Identities, Identity, DEFAULT_IDENTITY};
 pub use uri::{Host, UpstreamUri};
 
 use std::time::Duration;
@@ -27,6 +32,24 @@ pub enum ConnectError {
         host: String,
         /// The budget.
         timeout: Duration,
+    },
+    /// The upstream answered the handshake (hello) with an error or garbage.
+    #[error("upstream {host} handshake failed: {reason}")]
+    Handshake {
+        /// The host tried.
+        host: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The upstream refused mongoguard's credentials for an identity.
+    #[error("upstream {host} refused authentication as identity {identity:?}: {reason}")]
+    Auth {
+        /// The host tried.
+        host: String,
+        /// The identity's name.
+        identity: String,
+        /// The server's message.
+        reason: String,
     },
 }
 

@@ -1,0 +1,369 @@
+//! Pooled mode: what decides where a client request goes, read off the (decompressed)
+//! message: the command's class, its read preference, its transaction and its cursor.
+
+use bson::{RawBsonRef, RawDocument};
+
+use crate::{
+    upstream::topology::ReadPref,
+    wire::{first_key, Frame, Message, OpCode, OpMsg, OpReply},
+};
+
+/// Commands pooled mode treats specially.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// hello / isMaster: answered by mongoguard.
+    Hello,
+    /// saslStart / saslContinue: mongoguard's own SCRAM.
+    SaslStart,
+    /// See [`Class::SaslStart`].
+    SaslContinue,
+    /// authenticate, logout, getnonce, copydbsaslstart: refused (mongoguard authenticates).
+    OtherAuth,
+    /// ping: answered by mongoguard before authentication.
+    Ping,
+    /// A legacy fire-and-forget write (OP_INSERT, OP_UPDATE, OP_DELETE).
+    LegacyWrite,
+    /// Anything else: forwarded.
+    Other,
+}
+
+/// A transaction statement: `lsid` + `txnNumber` with `autocommit: false`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct TxnKey {
+    /// The bytes of `lsid.id` (a UUID).
+    pub lsid: Vec<u8>,
+    /// `txnNumber`.
+    pub txn_number: i64,
+}
+
+/// A cursor, named like the server names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct CursorKey {
+    /// The cursor id.
+    pub id: i64,
+    /// `db.collection`.
+    pub ns: String,
+}
+
+/// Where a request may go.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Routing {
+    pub class: Option<Class>,
+    pub read_pref: ReadPref,
+    /// The transaction this command belongs to, if any.
+    pub txn: Option<TxnKey>,
+    /// `startTransaction: true`.
+    pub starts_txn: bool,
+    /// commitTransaction / abortTransaction.
+    pub ends_txn: bool,
+    /// getMore / killCursors / OP_GET_MORE / OP_KILL_CURSORS: the cursor it continues.
+    pub cursor: Option<CursorKey>,
+    /// Whether the reply may open a cursor worth remembering (find, aggregate, list*...).
+    pub may_open_cursor: bool,
+}
+
+impl Routing {
+    pub(crate) fn class(&self) -> Class {
+        self.class.unwrap_or(Class::Other)
+    }
+}
+
+fn str_of<'a>(doc: &'a RawDocument, key: &str) -> Option<&'a str> {
+    match doc.get(key) {
+        Ok(Some(RawBsonRef::String(s))) => Some(s),
+        _ => None,
+    }
+}
+
+pub(crate) fn int64(v: RawBsonRef<'_>) -> Option<i64> {
+    match v {
+        RawBsonRef::Int64(i) => Some(i),
+        RawBsonRef::Int32(i) => Some(i64::from(i)),
+        RawBsonRef::Double(d) if d.fract() == 0.0 && d.abs() < 9.0e15 => Some(d as i64),
+        _ => None,
+    }
+}
+
+fn classify(name: &str) -> Class {
+    match name {
+        "hello" | "isMaster" | "ismaster" => Class::Hello,
+        "saslStart" => Class::SaslStart,
+        "saslContinue" => Class::SaslContinue,
+        "authenticate" | "logout" | "getnonce" | "copydbsaslstart" | "copydbgetnonce" => {
+            Class::OtherAuth
+        }
+        "ping" => Class::Ping,
+        _ => Class::Other,
+    }
+}
+
+fn read_pref(doc: &RawDocument) -> Option<ReadPref> {
+    match doc.get("$readPreference") {
+        Ok(Some(RawBsonRef::Document(rp))) => str_of(rp, "mode").and_then(ReadPref::parse),
+        _ => None,
+    }
+}
+
+/// Reads the routing facts of a command body sent to database `db`.
+fn of_command(body: &RawDocument, db: &str, outer: Option<&RawDocument>) -> Routing {
+    let mut r = Routing::default();
+    let Some(name) = first_key(body) else {
+        return r;
+    };
+    r.class = Some(classify(name));
+    r.read_pref = outer
+        .and_then(read_pref)
+        .or_else(|| read_pref(body))
+        .unwrap_or_default();
+    if matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false)))) {
+        let lsid = match body.get("lsid") {
+            Ok(Some(RawBsonRef::Document(l))) => match l.get("id") {
+                Ok(Some(RawBsonRef::Binary(b))) => Some(b.bytes.to_vec()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let txn_number = body.get("txnNumber").ok().flatten().and_then(int64);
+        if let (Some(lsid), Some(txn_number)) = (lsid, txn_number) {
+            r.txn = Some(TxnKey { lsid, txn_number });
+            r.starts_txn = matches!(
+                body.get("startTransaction"),
+                Ok(Some(RawBsonRef::Boolean(true)))
+            );
+        }
+    }
+    r.ends_txn = matches!(name, "commitTransaction" | "abortTransaction");
+    match name {
+        "getMore" => {
+            let id = body.get("getMore").ok().flatten().and_then(int64);
+            if let (Some(id), Some(coll)) = (id, str_of(body, "collection")) {
+                r.cursor = Some(CursorKey {
+                    id,
+                    ns: format!("{db}.{coll}"),
+                });
+            }
+        }
+        "killCursors" => {
+            let first = match body.get("cursors") {
+                Ok(Some(RawBsonRef::Array(a))) => a.into_iter().flatten().find_map(int64),
+                _ => None,
+            };
+            if let (Some(id), Some(coll)) = (first, str_of(body, "killCursors")) {
+                r.cursor = Some(CursorKey {
+                    id,
+                    ns: format!("{db}.{coll}"),
+                });
+            }
+        }
+        "find" | "aggregate" | "listCollections" | "listIndexes" | "listSearchIndexes"
+        | "changeStream" => r.may_open_cursor = true,
+        _ => {}
+    }
+    r
+}
+
+/// Reads the routing facts of a (decompressed) client message.
+pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
+    match msg {
+        Message::Msg(m) => {
+            let body = m.body();
+            let db = str_of(body, "$db").unwrap_or("admin");
+            of_command(body, db, None)
+        }
+        Message::Query(q) if q.is_command() => {
+            let mut r = of_command(q.command(), q.database(), Some(q.query));
+            // secondaryOk (bit 2) without an explicit preference: a secondary is acceptable.
+            if q.flags & 4 != 0 && r.read_pref == ReadPref::Primary && read_pref(q.query).is_none()
+            {
+                r.read_pref = ReadPref::SecondaryPreferred;
+            }
+            r
+        }
+        Message::Query(q) => Routing {
+            class: Some(Class::Other),
+            read_pref: if q.flags & 4 != 0 {
+                ReadPref::SecondaryPreferred
+            } else {
+                ReadPref::Primary
+            },
+            may_open_cursor: true,
+            ..Routing::default()
+        },
+        Message::Insert(_) | Message::Update(_) | Message::Delete(_) => Routing {
+            class: Some(Class::LegacyWrite),
+            ..Routing::default()
+        },
+        Message::GetMore(g) => Routing {
+            class: Some(Class::Other),
+            cursor: Some(CursorKey {
+                id: g.cursor_id,
+                ns: g.full_collection_name.to_owned(),
+            }),
+            ..Routing::default()
+        },
+        Message::KillCursors(k) => Routing {
+            class: Some(Class::Other),
+            cursor: k.cursor_ids().next().map(|id| CursorKey {
+                id,
+                // OP_KILL_CURSORS names no namespace; the id alone routes it.
+                ns: String::new(),
+            }),
+            ..Routing::default()
+        },
+        _ => Routing::default(),
+    }
+}
+
+/// What a reply says about a cursor: `(id, ns)` of an open cursor (`cursor.id != 0`), or the
+/// id of one that is finished. Legacy OP_REPLY cursors get an empty namespace.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum CursorReply {
+    Open(CursorKey),
+    Closed,
+    None,
+}
+
+/// Reads the cursor of an uncompressed reply (compressed replies: [`CursorReply::None`]).
+pub(crate) fn cursor_of_reply(reply: &Frame) -> CursorReply {
+    match reply.op_code() {
+        Some(OpCode::Msg) => {
+            let Ok(m) = OpMsg::parse(reply.bytes()) else {
+                return CursorReply::None;
+            };
+            let Ok(Some(RawBsonRef::Document(c))) = m.body().get("cursor") else {
+                return CursorReply::None;
+            };
+            match c.get("id").ok().flatten().and_then(int64) {
+                Some(0) => CursorReply::Closed,
+                Some(id) => match str_of(c, "ns") {
+                    Some(ns) => CursorReply::Open(CursorKey {
+                        id,
+                        ns: ns.to_owned(),
+                    }),
+                    None => CursorReply::None,
+                },
+                None => CursorReply::None,
+            }
+        }
+        Some(OpCode::Reply) => match OpReply::parse(reply.bytes()) {
+            Ok(r) if r.cursor_id != 0 => CursorReply::Open(CursorKey {
+                id: r.cursor_id,
+                ns: String::new(),
+            }),
+            Ok(_) => CursorReply::Closed,
+            Err(_) => CursorReply::None,
+        },
+        _ => CursorReply::None,
+    }
+}
+
+/// The error code of an uncompressed OP_MSG error reply (`ok: 0`), if it is one.
+pub(crate) fn error_code(reply: &Frame) -> Option<i32> {
+    if reply.op_code() != Some(OpCode::Msg) {
+        return None;
+    }
+    let m = OpMsg::parse(reply.bytes()).ok()?;
+    let body = m.body();
+    let ok = body.get("ok").ok().flatten().and_then(|v| match v {
+        RawBsonRef::Double(d) => Some(d),
+        RawBsonRef::Int32(i) => Some(f64::from(i)),
+        RawBsonRef::Int64(i) => Some(i as f64),
+        _ => None,
+    })?;
+    if ok != 0.0 {
+        return None;
+    }
+    match body.get("code") {
+        Ok(Some(RawBsonRef::Int32(c))) => Some(c),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::builder::{encode_msg_reply, MsgBuilder};
+    use bson::{rawdoc, spec::BinarySubtype, Binary};
+    use bytes::Bytes;
+
+    fn route(body: bson::RawDocumentBuf) -> Routing {
+        let bytes: Bytes = MsgBuilder::new(body).encode(1, 0);
+        let msg = Message::parse(&bytes, 1 << 20).unwrap();
+        of_message(&msg)
+    }
+
+    #[test]
+    fn classes_read_preference_transactions_and_cursors() {
+        assert_eq!(
+            route(rawdoc! {"isMaster": 1, "$db": "admin"}).class(),
+            Class::Hello
+        );
+        assert_eq!(
+            route(rawdoc! {"saslStart": 1, "$db": "admin"}).class(),
+            Class::SaslStart
+        );
+        let r = route(rawdoc! {"find": "c", "$db": "d",
+        "$readPreference": {"mode": "secondaryPreferred"}});
+        assert_eq!(r.read_pref, ReadPref::SecondaryPreferred);
+        assert!(r.may_open_cursor);
+        let lsid = rawdoc! {"id": Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 16] }};
+        let r = route(
+            rawdoc! {"insert": "c", "lsid": lsid.clone(), "txnNumber": 3i64,
+            "startTransaction": true, "autocommit": false, "$db": "d"},
+        );
+        assert_eq!(r.txn.as_ref().unwrap().txn_number, 3);
+        assert!(r.starts_txn);
+        // A retryable write (txnNumber without autocommit:false) is not a transaction.
+        let r = route(rawdoc! {"insert": "c", "lsid": lsid, "txnNumber": 4i64, "$db": "d"});
+        assert!(r.txn.is_none());
+        let r = route(rawdoc! {"getMore": 99i64, "collection": "c", "$db": "d"});
+        assert_eq!(
+            r.cursor,
+            Some(CursorKey {
+                id: 99,
+                ns: "d.c".into()
+            })
+        );
+        let r = route(rawdoc! {"killCursors": "c", "cursors": [5i64], "$db": "d"});
+        assert_eq!(
+            r.cursor,
+            Some(CursorKey {
+                id: 5,
+                ns: "d.c".into()
+            })
+        );
+    }
+
+    #[test]
+    fn reply_cursors_and_error_codes() {
+        let open = encode_msg_reply(
+            1,
+            1,
+            &rawdoc! {"cursor": {"id": 42i64, "ns": "d.c", "firstBatch": []}, "ok": 1.0},
+        );
+        let f = Frame::from_bytes(open).unwrap();
+        assert_eq!(
+            cursor_of_reply(&f),
+            CursorReply::Open(CursorKey {
+                id: 42,
+                ns: "d.c".into()
+            })
+        );
+        let done = encode_msg_reply(
+            1,
+            1,
+            &rawdoc! {"cursor": {"id": 0i64, "ns": "d.c", "nextBatch": []}, "ok": 1.0},
+        );
+        assert_eq!(
+            cursor_of_reply(&Frame::from_bytes(done).unwrap()),
+            CursorReply::Closed
+        );
+        let err = encode_msg_reply(
+            1,
+            1,
+            &rawdoc! {"ok": 0.0, "code": 10107, "errmsg": "not primary"},
+        );
+        assert_eq!(error_code(&Frame::from_bytes(err).unwrap()), Some(10107));
+        assert_eq!(error_code(&f), None);
+    }
+}

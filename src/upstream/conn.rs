@@ -1,0 +1,368 @@
+//! An authenticated upstream connection for the pool: TCP connect, hello (which also tells
+//! the server's limits and role), then SCRAM as the pool's upstream identity.
+
+use std::{io::ErrorKind, sync::Arc, time::Duration};
+
+use bson::{spec::BinarySubtype, Binary, RawBsonRef, RawDocument, RawDocumentBuf};
+use futures::StreamExt;
+use tokio::{io::AsyncWriteExt, net::TcpStream};
+use tokio_util::codec::FramedRead;
+
+use super::{
+    connect,
+    identity::{Credentials, Identity},
+    ConnectError, Host,
+};
+use crate::{
+    auth::scram::{ClientConversation, Mechanism},
+    wire::{builder::MsgBuilder, codec::CodecError, Frame, MessageCodec, OpMsg},
+};
+
+/// What a server's hello says: limits to copy into mongoguard's own hello, and its role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloFacts {
+    /// `minWireVersion`.
+    pub min_wire_version: i32,
+    /// `maxWireVersion`.
+    pub max_wire_version: i32,
+    /// `maxBsonObjectSize`.
+    pub max_bson_object_size: i32,
+    /// `maxMessageSizeBytes`.
+    pub max_message_size_bytes: i32,
+    /// `maxWriteBatchSize`.
+    pub max_write_batch_size: i32,
+    /// `logicalSessionTimeoutMinutes` (absent: sessions unsupported).
+    pub logical_session_timeout_minutes: Option<i32>,
+    /// The server's role.
+    pub role: Role,
+    /// `setName`.
+    pub set_name: Option<String>,
+    /// `hosts` and `passives` (replica-set members).
+    pub hosts: Vec<String>,
+    /// `electionId` bytes (the newest primary has the largest).
+    pub election_id: Option<[u8; 12]>,
+}
+
+/// A server's role, from its hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A standalone mongod.
+    Standalone,
+    /// A replica-set primary.
+    Primary,
+    /// A replica-set secondary.
+    Secondary,
+    /// A mongos (`msg: "isdbgrid"`).
+    Mongos,
+    /// Arbiter, hidden, recovering, or anything that serves no requests.
+    Other,
+}
+
+fn int(doc: &RawDocument, key: &str) -> Option<i32> {
+    match doc.get(key) {
+        Ok(Some(RawBsonRef::Int32(i))) => Some(i),
+        Ok(Some(RawBsonRef::Int64(i))) => i32::try_from(i).ok(),
+        Ok(Some(RawBsonRef::Double(d))) if d.fract() == 0.0 && d.abs() < 2e9 => Some(d as i32),
+        _ => None,
+    }
+}
+
+fn flag(doc: &RawDocument, key: &str) -> bool {
+    matches!(doc.get(key), Ok(Some(RawBsonRef::Boolean(true))))
+}
+
+impl HelloFacts {
+    /// Reads a hello reply; `None` if it is not a successful hello.
+    pub fn from_reply(doc: &RawDocument) -> Option<HelloFacts> {
+        let ok = match doc.get("ok") {
+            Ok(Some(RawBsonRef::Double(d))) => d == 1.0,
+            Ok(Some(RawBsonRef::Int32(i))) => i == 1,
+            Ok(Some(RawBsonRef::Int64(i))) => i == 1,
+            Ok(Some(RawBsonRef::Boolean(b))) => b,
+            _ => false,
+        };
+        if !ok {
+            return None;
+        }
+        let set_name = match doc.get("setName") {
+            Ok(Some(RawBsonRef::String(s))) => Some(s.to_owned()),
+            _ => None,
+        };
+        let writable = flag(doc, "isWritablePrimary") || flag(doc, "ismaster");
+        let is_mongos = matches!(doc.get("msg"), Ok(Some(RawBsonRef::String("isdbgrid"))));
+        let role = if is_mongos {
+            Role::Mongos
+        } else if set_name.is_some() {
+            if writable {
+                Role::Primary
+            } else if flag(doc, "secondary") && !flag(doc, "hidden") {
+                Role::Secondary
+            } else {
+                Role::Other
+            }
+        } else if writable {
+            Role::Standalone
+        } else {
+            Role::Other
+        };
+        let mut hosts = Vec::new();
+        for key in ["hosts", "passives"] {
+            if let Ok(Some(RawBsonRef::Array(a))) = doc.get(key) {
+                hosts.extend(a.into_iter().flatten().filter_map(|v| match v {
+                    RawBsonRef::String(s) => Some(s.to_owned()),
+                    _ => None,
+                }));
+            }
+        }
+        let election_id = match doc.get("electionId") {
+            Ok(Some(RawBsonRef::ObjectId(o))) => Some(o.bytes()),
+            _ => None,
+        };
+        Some(HelloFacts {
+            min_wire_version: int(doc, "minWireVersion").unwrap_or(0),
+            max_wire_version: int(doc, "maxWireVersion").unwrap_or(0),
+            max_bson_object_size: int(doc, "maxBsonObjectSize").unwrap_or(16 * 1024 * 1024),
+            max_message_size_bytes: int(doc, "maxMessageSizeBytes").unwrap_or(48_000_000),
+            max_write_batch_size: int(doc, "maxWriteBatchSize").unwrap_or(100_000),
+            logical_session_timeout_minutes: int(doc, "logicalSessionTimeoutMinutes"),
+            role,
+            set_name,
+            hosts,
+            election_id,
+        })
+    }
+}
+
+/// One upstream connection: the socket, framed for reading, and what its hello said.
+pub struct UpstreamConn {
+    io: FramedRead<TcpStream, MessageCodec>,
+    facts: Arc<HelloFacts>,
+    host: Host,
+}
+
+impl std::fmt::Debug for UpstreamConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConn")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hello mongoguard sends on its own upstream connections.
+pub(crate) fn own_hello(sasl_user: Option<&Credentials>) -> RawDocumentBuf {
+    let mut hello = bson::rawdoc! {
+        "hello": 1,
+        "helloOk": true,
+        "client": {
+            "application": {"name": "mongoguard"},
+            "driver": {"name": "mongoguard", "version": env!("CARGO_PKG_VERSION")},
+            "os": {"type": std::env::consts::OS, "architecture": std::env::consts::ARCH},
+        },
+    };
+    if let Some(c) = sasl_user {
+        hello.append(
+            bson::cstr!("saslSupportedMechs"),
+            format!("{}.{}", c.source, c.username),
+        );
+    }
+    hello.append(bson::cstr!("$db"), "admin");
+    hello
+}
+
+impl UpstreamConn {
+    /// Connects to `host`, says hello and authenticates as `identity`, all within `timeout`.
+    pub async fn open(
+        host: &Host,
+        identity: &Identity,
+        timeout: Duration,
+        max_message_size: usize,
+    ) -> Result<UpstreamConn, ConnectError> {
+        let fail = |reason: String| ConnectError::Handshake {
+            host: host.to_string(),
+            reason,
+        };
+        let work = async {
+            let stream = connect(host, timeout).await?;
+            let mut conn = UpstreamConn {
+                io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
+                facts: Arc::new(HelloFacts::from_reply(&bson::rawdoc! {"ok": 1}).expect("ok")),
+                host: host.clone(),
+            };
+            let creds = identity.credentials.as_ref();
+            let reply = conn.command(&own_hello(creds)).await?;
+            let facts =
+                HelloFacts::from_reply(&reply).ok_or_else(|| fail("hello failed".into()))?;
+            conn.facts = Arc::new(facts);
+            if let Some(creds) = creds {
+                let offered = match reply.get("saslSupportedMechs") {
+                    Ok(Some(RawBsonRef::Array(a))) => a
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| match v {
+                            RawBsonRef::String(s) => Mechanism::parse(s),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let mechanism = creds.mechanism.unwrap_or(
+                    if offered.is_empty() || offered.contains(&Mechanism::ScramSha256) {
+                        Mechanism::ScramSha256
+                    } else {
+                        Mechanism::ScramSha1
+                    },
+                );
+                conn.authenticate(creds, mechanism)
+                    .await
+                    .map_err(|reason| ConnectError::Auth {
+                        host: host.to_string(),
+                        identity: identity.name.clone(),
+                        reason,
+                    })?;
+            }
+            Ok(conn)
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(ConnectError::Timeout {
+                host: host.to_string(),
+                timeout,
+            }),
+        }
+    }
+
+    /// The hello facts of this connection's server.
+    pub fn facts(&self) -> &Arc<HelloFacts> {
+        &self.facts
+    }
+
+    /// The server this connection goes to.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// Writes a whole message.
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.io.get_mut().write_all(bytes).await
+    }
+
+    /// The next message from the server (`None`: it closed the connection).
+    pub async fn next(&mut self) -> Option<Result<Frame, CodecError>> {
+        self.io.next().await
+    }
+
+    /// One OP_MSG round trip of mongoguard's own (handshake, authentication, monitoring).
+    pub(crate) async fn command(
+        &mut self,
+        body: &RawDocument,
+    ) -> Result<RawDocumentBuf, ConnectError> {
+        let host = self.host.to_string();
+        let io_err = |source: std::io::Error| ConnectError::Io {
+            host: host.clone(),
+            source,
+        };
+        let id = next_own_request_id();
+        let bytes = MsgBuilder::new(body.to_owned()).encode(id, 0);
+        self.send(&bytes).await.map_err(io_err)?;
+        let frame = match self.next().await {
+            Some(Ok(f)) => f,
+            Some(Err(CodecError::Io(e))) => return Err(io_err(e)),
+            Some(Err(CodecError::Wire(e))) => {
+                return Err(ConnectError::Handshake {
+                    host: host.clone(),
+                    reason: e.to_string(),
+                })
+            }
+            None => return Err(io_err(ErrorKind::UnexpectedEof.into())),
+        };
+        let bad = |reason: String| ConnectError::Handshake {
+            host: host.clone(),
+            reason,
+        };
+        if frame.header().response_to != id {
+            return Err(bad("reply does not answer the request".into()));
+        }
+        let msg = OpMsg::parse(frame.bytes()).map_err(|e| bad(e.to_string()))?;
+        Ok(msg.body().to_owned())
+    }
+
+    async fn authenticate(
+        &mut self,
+        creds: &Credentials,
+        mechanism: Mechanism,
+    ) -> Result<(), String> {
+        let mut conv = ClientConversation::new(mechanism, &creds.username, creds.password())
+            .map_err(|e| e.to_string())?;
+        let start = bson::rawdoc! {
+            "saslStart": 1,
+            "mechanism": mechanism.name(),
+            "payload": Binary { subtype: BinarySubtype::Generic, bytes: conv.client_first() },
+            "options": {"skipEmptyExchange": true},
+            "$db": creds.source.as_str(),
+        };
+        let reply = self.command(&start).await.map_err(|e| e.to_string())?;
+        let (id, server_first, _) = sasl_reply(&reply)?;
+        let client_final = conv
+            .handle_server_first(&server_first)
+            .map_err(|e| e.to_string())?;
+        let cont = bson::rawdoc! {
+            "saslContinue": 1,
+            "conversationId": id,
+            "payload": Binary { subtype: BinarySubtype::Generic, bytes: client_final },
+            "$db": creds.source.as_str(),
+        };
+        let reply = self.command(&cont).await.map_err(|e| e.to_string())?;
+        let (id, server_final, mut done) = sasl_reply(&reply)?;
+        conv.verify_server_final(&server_final)
+            .map_err(|e| e.to_string())?;
+        // Servers that ignore skipEmptyExchange want one more, empty, step.
+        let mut steps = 0;
+        while !done {
+            steps += 1;
+            if steps > 2 {
+                return Err("SASL conversation does not finish".into());
+            }
+            let empty = bson::rawdoc! {
+                "saslContinue": 1,
+                "conversationId": id,
+                "payload": Binary { subtype: BinarySubtype::Generic, bytes: Vec::new() },
+                "$db": creds.source.as_str(),
+            };
+            let reply = self.command(&empty).await.map_err(|e| e.to_string())?;
+            done = sasl_reply(&reply)?.2;
+        }
+        Ok(())
+    }
+}
+
+/// `(conversationId, payload, done)` of a SASL reply, or its error message.
+fn sasl_reply(reply: &RawDocument) -> Result<(i32, Vec<u8>, bool), String> {
+    if HelloFacts::from_reply(reply).is_none() {
+        let msg = match reply.get("errmsg") {
+            Ok(Some(RawBsonRef::String(s))) => s.to_owned(),
+            _ => "authentication failed".to_owned(),
+        };
+        return Err(msg);
+    }
+    let id = int(reply, "conversationId").ok_or("SASL reply without conversationId")?;
+    let payload = match reply.get("payload") {
+        Ok(Some(RawBsonRef::Binary(b))) => b.bytes.to_vec(),
+        _ => return Err("SASL reply without payload".into()),
+    };
+    Ok((id, payload, flag(reply, "done")))
+}
+
+/// Request ids of mongoguard's own upstream messages: a separate range from clients' (any
+/// value works, a connection carries one request at a time).
+fn next_own_request_id() -> i32 {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    static NEXT: AtomicI32 = AtomicI32::new(0x4d47_0000);
+    NEXT.fetch_add(1, Ordering::Relaxed) & i32::MAX
+}
+
+impl super::pool::PooledConn for UpstreamConn {
+    fn is_usable(&mut self) -> bool {
+        // Leftover bytes after a complete reply mean the connection is out of sync.
+        self.io.read_buffer().is_empty() && self.io.get_mut().is_usable()
+    }
+}

@@ -1,0 +1,398 @@
+//! Pooled mode end to end: the Rust `mongodb` driver (and raw OP_MSG where the driver cannot
+//! be made to do something) through mongoguard in pooled mode, in front of the stand-in with
+//! authentication on. The stand-in's own counters show what reached the upstream: how many
+//! connections and how many authentications. No test asserts on time.
+
+mod support;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use bson::{doc, Document};
+use futures::TryStreamExt;
+use mongodb::{options::ClientOptions, Client};
+use mongoguard::{
+    config::{Config, Mode},
+    proxy::{Proxy, ProxyHandle, CHECKOUT_TIMEOUT_CODE},
+};
+use mongoguard_standin::{Fault, StandIn, StandInConfig};
+use support::raw::{RawConn, EXHAUST_ALLOWED};
+
+/// Safety net against hangs (not a performance assertion).
+const BOUND: Duration = Duration::from_secs(60);
+
+const UPSTREAM_USER: (&str, &str) = ("app", "apppw");
+const CLIENT_USER: (&str, &str) = ("alice", "alicepw");
+
+async fn standin() -> StandIn {
+    standin_on("127.0.0.1:0".parse().unwrap()).await
+}
+
+async fn standin_on(listen: std::net::SocketAddr) -> StandIn {
+    StandIn::start(StandInConfig {
+        listen,
+        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
+        ..Default::default()
+    })
+    .await
+    .expect("start stand-in")
+}
+
+fn users_file() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "mongoguard-pooled-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("users.toml");
+    mongoguard::auth::users::add(&path, CLIENT_USER.0, CLIENT_USER.1, "admin").unwrap();
+    path
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+struct Setup {
+    pool_size: usize,
+    checkout_timeout: Duration,
+    unauthenticated: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            pool_size: 2,
+            checkout_timeout: Duration::from_secs(5),
+            unauthenticated: false,
+        }
+    }
+}
+
+async fn proxy(standin: &StandIn, setup: Setup) -> ProxyHandle {
+    let upstream = format!(
+        "mongodb://{}:{}@{}/?authSource=admin",
+        UPSTREAM_USER.0,
+        UPSTREAM_USER.1,
+        standin.addr()
+    );
+    let mut cfg = Config::for_upstream(&upstream).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = setup.pool_size;
+    cfg.pool.checkout_timeout = setup.checkout_timeout;
+    cfg.upstream.reply_timeout = Duration::from_secs(30);
+    cfg.auth.users_file = Some(users_file());
+    cfg.auth.allow_unauthenticated = setup.unauthenticated;
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    Proxy::start(Arc::new(cfg))
+        .await
+        .expect("start pooled proxy")
+}
+
+async fn client(proxy: &ProxyHandle, user: Option<(&str, &str)>) -> Client {
+    let uri = match user {
+        Some((u, p)) => format!("mongodb://{u}:{p}@{}/?authSource=admin", proxy.local_addr()),
+        None => format!("mongodb://{}", proxy.local_addr()),
+    };
+    let mut opts = ClientOptions::parse(&uri).await.unwrap();
+    opts.server_selection_timeout = Some(Duration::from_secs(10));
+    Client::with_options(opts).unwrap()
+}
+
+fn code_of(e: &mongodb::error::Error) -> Option<i32> {
+    match e.kind.as_ref() {
+        mongodb::error::ErrorKind::Command(c) => Some(c.code),
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => {
+            Some(w.code)
+        }
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_short_clients_share_a_few_authenticated_upstream_connections() {
+    let standin = standin().await;
+    let proxy = proxy(&standin, Setup::default()).await;
+    let stats = standin.stats();
+    let clients: i64 = 40;
+    let mut tasks = Vec::new();
+    for i in 0..clients {
+        let c = client(&proxy, Some(CLIENT_USER)).await;
+        tasks.push(tokio::spawn(async move {
+            let coll = c.database("pooled").collection::<Document>("short");
+            coll.insert_one(doc! {"i": i}).await.unwrap();
+            let found = coll.find_one(doc! {"i": i}).await.unwrap();
+            assert!(found.is_some());
+            c.shutdown().await;
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    // 40 clients, each with its own connections and its own SCRAM conversation, reached the
+    // stand-in through at most pool_size connections, each authenticated once.
+    assert!(
+        stats.connections_accepted() <= 2,
+        "{}",
+        stats.connections_accepted()
+    );
+    assert!(stats.authentications() <= 2, "{}", stats.authentications());
+    assert!(stats.authentications() >= 1);
+    let direct = Client::with_uri_str(format!(
+        "mongodb://{}:{}@{}/?authSource=admin",
+        UPSTREAM_USER.0,
+        UPSTREAM_USER.1,
+        standin.addr()
+    ))
+    .await
+    .unwrap();
+    let n = direct
+        .database("pooled")
+        .collection::<Document>("short")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(n, clients as u64);
+    let (pool, _) = proxy.pool_stats().unwrap();
+    assert_eq!(pool.in_use, 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_is_answered_by_mongoguard_as_one_mongos() {
+    let standin = standin().await;
+    let proxy = proxy(&standin, Setup::default()).await;
+    let c = client(&proxy, Some(CLIENT_USER)).await;
+    let hello = c
+        .database("admin")
+        .run_command(doc! {"hello": 1})
+        .await
+        .unwrap();
+    assert_eq!(hello.get_str("msg").unwrap(), "isdbgrid");
+    for absent in ["hosts", "setName", "topologyVersion", "compression"] {
+        assert!(hello.get(absent).is_none(), "{absent} in {hello}");
+    }
+    assert_eq!(hello.get_i32("maxWireVersion").unwrap(), 21);
+    assert!(hello.get_i32("connectionId").is_ok());
+    let hellos_before = standin.stats().command_count("hello");
+    for _ in 0..5 {
+        c.database("admin")
+            .run_command(doc! {"hello": 1})
+            .await
+            .unwrap();
+    }
+    assert_eq!(standin.stats().command_count("hello"), hellos_before);
+    // Authentication commands after the handshake are refused.
+    let err = c
+        .database("admin")
+        .run_command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+            "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: b"n,,n=alice,r=abc".to_vec() }})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(13), "{err}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_password_and_unauthenticated_clients_are_refused() {
+    let standin = standin().await;
+    let proxy = proxy(&standin, Setup::default()).await;
+    let bad = client(&proxy, Some((CLIENT_USER.0, "wrong"))).await;
+    let err = bad
+        .database("x")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.kind.as_ref(),
+            mongodb::error::ErrorKind::Authentication { .. }
+        ),
+        "{err}"
+    );
+    let anon = client(&proxy, None).await;
+    let err = anon
+        .database("x")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(13), "{err}");
+    // ping needs no authentication, like mongod.
+    anon.database("x")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    assert_eq!(standin.stats().command_count("find"), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursors_transactions_and_blocks_work_pooled() {
+    let standin = standin().await;
+    let proxy = proxy(&standin, Setup::default()).await;
+    let c = client(&proxy, Some(CLIENT_USER)).await;
+    let coll = c.database("pooled").collection::<Document>("big");
+    let docs: Vec<Document> = (0..1000).map(|i| doc! {"i": i}).collect();
+    coll.insert_many(docs).await.unwrap();
+    let all: Vec<Document> = coll
+        .find(doc! {"i": {"$gte": 0}})
+        .batch_size(100)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1000);
+    assert!(standin.stats().command_count("getmore") >= 9);
+
+    let mut session = c.start_session().await.unwrap();
+    session.start_transaction().await.unwrap();
+    coll.insert_one(doc! {"txn": 1})
+        .session(&mut session)
+        .await
+        .unwrap();
+    session.commit_transaction().await.unwrap();
+    assert_eq!(standin.stats().command_count("committransaction"), 1);
+
+    let err = coll.delete_many(doc! {}).await.unwrap_err();
+    assert_eq!(code_of(&err), Some(65001), "{err}");
+    assert_eq!(standin.stats().command_count("delete"), 0);
+    assert_eq!(coll.count_documents(doc! {"txn": 1}).await.unwrap(), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhaust_and_fire_and_forget_writes_over_the_pool() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut raw, hello) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    assert_eq!(hello.get_str("msg").unwrap(), "isdbgrid");
+    // w:0 (moreToCome) inserts, then read back on the same client connection.
+    for i in 0..50 {
+        raw.send(
+            support::raw::MORE_TO_COME,
+            &doc! {"insert": "ff", "documents": [{"i": i}], "$db": "pooled",
+            "writeConcern": {"w": 0}},
+        )
+        .await;
+    }
+    let count = raw
+        .command(doc! {"count": "ff", "query": {}, "$db": "pooled"})
+        .await;
+    assert_eq!(count.get_i32("n").unwrap(), 50, "{count}");
+    // An exhaust getMore streams every batch over one pinned upstream connection.
+    let first = raw
+        .command(doc! {"find": "ff", "filter": {"i": {"$gte": 0}}, "batchSize": 5, "$db": "pooled"})
+        .await;
+    let id = first.get_document("cursor").unwrap().get_i64("id").unwrap();
+    raw.send(
+        EXHAUST_ALLOWED,
+        &doc! {"getMore": id, "collection": "ff", "batchSize": 5, "$db": "pooled"},
+    )
+    .await;
+    let mut got = 5;
+    loop {
+        let r = raw.read().await;
+        got += r
+            .body
+            .get_document("cursor")
+            .unwrap()
+            .get_array("nextBatch")
+            .unwrap()
+            .len();
+        if !r.more_to_come() {
+            break;
+        }
+    }
+    assert_eq!(got, 50);
+    let (pool, pinned) = proxy.pool_stats().unwrap();
+    assert_eq!((pool.in_use, pinned.exhaust.get()), (0, 0));
+    assert!(pool.total <= 2);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkout_timeout_then_client_killed_mid_request_does_not_poison_the_pool() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            checkout_timeout: Duration::from_millis(300),
+            unauthenticated: true,
+        },
+    )
+    .await;
+    // Warm the single pooled connection.
+    let (mut a, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    a.command(doc! {"ping": 1, "$db": "admin"}).await;
+    a.command(doc! {"insert": "c", "documents": [{"x": 1}], "$db": "pooled"})
+        .await;
+    // The upstream stops answering: client A's request holds the only connection.
+    standin.set_fault(Fault::Stall);
+    a.send(0, &doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (mut b, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let err = b
+        .command(doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
+        .await;
+    assert_eq!(err.get_i32("code").unwrap(), CHECKOUT_TIMEOUT_CODE, "{err}");
+    assert!(err.get("errorLabels").is_none());
+    assert!(
+        err.get_str("errmsg").unwrap().contains("pool_size"),
+        "{err}"
+    );
+    // A leaves mid-request: its upstream connection is discarded, not returned.
+    drop(a);
+    standin.set_fault(Fault::None);
+    let ok = tokio::time::timeout(
+        BOUND,
+        b.command(doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.get_f64("ok").unwrap(), 1.0, "{ok}");
+    let batch = ok
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap();
+    assert_eq!(batch.len(), 1);
+    let (pool, _) = proxy.pool_stats().unwrap();
+    assert!(pool.discards >= 1, "{pool:?}");
+    assert!(pool.timeouts >= 1, "{pool:?}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_restart_is_survived() {
+    let standin = standin().await;
+    let addr = standin.addr();
+    let proxy = proxy(&standin, Setup::default()).await;
+    let c = client(&proxy, Some(CLIENT_USER)).await;
+    let coll = c.database("pooled").collection::<Document>("restart");
+    coll.insert_one(doc! {"before": 1}).await.unwrap();
+    standin.shutdown().await;
+    // The same address comes back (a restarted mongod); its data is gone, as in a restart of
+    // an in-memory server.
+    let again = standin_on(addr).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    coll.insert_one(doc! {"after": 1}).await.unwrap();
+    assert_eq!(coll.count_documents(doc! {"after": 1}).await.unwrap(), 1);
+    assert!(again.stats().authentications() >= 1);
+    let (pool, _) = proxy.pool_stats().unwrap();
+    assert!(pool.unusable + pool.discards >= 1, "{pool:?}");
+    proxy.shutdown().await;
+}
