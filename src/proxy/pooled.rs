@@ -401,12 +401,7 @@ impl Session {
             app: meta.and_then(|m| m.application.as_deref()),
             driver: meta.and_then(|m| m.driver.as_deref()),
             user: self.user.as_deref(),
-            upstream_wire_version: self
-                .pooled
-                .topology
-                .snapshot()
-                .facts
-                .map(|f| f.max_wire_version),
+            upstream_wire_version: self.pooled.topology.max_wire_version(),
         };
         let request_id = frame.header().request_id;
         inspect(frame, self.max, self.metadata.is_none(), |msg| {
@@ -771,7 +766,7 @@ impl Session {
         match result {
             Ok(trip) => {
                 // Killing a cursor ends its pin even when the reply lists it as killed.
-                if multi && request_kills_cursor(routing) {
+                if multi && routing.kills_cursor {
                     if let Some(c) = &routing.cursor {
                         self.pooled.unpin_cursor(c.id);
                     }
@@ -875,8 +870,4 @@ enum Trip {
     Done,
     /// The server answered "not primary" (nothing relayed): re-send to the new primary.
     NotPrimary,
-}
-
-fn request_kills_cursor(routing: &Routing) -> bool {
-    routing.cursor.is_some() && !routing.may_open_cursor
 }

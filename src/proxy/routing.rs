@@ -58,6 +58,8 @@ pub(crate) struct Routing {
     pub ends_txn: bool,
     /// getMore / killCursors / OP_GET_MORE / OP_KILL_CURSORS: the cursor it continues.
     pub cursor: Option<CursorKey>,
+    /// killCursors / OP_KILL_CURSORS: the cursor's pin ends with the reply.
+    pub kills_cursor: bool,
     /// Whether the reply may open a cursor worth remembering (find, aggregate, list*...).
     pub may_open_cursor: bool,
 }
@@ -148,6 +150,7 @@ fn of_command(body: &RawDocument, db: &str, outer: Option<&RawDocument>) -> Rout
                 Ok(Some(RawBsonRef::Array(a))) => a.into_iter().flatten().find_map(int64),
                 _ => None,
             };
+            r.kills_cursor = true;
             if let (Some(id), Some(coll)) = (first, str_of(body, "killCursors")) {
                 r.cursor = Some(CursorKey {
                     id,
@@ -208,6 +211,7 @@ pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
                 // OP_KILL_CURSORS names no namespace; the id alone routes it.
                 ns: String::new(),
             }),
+            kills_cursor: true,
             ..Routing::default()
         },
         _ => Routing::default(),

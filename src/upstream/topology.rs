@@ -199,6 +199,15 @@ impl Topology {
         self.state.borrow().clone()
     }
 
+    /// The `maxWireVersion` last reported by any server (no waiting, no allocation).
+    pub fn max_wire_version(&self) -> Option<i32> {
+        self.state
+            .borrow()
+            .facts
+            .as_ref()
+            .map(|f| f.max_wire_version)
+    }
+
     /// The limits last reported by any server, waiting up to `timeout` for the first.
     pub async fn facts(&self, timeout: Duration) -> Option<Arc<HelloFacts>> {
         let mut rx = self.state.subscribe();
@@ -283,7 +292,13 @@ impl Topology {
     fn pick(&self, snap: &Snapshot, pref: ReadPref) -> Option<Host> {
         match self.kind {
             Kind::Single => snap.servers.first().map(|s| s.host.clone()),
-            Kind::Mongos => self.round_robin(snap.with_role(Role::Mongos).collect()),
+            // A listed server that is a plain mongod (a misconfiguration the monitor warns
+            // about, or a test stand-in) is used like a mongos.
+            Kind::Mongos => self.round_robin(
+                snap.with_role(Role::Mongos)
+                    .chain(snap.with_role(Role::Standalone))
+                    .collect(),
+            ),
             Kind::ReplicaSet(_) => {
                 let primary = || snap.primary().cloned();
                 let secondary = || self.round_robin(snap.with_role(Role::Secondary).collect());
@@ -395,6 +410,10 @@ impl Topology {
                 Ok(facts) => {
                     if was_ok != Some(true) {
                         info!(upstream = %host, role = ?facts.role, "upstream server is up");
+                        if self.kind == Kind::Mongos && facts.role != Role::Mongos {
+                            warn!(upstream = %host, role = ?facts.role,
+                                "a server of the mongos list is not a mongos; it is used like one");
+                        }
                     }
                     was_ok = Some(true);
                     if let (Kind::ReplicaSet(want), Some(got)) = (&self.kind, &facts.set_name) {
