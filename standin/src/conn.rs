@@ -9,7 +9,8 @@ use bson::{doc, Bson, Document};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tracing::{debug, trace};
+use tokio::sync::watch;
+use tracing::{debug, info, trace};
 
 use crate::bsonutil::{as_i64, command_name};
 use crate::commands::{self, CmdError, Ctx};
@@ -38,6 +39,8 @@ struct Conn {
     writer: OwnedWriteHalf,
     state: ConnState,
     received: u64,
+    /// Role changes of the replica set this server is a member of (wakes awaitable hellos).
+    topology: Option<watch::Receiver<u64>>,
 }
 
 enum Waited {
@@ -62,6 +65,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr
         reader: BufReader::with_capacity(32 * 1024, r),
         writer: w,
         received: 0,
+        topology: shared.member.as_ref().map(|(set, _)| set.subscribe()),
     };
     debug!(%peer, conn = conn.state.id, "connection opened");
     let res = tokio::select! {
@@ -120,10 +124,12 @@ impl Conn {
         Ok(Some(frame))
     }
 
-    /// Waits `d`, noticing the client closing (or sending something) meanwhile.
+    /// Waits `d`, noticing the client closing (or sending something) meanwhile. A role change
+    /// in the replica set ends the wait early (as [`Waited::Elapsed`]: time to send a hello).
     async fn wait_or_input(&mut self, d: Duration) -> io::Result<Waited> {
         tokio::select! {
             _ = tokio::time::sleep(d) => Ok(Waited::Elapsed),
+            _ = topology_changed(&mut self.topology) => Ok(Waited::Elapsed),
             r = self.reader.fill_buf() => match r {
                 Ok([]) => Ok(Waited::Closed),
                 Ok(_) => Ok(Waited::Input),
@@ -191,11 +197,19 @@ impl Conn {
         self.write_frame(frame, compressor).await
     }
 
-    fn ctx(&mut self, db: &str) -> Ctx<'_> {
+    fn ctx(&mut self, db: &str, secondary_ok: bool) -> Ctx<'_> {
         Ctx {
             shared: &self.shared,
             conn: &mut self.state,
             db: db.to_string(),
+            secondary_ok,
+        }
+    }
+
+    /// Marks the current topology as seen (before building a hello reply).
+    fn topology_seen(&mut self) {
+        if let Some(rx) = &mut self.topology {
+            rx.borrow_and_update();
         }
     }
 
@@ -240,8 +254,7 @@ impl Conn {
                 let (db, coll) = split_ns(&ns);
                 let docs: Vec<Bson> = docs.into_iter().map(Bson::Document).collect();
                 let cmd = doc! {"insert": coll, "documents": docs, "ordered": !continue_on_error};
-                self.legacy_write(db, &cmd);
-                Ok(())
+                self.legacy_write(db, &cmd)
             }
             Request::Update {
                 ns,
@@ -253,8 +266,7 @@ impl Conn {
                 self.shared.stats.on_command("op_update");
                 let (db, coll) = split_ns(&ns);
                 let cmd = doc! {"update": coll, "updates": [{"q": selector, "u": update, "upsert": upsert, "multi": multi}]};
-                self.legacy_write(db, &cmd);
-                Ok(())
+                self.legacy_write(db, &cmd)
             }
             Request::Delete {
                 ns,
@@ -265,8 +277,7 @@ impl Conn {
                 let (db, coll) = split_ns(&ns);
                 let limit = if single { 1 } else { 0 };
                 let cmd = doc! {"delete": coll, "deletes": [{"q": selector, "limit": limit}]};
-                self.legacy_write(db, &cmd);
-                Ok(())
+                self.legacy_write(db, &cmd)
             }
         }
     }
@@ -275,15 +286,31 @@ impl Conn {
         self.shared.users.is_empty() || self.state.user.is_some()
     }
 
-    /// Runs a legacy write (no reply is ever sent for those).
-    fn legacy_write(&mut self, db: &str, cmd: &Document) {
+    /// Runs a legacy write (no reply is ever sent for those). On a replica set member that is
+    /// not primary the write is not applied and the connection is closed, as mongod does.
+    fn legacy_write(&mut self, db: &str, cmd: &Document) -> io::Result<()> {
         if !self.authorized() {
             debug!(conn = self.state.id, "unauthenticated legacy write ignored");
-            return;
+            return Ok(());
+        }
+        if !self.shared.is_writable_primary() {
+            return Err(self.not_primary_close());
         }
         let name = command_name(cmd);
-        let reply = commands::run(&mut self.ctx(db), &name, cmd);
+        let reply = commands::run(&mut self.ctx(db, false), &name, cmd);
         trace!(conn = self.state.id, ?reply, "legacy write done");
+        Ok(())
+    }
+
+    /// A fire-and-forget write reached a member that is not primary: mongod closes the
+    /// connection so that the client notices.
+    fn not_primary_close(&self) -> io::Error {
+        info!(
+            conn = self.state.id,
+            member = self.shared.member_index(),
+            "fire-and-forget write on a member that is not primary: write dropped, closing the connection"
+        );
+        io::Error::other("not primary: fire-and-forget write dropped")
     }
 
     async fn handle_msg(
@@ -301,6 +328,7 @@ impl Conn {
             Some(Bson::String(s)) => s.clone(),
             _ => String::new(),
         };
+        let secondary_ok = commands::read_pref_allows_secondary(&m.body);
         let reply_for = |this: &mut Conn| -> Document {
             if let Some(k) = &m.duplicate_key {
                 return CmdError::new(
@@ -318,7 +346,7 @@ impl Conn {
                 )
                 .to_doc();
             }
-            commands::run(&mut this.ctx(&db), &name, &m.body)
+            commands::run(&mut this.ctx(&db, secondary_ok), &name, &m.body)
         };
 
         if (name == "hello" || name == "ismaster")
@@ -333,6 +361,9 @@ impl Conn {
 
         let reply = reply_for(self);
         if more_to_come {
+            if reply.get("code") == Some(&Bson::Int32(10107)) {
+                return Err(self.not_primary_close());
+            }
             return Ok(());
         }
         let streaming = exhaust && name == "getmore";
@@ -378,10 +409,11 @@ impl Conn {
             .unwrap_or(0)
             .clamp(0, 3_600_000);
         let wait = Duration::from_millis(wait as u64);
+        self.topology_seen();
         let current = match body.get("topologyVersion") {
             Some(Bson::Document(tv)) => {
                 tv.get("processId") == Some(&Bson::ObjectId(self.shared.process_id))
-                    && tv.get("counter").and_then(as_i64) == Some(0)
+                    && tv.get("counter").and_then(as_i64) == Some(self.shared.topology_counter())
             }
             _ => false,
         };
@@ -400,6 +432,7 @@ impl Conn {
         );
         let mut response_to = request_id;
         loop {
+            self.topology_seen();
             let reply = reply_for(self);
             let flags = if exhaust { wire::FLAG_MORE_TO_COME } else { 0 };
             response_to = self
@@ -425,25 +458,30 @@ impl Conn {
     ) -> io::Result<()> {
         self.shared.stats.on_command("op_query");
         let (db, coll) = split_ns(&q.ns);
+        let secondary_ok = q.flags & wire::QUERY_SECONDARY_OK != 0
+            || commands::read_pref_allows_secondary(&q.query);
         if coll == "$cmd" {
             let cmd = unwrap_query(q.query);
             let name = command_name(&cmd);
             self.shared.stats.on_command(&name);
             let compressor = compressor.filter(|_| !never_compressed(&name));
             let db = db.to_string();
-            let reply = commands::run(&mut self.ctx(&db), &name, &cmd);
+            let reply = commands::run(&mut self.ctx(&db, secondary_ok), &name, &cmd);
             // responseFlags: AwaitCapable (bit 3), as mongod sets it.
             return self
                 .send_reply(request_id, 8, 0, 0, &[reply], compressor)
                 .await;
         }
-        let (docs, id, flags) = if self.authorized() {
+        let (docs, id, flags) = if !self.authorized() {
+            (vec![unauthorized_legacy()], 0, 2)
+        } else if !secondary_ok && !self.shared.is_writable_primary() {
+            let e = doc! {"$err": "not primary and secondaryOk=false", "code": 13435};
+            (vec![e], 0, 2)
+        } else {
             match commands::read::legacy_query(&self.shared, db, coll, &q) {
                 Ok((docs, id)) => (docs, id, 8),
                 Err(e) => (vec![doc! {"$err": e.msg.clone(), "code": e.code}], 0, 2),
             }
-        } else {
-            (vec![unauthorized_legacy()], 0, 2)
         };
         self.send_reply(request_id, flags, id, 0, &docs, compressor)
             .await
@@ -475,4 +513,14 @@ fn reply_cursor_id(reply: &Document) -> i64 {
         Some(Bson::Document(c)) => c.get("id").and_then(as_i64).unwrap_or(0),
         _ => 0,
     }
+}
+
+/// Resolves when the replica set's roles change; never without a set (or once it is gone).
+async fn topology_changed(rx: &mut Option<watch::Receiver<u64>>) {
+    if let Some(rx) = rx {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }

@@ -1,8 +1,9 @@
 //! # mongoguard-standin: a MongoDB wire-protocol **test stand-in**
 //!
 //! **This is not a database.** It is an in-memory fake of a standalone `mongod` (optionally
-//! presenting itself as a one-member replica set) that exists only so that mongoguard's
-//! integration tests, benchmarks and demo can run without a real MongoDB server. Nothing is
+//! presenting itself as a one-member replica set, or as the members of a [`ReplicaSet`]) that
+//! exists only so that mongoguard's integration tests, benchmarks and demo can run without a
+//! real MongoDB server. Nothing is
 //! persisted, there are no real transactions, no journaling, no secondary indexes (index specs
 //! are stored and listed, `unique` is not enforced), and query semantics are a best-effort subset
 //! of MongoDB's. Never put data you care about in it.
@@ -19,6 +20,26 @@
 //!
 //! Faults can be injected at run time with [`StandIn::set_fault`] to test how a proxy behaves
 //! when its upstream misbehaves.
+//!
+//! [`ReplicaSet`] runs several stand-ins as the members of one replica set sharing a single
+//! store (perfect replication), with real roles in `hello`, `NotWritablePrimary` /
+//! `NotPrimaryNoSecondaryOk` refusals on secondaries, and [`ReplicaSet::step_down`] (with a
+//! configurable gap without primary) for failover tests.
+//!
+//! Two control commands serve out-of-process tests; they need no authentication and work
+//! against any database:
+//!
+//! * `{standinStats: 1, reset: <bool>}` replies `{connectionsAccepted, connectionsOpen,
+//!   authentications, messages, commands: {<lower-case name>: n}, member, isWritablePrimary,
+//!   ok: 1}` (counts int64, `member` int32) for the member that receives it; `reset: true` zeroes
+//!   the counters (see [`Stats::reset`]) right after reading them. The request is counted
+//!   honestly: its connection is in `connectionsAccepted` / `connectionsOpen` (asking through a
+//!   fresh connection adds 1 to both, which a test should subtract) and the request itself in
+//!   `messages` and `commands.standinstats`.
+//! * `{standinStepDown: 1, newPrimary: <int, default: the next member>, gapMs: <int, default
+//!   1000>}` runs [`ReplicaSet::step_down`] and replies `{ok: 1, newPrimary, gapMs}` at once; on a
+//!   stand-in that is not a member of a [`ReplicaSet`] it fails with
+//!   `{ok: 0, code: 20, codeName: "IllegalOperation", errmsg: "not a replica set"}`.
 //!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
@@ -37,6 +58,7 @@ mod cursor;
 mod fault;
 mod projection;
 mod query;
+mod replset;
 mod scram;
 mod server;
 mod stats;
@@ -45,6 +67,7 @@ mod update;
 mod wire;
 
 pub use fault::Fault;
+pub use replset::{ReplicaSet, ReplicaSetConfig};
 pub use server::StandIn;
 pub use stats::Stats;
 
@@ -60,7 +83,8 @@ pub struct StandInConfig {
     pub wire_version: i32,
     /// `(user, password)` pairs, all defined in database `admin`. Empty = no auth required.
     pub users: Vec<(String, String)>,
-    /// `Some(name)`: `hello` presents a one-member replica set primary named `name`.
+    /// `Some(name)`: `hello` presents a one-member replica set primary named `name` (for
+    /// several members sharing one store, with step-downs, see [`ReplicaSet`]).
     pub replica_set: Option<String>,
     /// Compressors offered in `hello` negotiation (subset of "snappy", "zlib", "zstd").
     pub compressors: Vec<String>,

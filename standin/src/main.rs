@@ -4,7 +4,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 
 use clap::Parser;
-use mongoguard_standin::{Fault, StandIn, StandInConfig};
+use mongoguard_standin::{Fault, ReplicaSet, ReplicaSetConfig, StandIn, StandInConfig};
 
 /// An in-memory MongoDB wire-protocol stand-in for tests, benchmarks and demos.
 /// It is NOT a database: nothing is persisted and query semantics are a subset.
@@ -20,9 +20,14 @@ struct Args {
     /// A user in database admin, as NAME:PASSWORD (repeatable). Without any, no auth.
     #[arg(long = "user", value_name = "NAME:PASSWORD", value_parser = parse_user)]
     users: Vec<(String, String)>,
-    /// Present a one-member replica set with this name.
+    /// Present a replica set with this name (one member unless --members says more).
     #[arg(long)]
     replica_set: Option<String>,
+    /// Number of replica set members (needs --replica-set when above 1). They share one
+    /// in-memory store; member 0 is primary at start; member I listens on the --listen port
+    /// plus I (port 0: each its own free port).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    members: u16,
     /// Compressors to offer, comma separated (subset of snappy,zlib,zstd; empty = none).
     #[arg(long, default_value = "snappy,zlib,zstd")]
     compressors: String,
@@ -48,11 +53,19 @@ async fn main() -> std::io::Result<()> {
         )
         .init();
     let args = Args::parse();
+    let signalled = shutdown_signal();
+    if args.members > 1 && args.replica_set.is_none() {
+        clap::Error::raw(
+            clap::error::ErrorKind::ArgumentConflict,
+            "--members above 1 needs --replica-set NAME\n",
+        )
+        .exit();
+    }
     let config = StandInConfig {
         listen: args.listen,
         wire_version: args.wire_version,
         users: args.users,
-        replica_set: args.replica_set,
+        replica_set: args.replica_set.clone(),
         compressors: args
             .compressors
             .split(',')
@@ -60,36 +73,89 @@ async fn main() -> std::io::Result<()> {
             .filter(|s| !s.is_empty())
             .collect(),
     };
-    let standin = StandIn::start(config).await?;
-    standin.set_fault(args.fault);
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "mongoguard-standin listening on {}", standin.addr())?;
-        out.flush()?;
+    match args.replica_set {
+        Some(name) if args.members > 1 => {
+            let set = ReplicaSet::start(ReplicaSetConfig {
+                name: name.clone(),
+                members: usize::from(args.members),
+                base: config,
+            })
+            .await?;
+            for m in set.members() {
+                m.set_fault(args.fault);
+            }
+            {
+                let mut out = std::io::stdout().lock();
+                for (i, m) in set.members().iter().enumerate() {
+                    if i == 0 {
+                        writeln!(out, "mongoguard-standin listening on {}", m.addr())?;
+                    } else {
+                        writeln!(
+                            out,
+                            "mongoguard-standin member {i} listening on {}",
+                            m.addr()
+                        )?;
+                    }
+                }
+                writeln!(
+                    out,
+                    "mongoguard-standin replica set {name} uri {}",
+                    set.uri()
+                )?;
+                out.flush()?;
+            }
+            signalled.await;
+            tracing::info!("signal received, shutting down");
+            set.shutdown().await;
+        }
+        _ => {
+            let standin = StandIn::start(config).await?;
+            standin.set_fault(args.fault);
+            {
+                let mut out = std::io::stdout().lock();
+                // Exactly one line, as before --members existed (scripts rely on it).
+                writeln!(out, "mongoguard-standin listening on {}", standin.addr())?;
+                out.flush()?;
+            }
+            signalled.await;
+            tracing::info!("signal received, shutting down");
+            standin.shutdown().await;
+        }
     }
-    wait_for_signal().await;
-    tracing::info!("signal received, shutting down");
-    standin.shutdown().await;
     Ok(())
 }
 
+/// Registers the SIGINT / SIGTERM handlers now (before the "listening" lines are printed, so
+/// that a script may signal as soon as it has read them) and resolves at the first signal.
 #[cfg(unix)]
-async fn wait_for_signal() {
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            (Ok(mut term), Err(_)) => {
+                term.recv().await;
+            }
+            (Err(_), Ok(mut int)) => {
+                int.recv().await;
+            }
+            (Err(_), Err(_)) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

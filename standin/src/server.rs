@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::cursor::{Cursors, CURSOR_TIMEOUT};
 use crate::fault::{Fault, FaultCell};
+use crate::replset::{RoleSnapshot, SetState};
 use crate::scram::UserDb;
 use crate::stats::Stats;
 use crate::store::Store;
@@ -25,13 +26,16 @@ pub(crate) struct Shared {
     pub(crate) addr: SocketAddr,
     pub(crate) stats: Arc<Stats>,
     pub(crate) fault: FaultCell,
-    pub(crate) store: Store,
+    /// The data; shared by every member of a [`crate::ReplicaSet`].
+    pub(crate) store: Arc<Store>,
     pub(crate) cursors: Cursors,
-    pub(crate) users: UserDb,
+    pub(crate) users: Arc<UserDb>,
     /// `topologyVersion.processId`, fixed for the life of the server.
     pub(crate) process_id: ObjectId,
-    /// `electionId` in replica-set mode.
+    /// `electionId` in (one-member) replica-set mode.
     pub(crate) election_id: ObjectId,
+    /// `Some((set, index))` for a member of a multi-member [`crate::ReplicaSet`].
+    pub(crate) member: Option<(Arc<SetState>, usize)>,
     next_connection_id: AtomicI64,
     pub(crate) cancel: CancellationToken,
     pub(crate) started: Instant,
@@ -44,16 +48,43 @@ impl Shared {
 
     /// "host:port" as presented to clients (an unspecified listen address becomes loopback).
     pub(crate) fn host_port(&self) -> String {
-        let mut a = self.addr;
-        if a.ip().is_unspecified() {
-            a.set_ip(if a.is_ipv4() {
-                std::net::Ipv4Addr::LOCALHOST.into()
-            } else {
-                std::net::Ipv6Addr::LOCALHOST.into()
-            });
-        }
-        a.to_string()
+        present(self.addr)
     }
+
+    /// This member's role, for a member of a multi-member set.
+    pub(crate) fn role(&self) -> Option<RoleSnapshot> {
+        self.member.as_ref().map(|(set, i)| set.snapshot(*i))
+    }
+
+    /// Index in its replica set (0 for a plain stand-in).
+    pub(crate) fn member_index(&self) -> usize {
+        self.member.as_ref().map(|(_, i)| *i).unwrap_or(0)
+    }
+
+    /// False only on a set member that is not the primary right now.
+    pub(crate) fn is_writable_primary(&self) -> bool {
+        match &self.member {
+            Some((set, i)) => set.primary() == Some(*i),
+            None => true,
+        }
+    }
+
+    /// This member's `topologyVersion.counter` (always 0 for a plain stand-in).
+    pub(crate) fn topology_counter(&self) -> i64 {
+        self.role().map(|r| r.counter).unwrap_or(0)
+    }
+}
+
+/// "host:port" as presented to clients (an unspecified address becomes loopback).
+pub(crate) fn present(mut a: SocketAddr) -> String {
+    if a.ip().is_unspecified() {
+        a.set_ip(if a.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    a.to_string()
 }
 
 /// A running stand-in server. Dropping it stops the listener and closes all connections
@@ -67,24 +98,41 @@ impl StandIn {
     /// Binds the listener and starts serving on the current tokio runtime.
     pub async fn start(config: StandInConfig) -> std::io::Result<StandIn> {
         let listener = TcpListener::bind(config.listen).await?;
-        let addr = listener.local_addr()?;
         let user_list = config.users.clone();
         // Key derivation (10000 PBKDF2 rounds for SCRAM-SHA-1) is CPU work: keep it off
         // the async threads.
         let users = tokio::task::spawn_blocking(move || UserDb::new(&user_list))
             .await
             .map_err(std::io::Error::other)?;
+        Self::start_member(
+            config,
+            listener,
+            Arc::new(users),
+            Arc::new(Store::default()),
+            None,
+        )
+    }
+
+    /// Starts serving on a bound listener (a plain stand-in, or one member of a set).
+    pub(crate) fn start_member(
+        config: StandInConfig,
+        listener: TcpListener,
+        users: Arc<UserDb>,
+        store: Arc<Store>,
+        member: Option<(Arc<SetState>, usize)>,
+    ) -> std::io::Result<StandIn> {
+        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             config,
             addr,
             stats: Arc::new(Stats::default()),
             fault: FaultCell::default(),
-            store: Store::default(),
+            store,
             cursors: Cursors::default(),
             users,
             process_id: ObjectId::new(),
-            election_id: ObjectId::parse_str("7fffffff0000000000000001")
-                .unwrap_or_else(|_| ObjectId::new()),
+            election_id: crate::replset::election_id(1),
+            member,
             next_connection_id: AtomicI64::new(1),
             cancel: CancellationToken::new(),
             started: Instant::now(),
@@ -92,7 +140,12 @@ impl StandIn {
         let tracker = TaskTracker::new();
         tracker.spawn(accept_loop(listener, shared.clone(), tracker.clone()));
         tracker.spawn(sweep_cursors(shared.clone()));
-        info!(%addr, wire_version = shared.config.wire_version, "mongoguard-standin started");
+        info!(
+            %addr,
+            wire_version = shared.config.wire_version,
+            member = ?shared.member.as_ref().map(|(_, i)| *i),
+            "mongoguard-standin started"
+        );
         Ok(StandIn { shared, tracker })
     }
 

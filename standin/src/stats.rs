@@ -1,6 +1,6 @@
 //! Counters exposed to tests and benchmarks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
@@ -56,6 +56,42 @@ impl Stats {
             .unwrap_or(0)
     }
 
+    /// Every command count seen so far (lower-case names, see [`Stats::command_count`]);
+    /// after a [`Stats::reset`] the names seen before remain, with 0.
+    pub fn command_counts(&self) -> BTreeMap<String, u64> {
+        self.commands
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Reads the counters, zeroing them at the same time if `reset` (nothing counted
+    /// in between is lost).
+    pub(crate) fn snapshot(&self, reset: bool) -> Snapshot {
+        let take = |a: &AtomicU64| {
+            if reset {
+                a.swap(0, Ordering::Relaxed)
+            } else {
+                a.load(Ordering::Relaxed)
+            }
+        };
+        if reset {
+            self.compressed.store(0, Ordering::Relaxed);
+        }
+        Snapshot {
+            connections_accepted: take(&self.accepted),
+            messages: take(&self.messages),
+            authentications: take(&self.authentications),
+            commands: self
+                .commands
+                .read()
+                .iter()
+                .map(|(k, v)| (k.clone(), take(v)))
+                .collect(),
+        }
+    }
+
     /// Zeroes every counter except [`Stats::connections_open`].
     pub fn reset(&self) {
         self.accepted.store(0, Ordering::Relaxed);
@@ -100,6 +136,15 @@ impl Stats {
             .or_default()
             .fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Counters read by [`Stats::snapshot`].
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    pub(crate) connections_accepted: u64,
+    pub(crate) messages: u64,
+    pub(crate) authentications: u64,
+    pub(crate) commands: BTreeMap<String, u64>,
 }
 
 /// Decrements the open-connection gauge when dropped.

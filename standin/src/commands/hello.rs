@@ -20,16 +20,40 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
     if cmd.get("helloOk").is_some_and(crate::bsonutil::truthy) {
         r.insert("helloOk", true);
     }
+    let role = shared.role();
+    let writable = role.is_none_or(|r| r.primary == Some(shared.member_index()));
     if name == "hello" {
-        r.insert("isWritablePrimary", true);
+        r.insert("isWritablePrimary", writable);
     } else {
-        r.insert("ismaster", true);
+        r.insert("ismaster", writable);
     }
     r.insert(
         "topologyVersion",
-        doc! {"processId": shared.process_id, "counter": 0i64},
+        doc! {"processId": shared.process_id, "counter": shared.topology_counter()},
     );
-    if let Some(set) = &cfg.replica_set {
+    if let (Some((set, i)), Some(role)) = (&shared.member, role) {
+        // A member of a multi-member set.
+        r.insert(
+            "hosts",
+            set.hosts
+                .iter()
+                .cloned()
+                .map(Bson::String)
+                .collect::<Vec<_>>(),
+        );
+        r.insert("setName", set.name.clone());
+        r.insert("setVersion", 1);
+        r.insert("secondary", !writable);
+        if let Some(p) = role.primary {
+            r.insert("primary", set.hosts[p].clone());
+        }
+        r.insert("me", set.hosts[*i].clone());
+        if writable {
+            // As mongod: only the primary reports its electionId.
+            r.insert("electionId", crate::replset::election_id(role.term));
+        }
+        r.insert("lastWrite", last_write(role.term));
+    } else if let Some(set) = &cfg.replica_set {
         let me = shared.host_port();
         r.insert("hosts", vec![Bson::String(me.clone())]);
         r.insert("setName", set.clone());
@@ -38,16 +62,7 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
         r.insert("primary", me.clone());
         r.insert("me", me);
         r.insert("electionId", shared.election_id);
-        let now = bson::DateTime::now();
-        let secs = u32::try_from(now.timestamp_millis() / 1000).unwrap_or(u32::MAX);
-        let op_time = doc! {"ts": bson::Timestamp { time: secs, increment: 1 }, "t": 1i64};
-        r.insert(
-            "lastWrite",
-            doc! {
-                "opTime": op_time.clone(), "lastWriteDate": now,
-                "majorityOpTime": op_time, "majorityWriteDate": now,
-            },
-        );
+        r.insert("lastWrite", last_write(1));
     }
     r.insert("maxBsonObjectSize", 16_777_216);
     r.insert("maxMessageSizeBytes", 48_000_000);
@@ -90,4 +105,15 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
     }
     r.insert("ok", 1.0);
     Ok(r)
+}
+
+/// `lastWrite` as a replica set member reports it (optimes "now", in election term `term`).
+fn last_write(term: i64) -> Document {
+    let now = bson::DateTime::now();
+    let secs = u32::try_from(now.timestamp_millis() / 1000).unwrap_or(u32::MAX);
+    let op_time = doc! {"ts": bson::Timestamp { time: secs, increment: 1 }, "t": term};
+    doc! {
+        "opTime": op_time.clone(), "lastWriteDate": now,
+        "majorityOpTime": op_time, "majorityWriteDate": now,
+    }
 }

@@ -6,6 +6,7 @@ pub(crate) mod auth;
 mod expr;
 pub(crate) mod hello;
 pub(crate) mod read;
+pub(crate) mod standin;
 pub(crate) mod write;
 
 use bson::{doc, Bson, Document};
@@ -77,6 +78,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) shared: &'a Shared,
     pub(crate) conn: &'a mut ConnState,
     pub(crate) db: String,
+    /// The request allows a secondary to serve reads (OP_MSG `$readPreference` with a mode
+    /// other than `primary`, or the OP_QUERY secondaryOk flag).
+    pub(crate) secondary_ok: bool,
 }
 
 /// Commands an unauthenticated connection may run while users are configured.
@@ -88,7 +92,78 @@ const NO_AUTH_NEEDED: &[&str] = &[
     "saslstart",
     "saslcontinue",
     "endsessions",
+    "standinstats",
+    "standinstepdown",
 ];
+
+/// Commands a member that is not primary refuses with NotWritablePrimary (10107).
+const WRITES: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findandmodify",
+    "create",
+    "drop",
+    "dropdatabase",
+    "createindexes",
+    "dropindexes",
+    "deleteindexes",
+    "renamecollection",
+    "collmod",
+    "committransaction",
+    "aborttransaction",
+];
+
+/// Commands a secondary serves only when the request allows it (else 13435). `getMore` and
+/// `killCursors` are not here: as on mongod, they work on any member (a cursor only exists on
+/// the member that opened it, which already accepted the read).
+const READS: &[&str] = &[
+    "find",
+    "aggregate",
+    "count",
+    "distinct",
+    "listcollections",
+    "listindexes",
+    "listdatabases",
+    "dbstats",
+    "explain",
+];
+
+/// The NotWritablePrimary error.
+pub(crate) fn not_writable_primary() -> CmdError {
+    CmdError::new(10107, "NotWritablePrimary", "not primary")
+}
+
+/// The refusal a member that is not primary gives to this command, if any.
+fn role_refusal(ctx: &Ctx, name: &str) -> Option<CmdError> {
+    if ctx.shared.is_writable_primary() {
+        return None;
+    }
+    if WRITES.contains(&name) {
+        return Some(not_writable_primary());
+    }
+    if READS.contains(&name) && !ctx.secondary_ok {
+        return Some(CmdError::new(
+            13435,
+            "NotPrimaryNoSecondaryOk",
+            "not primary and secondaryOk=false",
+        ));
+    }
+    None
+}
+
+/// True if `$readPreference` (in an OP_MSG body or an OP_QUERY wrapper) lets a secondary
+/// serve the request.
+pub(crate) fn read_pref_allows_secondary(doc: &Document) -> bool {
+    match doc.get("$readPreference") {
+        Some(Bson::Document(rp)) => {
+            matches!(rp.get("mode"), Some(Bson::String(m)) if m != "primary")
+        }
+        // The legacy string form ({$readPreference: "secondary"}).
+        Some(Bson::String(m)) => m != "primary",
+        _ => false,
+    }
+}
 
 /// Runs a command (`name` = lower-cased first key) and returns the reply document.
 pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
@@ -102,6 +177,12 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
             "Unauthorized",
             format!("command {original} requires authentication"),
         ))
+    } else if let Some(e) = SPELLINGS
+        .contains(&original.as_str())
+        .then(|| role_refusal(ctx, name))
+        .flatten()
+    {
+        Err(e)
     } else {
         dispatch(ctx, name, &original, cmd)
     };
@@ -167,6 +248,8 @@ const SPELLINGS: &[&str] = &[
     "saslStart",
     "saslContinue",
     "authenticate",
+    "standinStats",
+    "standinStepDown",
 ];
 
 fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdResult {
@@ -211,6 +294,8 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
         "explain" => aggregate::explain(ctx, cmd),
         "saslstart" => auth::sasl_start(ctx, cmd),
         "saslcontinue" => auth::sasl_continue(ctx, cmd),
+        "standinstats" => standin::stats(ctx, cmd),
+        "standinstepdown" => standin::step_down(ctx, cmd),
         "authenticate" => Err(CmdError::new(
             334,
             "MechanismUnavailable",

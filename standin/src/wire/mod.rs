@@ -24,6 +24,8 @@ pub(crate) const MAX_MESSAGE_SIZE: usize = 48_000_000;
 pub(crate) const FLAG_CHECKSUM: u32 = 1;
 pub(crate) const FLAG_MORE_TO_COME: u32 = 1 << 1;
 pub(crate) const FLAG_EXHAUST_ALLOWED: u32 = 1 << 16;
+/// OP_QUERY flag bit 2: reads may be served by a secondary.
+pub(crate) const QUERY_SECONDARY_OK: i32 = 1 << 2;
 
 /// A malformed frame: the connection that sent it is closed.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +65,8 @@ pub(crate) struct OpMsg {
 /// A decoded OP_QUERY.
 #[derive(Debug)]
 pub(crate) struct OpQuery {
+    /// The OP_QUERY flags (bit 2 = secondaryOk).
+    pub(crate) flags: i32,
     pub(crate) ns: String,
     pub(crate) skip: i32,
     pub(crate) n_return: i32,
@@ -265,7 +269,7 @@ fn parse_body(op_code: i32, body: &[u8], whole: Option<&[u8]>) -> Result<Request
     match op_code {
         OP_MSG => parse_op_msg(body, whole),
         OP_QUERY => {
-            let _flags = r.i32()?;
+            let flags = r.i32()?;
             let ns = r.cstring()?;
             let skip = r.i32()?;
             let n_return = r.i32()?;
@@ -276,6 +280,7 @@ fn parse_body(op_code: i32, body: &[u8], whole: Option<&[u8]>) -> Result<Request
                 None
             };
             Ok(Request::Query(OpQuery {
+                flags,
                 ns,
                 skip,
                 n_return,
