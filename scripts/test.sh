@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, every Rust test (unit, property,
 # wire-level proxy tests, the stand-in's own tests, the Rust driver through the proxy), then
-# the pymongo suite through the proxy. Installs what it needs (Python packages into
-# integration/.venv). Exits non-zero on the first failure.
+# the pymongo suite through the proxy, then pooled mode with PHP-FPM and pymongo. Installs what
+# it needs (Python packages into integration/.venv; php-fpm, php-mongodb and libfcgi-bin with
+# apt-get as root). Exits non-zero on the first failure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,3 +20,6 @@ cargo test --workspace
 
 step "pymongo through mongoguard (integration/run_local.sh)"
 bash integration/run_local.sh
+
+step "pooled mode: PHP-FPM (php-mongodb) and pymongo (integration/run_pooled.sh)"
+bash integration/run_pooled.sh
