@@ -28,10 +28,11 @@ setup_python
 work="$(mktemp -d "${TMPDIR:-/tmp}/mongoguard-it.XXXXXX")"
 standin_pid=""
 proxy_pid=""
+tls_pid=""
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
     local pid
-    for pid in "$proxy_pid" "$standin_pid"; do
+    for pid in "$tls_pid" "$proxy_pid" "$standin_pid"; do
         if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
             kill "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
@@ -81,9 +82,49 @@ if ! wait_tcp 127.0.0.1 "$proxy_port" 120 || ! kill -0 "$proxy_pid" 2>/dev/null;
 fi
 log "mongoguard on 127.0.0.1:$proxy_port (pid $proxy_pid)"
 
+# A second mongoguard with a TLS listener, for test_tls.py: throwaway CA and server
+# certificate (localhost and 127.0.0.1), plus an unrelated CA the client must not trust.
+tls_dir="$work/tls"
+mkdir -p "$tls_dir"
+(
+    cd "$tls_dir"
+    for ca in ca other-ca; do
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout "$ca.key" -out "$ca.pem" -days 2 \
+            -subj "/CN=mongoguard test $ca" >/dev/null 2>&1
+    done
+    openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr \
+        -subj "/CN=localhost" >/dev/null 2>&1
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+        -out server.crt -days 2 -extfile server.ext >/dev/null 2>&1
+)
+tls_port="$(free_port)"
+cat >"$tls_dir/mongoguard.toml" <<TOML
+[proxy]
+listen = "127.0.0.1:$tls_port"
+[upstream]
+uri = "mongodb://127.0.0.1:$standin_port"
+[tls]
+cert_file = "$tls_dir/server.crt"
+key_file = "$tls_dir/server.key"
+[audit]
+sink = "none"
+TOML
+"$bin_dir/mongoguard" --config "$tls_dir/mongoguard.toml" >"$work/mongoguard-tls.log" 2>&1 &
+tls_pid=$!
+if ! wait_tcp 127.0.0.1 "$tls_port" 120 || ! kill -0 "$tls_pid" 2>/dev/null; then
+    log "mongoguard (TLS) did not come up"
+    tail -n 40 "$work/mongoguard-tls.log" >&2 || true
+    exit 1
+fi
+log "mongoguard with TLS on 127.0.0.1:$tls_port (pid $tls_pid)"
+
 status=0
 MONGOGUARD_PROXY_URI="mongodb://127.0.0.1:$proxy_port" \
     MONGOGUARD_DIRECT_URI="mongodb://127.0.0.1:$standin_port" \
+    MONGOGUARD_TLS_PORT="$tls_port" \
+    MONGOGUARD_TLS_CA="$tls_dir/ca.pem" \
+    MONGOGUARD_TLS_OTHER_CA="$tls_dir/other-ca.pem" \
     "$PY" -m pytest -p no:cacheprovider -v -rs "$INTEGRATION_DIR/python" "$@" || status=$?
 
 if [ "$status" != 0 ]; then

@@ -30,6 +30,42 @@ pub struct Config {
     pub pool: PoolSettings,
     /// Client authentication terminated by mongoguard (pooled mode).
     pub auth: AuthConfig,
+    /// TLS on the client-facing listener.
+    pub tls: TlsConfig,
+}
+
+/// The `[tls]` section: TLS on the listener (upstream TLS comes from the upstream URI).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain (leaf first). Setting it (with `key_file`) turns TLS on: every
+    /// client must then speak TLS.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of the certificate.
+    pub key_file: Option<std::path::PathBuf>,
+    /// PEM CA bundle: when set, clients must present a certificate signed by it.
+    pub client_ca_file: Option<std::path::PathBuf>,
+    /// A client that has not finished the TLS handshake after this long is dropped.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub handshake_timeout: Duration,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl TlsConfig {
+    /// True when the listener speaks TLS.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() || self.key_file.is_some()
+    }
 }
 
 /// The `[pool]` section (pooled mode): limits of each upstream pool, one pool per (upstream
@@ -175,6 +211,9 @@ pub struct ProxyConfig {
     pub drain_timeout: Duration,
     /// Largest accepted message, both directions (mongod's default is 48,000,000).
     pub max_message_size: usize,
+    /// Allow a listener on a non-loopback address without TLS (or, in pooled mode, without
+    /// client authentication). Off: such a configuration is refused.
+    pub allow_insecure_listener: bool,
 }
 
 impl Default for ProxyConfig {
@@ -186,6 +225,7 @@ impl Default for ProxyConfig {
             client_idle_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
             max_message_size: crate::wire::DEFAULT_MAX_MESSAGE_SIZE,
+            allow_insecure_listener: false,
         }
     }
 }
@@ -290,6 +330,34 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.proxy.mode == Mode::Pooled {
             self.validate_pooled()?;
+        }
+        if self.tls.enabled() && (self.tls.cert_file.is_none() || self.tls.key_file.is_none()) {
+            return Err(ConfigError::Invalid(
+                "tls: set both cert_file and key_file".into(),
+            ));
+        }
+        if self.tls.client_ca_file.is_some() && !self.tls.enabled() {
+            return Err(ConfigError::Invalid(
+                "tls.client_ca_file needs tls.cert_file and tls.key_file".into(),
+            ));
+        }
+        if !self.proxy.listen.ip().is_loopback() && !self.proxy.allow_insecure_listener {
+            if !self.tls.enabled() {
+                return Err(ConfigError::Invalid(format!(
+                    "proxy.listen = {} is not a loopback address and [tls] is not configured: \
+                     clients would send credentials and data in clear text. Configure \
+                     tls.cert_file and tls.key_file, or set proxy.allow_insecure_listener = true \
+                     (for a private network you trust)",
+                    self.proxy.listen
+                )));
+            }
+            if self.proxy.mode == Mode::Pooled && self.auth.users_file.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "proxy.listen = {} is not a loopback address: pooled mode needs \
+                     auth.users_file there (or proxy.allow_insecure_listener = true)",
+                    self.proxy.listen
+                )));
+            }
         }
         if self.proxy.max_client_connections == 0 {
             return Err(ConfigError::Invalid(
@@ -417,6 +485,26 @@ mod tests {
         .is_err());
         assert!(Config::from_toml_str("[upstream]\nuri = \"http://x\"\n", "t").is_err());
         assert!(Config::from_toml_str("[proxy]\nmax_client_connections = 0\n", "t").is_err());
+    }
+
+    #[test]
+    fn non_loopback_listener_needs_tls_or_explicit_consent() {
+        let err = Config::from_toml_str("[proxy]\nlisten = \"0.0.0.0:27017\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allow_insecure_listener"), "{err}");
+        Config::from_toml_str(
+            "[proxy]\nlisten = \"0.0.0.0:27017\"\nallow_insecure_listener = true\n",
+            "t",
+        )
+        .unwrap();
+        Config::from_toml_str(
+            "[proxy]\nlisten = \"0.0.0.0:27017\"\n[tls]\ncert_file = \"c\"\nkey_file = \"k\"\n",
+            "t",
+        )
+        .unwrap();
+        assert!(Config::from_toml_str("[tls]\ncert_file = \"c\"\n", "t").is_err());
+        assert!(Config::from_toml_str("[tls]\nclient_ca_file = \"c\"\n", "t").is_err());
     }
 
     #[test]

@@ -21,6 +21,9 @@ pub enum ProxyError {
     /// The policy file could not be loaded (never replaced by defaults).
     #[error("policy: {0}")]
     Policy(crate::policy::PolicyError),
+    /// A TLS certificate, key or option could not be used.
+    #[error("tls: {0}")]
+    Tls(crate::tls::TlsError),
     /// Pooled mode could not start (users file, identities, pool limits).
     #[error("pooled mode: {0}")]
     Pooled(String),

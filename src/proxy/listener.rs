@@ -51,6 +51,19 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
         let task_ctx = ctx.clone();
         ctx.tracker.spawn(
             async move {
+                let _ = socket.set_nodelay(true);
+                let socket = match &task_ctx.server_tls {
+                    None => crate::net::Either::Plain(socket),
+                    Some(tls) => match tls.accept(socket).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            task_ctx.stats.tls_handshake_failures.inc();
+                            tracing::info!(error = %e, "TLS handshake failed; connection closed");
+                            drop(permit);
+                            return;
+                        }
+                    },
+                };
                 task_ctx.stats.active.inc();
                 let result = match task_ctx.config.proxy.mode {
                     crate::config::Mode::Passthrough => {

@@ -75,6 +75,9 @@ pub struct ProxyStats {
     pub policy_reloads: Counter,
     /// Policy reloads refused (invalid file): the old policy stayed.
     pub policy_reload_failures: Counter,
+    /// Client connections whose TLS handshake failed (plaintext client, untrusted client
+    /// certificate, timeout).
+    pub tls_handshake_failures: Counter,
     /// Sessions closed because the client sent an invalid message.
     pub client_protocol_errors: Counter,
     /// Sessions closed because of the upstream (unreachable, closed, invalid, timed out).
@@ -94,6 +97,10 @@ pub(crate) struct Context {
     pub kill: CancellationToken,
     pub limiter: Arc<Semaphore>,
     pub tracker: TaskTracker,
+    /// TLS on the listener.
+    pub server_tls: Option<crate::tls::ServerTls>,
+    /// TLS toward the upstream (from the URI).
+    pub upstream_tls: Option<crate::tls::UpstreamTls>,
     /// Pooled mode's shared state (`None` in passthrough mode).
     pub pooled: Option<Arc<pooled::Pooled>>,
 }
@@ -123,12 +130,23 @@ impl Proxy {
         let local_addr = listener
             .local_addr()
             .map_err(|source| ProxyError::Bind { addr, source })?;
+        let server_tls = if config.tls.enabled() {
+            Some(crate::tls::ServerTls::load(&config.tls).map_err(ProxyError::Tls)?)
+        } else {
+            None
+        };
+        let upstream_tls =
+            crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
         let pooled = match config.proxy.mode {
-            crate::config::Mode::Pooled => Some(pooled::Pooled::start(&config)?),
+            crate::config::Mode::Pooled => {
+                Some(pooled::Pooled::start(&config, upstream_tls.clone())?)
+            }
             crate::config::Mode::Passthrough => None,
         };
         let ctx = Arc::new(Context {
             pooled,
+            server_tls,
+            upstream_tls,
             stats: Arc::new(ProxyStats::default()),
             request_ids: RequestIds::default(),
             drain: CancellationToken::new(),

@@ -20,11 +20,7 @@ use std::{
 
 use bson::{RawDocument, RawDocumentBuf};
 use futures::StreamExt;
-use tokio::{
-    io::AsyncWriteExt,
-    net::{tcp::OwnedWriteHalf, TcpStream},
-    time::Instant,
-};
+use tokio::time::Instant;
 use tokio_util::{codec::FramedRead, sync::CancellationToken};
 use tracing::{debug, info, warn};
 
@@ -103,7 +99,10 @@ pub(crate) struct Pooled {
 impl Pooled {
     /// Loads the users file and identities, and starts the topology monitors and the pool
     /// maintenance. Every user must map to a configured identity.
-    pub(crate) fn start(config: &Config) -> Result<Arc<Pooled>, ProxyError> {
+    pub(crate) fn start(
+        config: &Config,
+        upstream_tls: Option<crate::tls::UpstreamTls>,
+    ) -> Result<Arc<Pooled>, ProxyError> {
         let users = match &config.auth.users_file {
             Some(path) => Some(Users::load(path).map_err(|e| ProxyError::Pooled(e.to_string()))?),
             None => None,
@@ -131,6 +130,7 @@ impl Pooled {
             topology.clone(),
             config.upstream.connect_timeout,
             config.proxy.max_message_size,
+            upstream_tls.clone(),
         );
         let pool = Pool::new(connector, config.pool.pool_config())
             .map_err(|e| ProxyError::Pooled(e.to_string()))?;
@@ -140,6 +140,7 @@ impl Pooled {
                 heartbeat: config.upstream.heartbeat_interval,
                 connect_timeout: config.upstream.connect_timeout,
                 max_message_size: config.proxy.max_message_size,
+                tls: upstream_tls,
             },
             cancel.clone(),
         );
@@ -259,13 +260,13 @@ async fn maintain(pooled: Arc<Pooled>) {
     }
 }
 
-type Reader = FramedRead<tokio::net::tcp::OwnedReadHalf, MessageCodec>;
+type Reader = FramedRead<crate::net::ClientRead, MessageCodec>;
 
 struct Session {
     ctx: Arc<Context>,
     pooled: Arc<Pooled>,
     client_in: Reader,
-    client_out: OwnedWriteHalf,
+    client_out: crate::net::ClientWrite,
     peer: SocketAddr,
     max: usize,
     metadata: Option<ClientMetadata>,
@@ -287,12 +288,11 @@ struct Session {
 /// Runs one client connection in pooled mode.
 pub(crate) async fn run(
     ctx: Arc<Context>,
-    socket: TcpStream,
+    socket: crate::net::ClientStream,
     peer: SocketAddr,
 ) -> Result<End, SessionError> {
-    let _ = socket.set_nodelay(true);
     let pooled = ctx.pooled.clone().expect("pooled mode has pooled state");
-    let (read, write) = socket.into_split();
+    let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
     let identity = ctx
         .config
@@ -753,7 +753,7 @@ impl Session {
                     _ => {}
                 }
             }
-            if let Err(e) = self.client_out.write_all(reply.bytes()).await {
+            if let Err(e) = crate::net::send(&mut self.client_out, reply.bytes()).await {
                 break Err(SessionError::ClientIo(e));
             }
             if !more {

@@ -9,13 +9,7 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use tokio::{
-    io::AsyncWriteExt,
-    net::{
-        tcp::{OwnedReadHalf, OwnedWriteHalf},
-        TcpStream,
-    },
-};
+
 use tokio_util::codec::FramedRead;
 use tracing::{debug, info, warn};
 
@@ -27,6 +21,7 @@ use super::{
     Context,
 };
 use crate::{
+    net::{ClientRead, ClientStream, ClientWrite, UpstreamRead, UpstreamWrite},
     upstream,
     wire::{
         builder::{error_document, reply_for},
@@ -35,7 +30,8 @@ use crate::{
     },
 };
 
-type Reader = FramedRead<OwnedReadHalf, MessageCodec>;
+type Reader = FramedRead<ClientRead, MessageCodec>;
+type UpReader = FramedRead<UpstreamRead, MessageCodec>;
 
 /// How a session ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +51,7 @@ const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
 struct Session {
     ctx: Arc<Context>,
     client_in: Reader,
-    client_out: OwnedWriteHalf,
+    client_out: ClientWrite,
     peer: SocketAddr,
     max: usize,
     metadata: Option<ClientMetadata>,
@@ -75,12 +71,11 @@ struct Session {
 /// Runs one client connection to its end.
 pub(crate) async fn run(
     ctx: Arc<Context>,
-    socket: TcpStream,
+    socket: ClientStream,
     peer: SocketAddr,
 ) -> Result<End, SessionError> {
     // Small request/response messages: Nagle would add up to 40 ms per round trip.
-    let _ = socket.set_nodelay(true);
-    let (read, write) = socket.into_split();
+    let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
     let mut session = Session {
         client_in: FramedRead::new(read, MessageCodec::new(max)),
@@ -97,7 +92,8 @@ pub(crate) async fn run(
     };
     let host = session.ctx.config.upstream.uri.primary_seed().clone();
     let timeout = session.ctx.config.upstream.connect_timeout;
-    let upstream = match upstream::connect(&host, timeout).await {
+    let upstream = match upstream::connect(&host, timeout, session.ctx.upstream_tls.as_ref()).await
+    {
         Ok(s) => s,
         Err(e) => {
             session.refuse_first_request(&e.to_string()).await;
@@ -105,7 +101,7 @@ pub(crate) async fn run(
         }
     };
     debug!(%peer, upstream = %host, "upstream connected");
-    let (up_read, mut up_write) = upstream.into_split();
+    let (up_read, mut up_write) = upstream.split();
     let mut upstream_in = FramedRead::new(up_read, MessageCodec::new(max));
     loop {
         let frame = match session.pending.take() {
@@ -129,8 +125,7 @@ pub(crate) async fn run(
         {
             continue;
         }
-        up_write
-            .write_all(frame.bytes())
+        crate::net::send(&mut up_write, frame.bytes())
             .await
             .map_err(SessionError::UpstreamIo)?;
         session.ctx.stats.requests.inc();
@@ -163,8 +158,8 @@ impl Session {
     async fn answer_locally(
         &mut self,
         request: &Request,
-        up_write: &mut OwnedWriteHalf,
-        upstream_in: &mut Reader,
+        up_write: &mut UpstreamWrite,
+        upstream_in: &mut UpReader,
     ) -> Result<bool, SessionError> {
         let (answer, abort) = match guard::local_answer(&self.ctx, request, &mut self.last_blocked)
         {
@@ -185,13 +180,12 @@ impl Session {
     async fn abort_transaction(
         &mut self,
         abort: &bson::RawDocument,
-        up_write: &mut OwnedWriteHalf,
-        upstream_in: &mut Reader,
+        up_write: &mut UpstreamWrite,
+        upstream_in: &mut UpReader,
     ) -> Result<(), SessionError> {
         let id = self.ctx.request_ids.next();
         let bytes = crate::wire::builder::encode_msg_reply(id, 0, abort);
-        up_write
-            .write_all(&bytes)
+        crate::net::send(up_write, &bytes)
             .await
             .map_err(SessionError::UpstreamIo)?;
         let timeout = self.ctx.config.upstream.reply_timeout;
@@ -216,7 +210,7 @@ impl Session {
     /// Waits for the next client request. `Ok(Err(end))` is a normal end of the session.
     async fn next_request(
         &mut self,
-        upstream_in: &mut Reader,
+        upstream_in: &mut UpReader,
     ) -> Result<Result<Frame, End>, SessionError> {
         let idle = self.ctx.config.proxy.client_idle_timeout;
         let idle_timer = sleep_unless_zero(idle);
@@ -250,7 +244,7 @@ impl Session {
     async fn relay_replies(
         &mut self,
         request: &Request,
-        upstream_in: &mut Reader,
+        upstream_in: &mut UpReader,
     ) -> Result<(), SessionError> {
         let reply_timeout = self.ctx.config.upstream.reply_timeout;
         let mut expected_response_to = request.request_id;
@@ -304,8 +298,7 @@ impl Session {
             } else {
                 reply.into_bytes()
             };
-            self.client_out
-                .write_all(&out)
+            crate::net::send(&mut self.client_out, &out)
                 .await
                 .map_err(SessionError::ClientIo)?;
             if !more {
@@ -332,7 +325,7 @@ impl Session {
         );
         let our_id = self.ctx.request_ids.next();
         if let Some(bytes) = reply_for(request.op, request.request_id, our_id, &doc) {
-            let _ = self.client_out.write_all(&bytes).await;
+            let _ = crate::net::send(&mut self.client_out, &bytes).await;
         }
     }
 }
@@ -340,13 +333,13 @@ impl Session {
 /// Writes mongoguard's own reply `doc` to `request`, in the request's opcode family.
 pub(crate) async fn send_document(
     ctx: &Context,
-    out: &mut OwnedWriteHalf,
+    out: &mut ClientWrite,
     request: &Request,
     doc: &bson::RawDocument,
 ) -> Result<(), SessionError> {
     let our_id = ctx.request_ids.next();
     if let Some(bytes) = reply_for(request.op, request.request_id, our_id, doc) {
-        out.write_all(&bytes)
+        crate::net::send(out, &bytes)
             .await
             .map_err(SessionError::ClientIo)?;
     }

@@ -5,7 +5,6 @@ use std::{io::ErrorKind, sync::Arc, time::Duration};
 
 use bson::{spec::BinarySubtype, Binary, RawBsonRef, RawDocument, RawDocumentBuf};
 use futures::StreamExt;
-use tokio::{io::AsyncWriteExt, net::TcpStream};
 use tokio_util::codec::FramedRead;
 
 use super::{
@@ -135,7 +134,7 @@ impl HelloFacts {
 
 /// One upstream connection: the socket, framed for reading, and what its hello said.
 pub struct UpstreamConn {
-    io: FramedRead<TcpStream, MessageCodec>,
+    io: FramedRead<crate::net::UpstreamStream, MessageCodec>,
     facts: Arc<HelloFacts>,
     host: Host,
 }
@@ -176,13 +175,14 @@ impl UpstreamConn {
         identity: &Identity,
         timeout: Duration,
         max_message_size: usize,
+        tls: Option<&crate::tls::UpstreamTls>,
     ) -> Result<UpstreamConn, ConnectError> {
         let fail = |reason: String| ConnectError::Handshake {
             host: host.to_string(),
             reason,
         };
         let work = async {
-            let stream = connect(host, timeout).await?;
+            let stream = connect(host, timeout, tls).await?;
             let mut conn = UpstreamConn {
                 io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
                 facts: Arc::new(HelloFacts::from_reply(&bson::rawdoc! {"ok": 1}).expect("ok")),
@@ -243,7 +243,7 @@ impl UpstreamConn {
 
     /// Writes a whole message.
     pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.io.get_mut().write_all(bytes).await
+        crate::net::send(self.io.get_mut(), bytes).await
     }
 
     /// The next message from the server (`None`: it closed the connection).
@@ -352,6 +352,22 @@ fn sasl_reply(reply: &RawDocument) -> Result<(i32, Vec<u8>, bool), String> {
     Ok((id, payload, flag(reply, "done")))
 }
 
+/// Whether an idle TLS connection can be reused: one read poll that must find nothing. rustls
+/// consumes what is not application data (TLS 1.3 session tickets) and a close_notify or EOF
+/// reads as 0 bytes; any application byte on an idle connection means it is out of sync.
+fn poll_idle(stream: &mut crate::net::UpstreamStream) -> bool {
+    use std::task::{Context, Poll};
+    use tokio::io::{AsyncRead, ReadBuf};
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut byte = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut byte);
+    matches!(
+        std::pin::Pin::new(stream).poll_read(&mut cx, &mut buf),
+        Poll::Pending
+    )
+}
+
 /// Request ids of mongoguard's own upstream messages: a separate range from clients' (any
 /// value works, a connection carries one request at a time).
 fn next_own_request_id() -> i32 {
@@ -363,6 +379,12 @@ fn next_own_request_id() -> i32 {
 impl super::pool::PooledConn for UpstreamConn {
     fn is_usable(&mut self) -> bool {
         // Leftover bytes after a complete reply mean the connection is out of sync.
-        self.io.read_buffer().is_empty() && self.io.get_mut().is_usable()
+        if !self.io.read_buffer().is_empty() {
+            return false;
+        }
+        match self.io.get_mut() {
+            crate::net::Either::Plain(tcp) => tcp.is_usable(),
+            tls @ crate::net::Either::Tls(_) => poll_idle(tls),
+        }
     }
 }

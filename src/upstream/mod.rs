@@ -33,6 +33,14 @@ pub enum ConnectError {
         /// The budget.
         timeout: Duration,
     },
+    /// The TLS handshake with the upstream failed (certificate, name, protocol).
+    #[error("TLS handshake with upstream {host} failed: {source}")]
+    Tls {
+        /// The host tried.
+        host: String,
+        /// The TLS error.
+        source: std::io::Error,
+    },
     /// The upstream answered the handshake (hello) with an error or garbage.
     #[error("upstream {host} handshake failed: {reason}")]
     Handshake {
@@ -53,8 +61,33 @@ pub enum ConnectError {
     },
 }
 
+/// Opens a connection to `host` (TLS when `tls` is given) within `timeout`.
+pub async fn connect(
+    host: &Host,
+    timeout: Duration,
+    tls: Option<&crate::tls::UpstreamTls>,
+) -> Result<crate::net::UpstreamStream, ConnectError> {
+    let started = tokio::time::Instant::now();
+    let tcp = connect_tcp(host, timeout).await?;
+    let Some(tls) = tls else {
+        return Ok(crate::net::Either::Plain(tcp));
+    };
+    let left = timeout.saturating_sub(started.elapsed());
+    match tokio::time::timeout(left, tls.connect(host, tcp)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(source)) => Err(ConnectError::Tls {
+            host: host.to_string(),
+            source,
+        }),
+        Err(_) => Err(ConnectError::Timeout {
+            host: host.to_string(),
+            timeout,
+        }),
+    }
+}
+
 /// Opens a TCP connection to `host` with `TCP_NODELAY` (requests are small and latency-bound).
-pub async fn connect(host: &Host, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub async fn connect_tcp(host: &Host, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let target = (host.name.as_str(), host.port);
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
         Ok(Ok(s)) => s,

@@ -150,6 +150,8 @@ pub struct MonitorSettings {
     pub connect_timeout: Duration,
     /// Largest reply accepted.
     pub max_message_size: usize,
+    /// TLS toward the servers.
+    pub tls: Option<crate::tls::UpstreamTls>,
 }
 
 impl Topology {
@@ -380,6 +382,7 @@ impl Topology {
                     &anonymous,
                     settings.connect_timeout,
                     settings.max_message_size,
+                    settings.tls.as_ref(),
                 )
                 .await
                 .map(|c| {
@@ -530,6 +533,7 @@ pub struct MongoConnector {
     topology: Arc<Topology>,
     connect_timeout: Duration,
     max_message_size: usize,
+    tls: Option<crate::tls::UpstreamTls>,
 }
 
 impl MongoConnector {
@@ -539,12 +543,14 @@ impl MongoConnector {
         topology: Arc<Topology>,
         connect_timeout: Duration,
         max_message_size: usize,
+        tls: Option<crate::tls::UpstreamTls>,
     ) -> MongoConnector {
         MongoConnector {
             identities,
             topology,
             connect_timeout,
             max_message_size,
+            tls,
         }
     }
 }
@@ -565,6 +571,7 @@ impl Connector for MongoConnector {
             identity,
             self.connect_timeout,
             self.max_message_size,
+            self.tls.as_ref(),
         )
         .await?;
         self.topology.observe(&key.server, conn.facts());

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use super::{Connector, PoolKey, PooledConn};
-use crate::upstream::{connect, ConnectError};
+use crate::upstream::{connect_tcp, ConnectError};
 
 /// An idle upstream TCP connection is usable if reading from it would block: a read of 0
 /// bytes means the server closed it, an error means it is broken, and data means the server
@@ -44,6 +44,6 @@ impl Connector for TcpConnector {
     type Conn = TcpStream;
 
     async fn connect(&self, key: &PoolKey) -> Result<TcpStream, ConnectError> {
-        connect(&key.server, self.connect_timeout).await
+        connect_tcp(&key.server, self.connect_timeout).await
     }
 }

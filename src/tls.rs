@@ -1,0 +1,303 @@
+//! TLS for both sides, with rustls.
+//!
+//! - Client side ([`ServerTls`]): mongoguard terminates TLS with a PEM certificate chain and
+//!   key; with `client_ca_file`, clients must present a certificate signed by that CA.
+//! - Upstream side ([`UpstreamTls`]): from the upstream URI's options, as drivers read them:
+//!   `tls=true` (or `ssl=true`), `tlsCAFile` (else the Mozilla roots of webpki-roots),
+//!   `tlsCertificateKeyFile` (a PEM with the client certificate and its key),
+//!   `tlsAllowInvalidHostnames=true` (certificate still verified, name not) and
+//!   `tlsAllowInvalidCertificates=true` / `tlsInsecure=true` (nothing verified). Both
+//!   weakenings are logged as warnings at startup.
+
+use std::{fs, path::Path, sync::Arc, time::Duration};
+
+use rustls::{
+    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
+    server::WebPkiClientVerifier,
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
+use tokio::net::TcpStream;
+use tracing::warn;
+
+use crate::{
+    net::{ClientStream, Either, UpstreamStream},
+    upstream::{Host, UpstreamUri},
+};
+
+/// A TLS setting that cannot be used. Names the file or option.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = fs::read(path).map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(TlsError(format!(
+            "{what} {}: no PEM certificate in it",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = fs::read(path).map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        TlsError(format!(
+            "{what} {}: no usable private key: {e}",
+            path.display()
+        ))
+    })
+}
+
+fn roots(certs: Vec<CertificateDer<'static>>, path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut store = RootCertStore::empty();
+    for c in certs {
+        store
+            .add(c)
+            .map_err(|e| TlsError(format!("CA file {}: {e}", path.display())))?;
+    }
+    Ok(store)
+}
+
+/// The client-facing TLS acceptor.
+#[derive(Clone)]
+pub struct ServerTls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Loads the certificate chain and key (and the client CA, which makes client
+    /// certificates mandatory).
+    pub fn load(cfg: &crate::config::TlsConfig) -> Result<ServerTls, TlsError> {
+        let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) else {
+            return Err(TlsError(
+                "tls: cert_file and key_file are both required".into(),
+            ));
+        };
+        let chain = read_certs(cert, "tls.cert_file")?;
+        let key = read_key(key, "tls.key_file")?;
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError(e.to_string()))?;
+        let builder = match &cfg.client_ca_file {
+            Some(ca) => {
+                let store = roots(read_certs(ca, "tls.client_ca_file")?, ca)?;
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
+                        .build()
+                        .map_err(|e| TlsError(format!("tls.client_ca_file: {e}")))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| TlsError(format!("tls: certificate and key do not fit: {e}")))?;
+        Ok(ServerTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            timeout: cfg.handshake_timeout,
+        })
+    }
+
+    /// Runs the server handshake on an accepted socket, within the handshake timeout.
+    pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<ClientStream> {
+        match tokio::time::timeout(self.timeout, self.acceptor.accept(tcp)).await {
+            Ok(Ok(s)) => Ok(Either::Tls(s)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            )),
+        }
+    }
+}
+
+/// TLS toward the upstream.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls").finish_non_exhaustive()
+    }
+}
+
+fn truthy_option(uri: &UpstreamUri, key: &str) -> bool {
+    uri.option(key)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+impl UpstreamTls {
+    /// The upstream TLS the URI asks for; `None` for plain TCP.
+    pub fn from_uri(uri: &UpstreamUri) -> Result<Option<UpstreamTls>, TlsError> {
+        let wanted = truthy_option(uri, "tls") || truthy_option(uri, "ssl");
+        let any_tls_option = uri.options.iter().any(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k.starts_with("tls") && k != "tls"
+        });
+        if !wanted {
+            if any_tls_option {
+                return Err(TlsError(
+                    "upstream.uri has tls* options but not tls=true; add tls=true".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let insecure =
+            truthy_option(uri, "tlsInsecure") || truthy_option(uri, "tlsAllowInvalidCertificates");
+        let any_name = truthy_option(uri, "tlsAllowInvalidHostnames");
+        let store = match uri.option("tlsCAFile") {
+            Some(ca) => {
+                let path = Path::new(ca);
+                roots(read_certs(path, "tlsCAFile")?, path)?
+            }
+            None => RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            },
+        };
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError(e.to_string()))?;
+        let builder = if insecure {
+            warn!("upstream TLS: tlsInsecure/tlsAllowInvalidCertificates is set: the upstream's certificate is NOT verified; anyone on the path can impersonate it");
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Lenient::any(provider())))
+        } else if any_name {
+            warn!("upstream TLS: tlsAllowInvalidHostnames is set: the upstream's certificate is verified but its host name is NOT checked");
+            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(store),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError(format!("tlsCAFile: {e}")))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Lenient::names(inner, provider())))
+        } else {
+            builder.with_root_certificates(store)
+        };
+        let config = match uri.option("tlsCertificateKeyFile") {
+            Some(file) => {
+                let path = Path::new(file);
+                let chain = read_certs(path, "tlsCertificateKeyFile")?;
+                let key = read_key(path, "tlsCertificateKeyFile")?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| TlsError(format!("tlsCertificateKeyFile: {e}")))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Some(UpstreamTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        }))
+    }
+
+    /// Runs the client handshake toward `host` over `tcp`.
+    pub async fn connect(&self, host: &Host, tcp: TcpStream) -> std::io::Result<UpstreamStream> {
+        let name = ServerName::try_from(host.name.clone()).map_err(|e| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host}: {e}"))
+        })?;
+        Ok(Either::Tls(self.connector.connect(name, tcp).await?))
+    }
+}
+
+/// A verifier that accepts wrong host names (still checking the chain) or anything.
+#[derive(Debug)]
+struct Lenient {
+    inner: Option<Arc<rustls::client::WebPkiServerVerifier>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl Lenient {
+    fn any(provider: Arc<rustls::crypto::CryptoProvider>) -> Lenient {
+        Lenient {
+            inner: None,
+            provider,
+        }
+    }
+
+    fn names(
+        inner: Arc<rustls::client::WebPkiServerVerifier>,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Lenient {
+        Lenient {
+            inner: Some(inner),
+            provider,
+        }
+    }
+}
+
+impl ServerCertVerifier for Lenient {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(inner) = &self.inner else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

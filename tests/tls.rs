@@ -1,0 +1,344 @@
+//! TLS on both sides with throwaway certificates (rcgen): the Rust driver through a TLS
+//! listener (with and without client certificates), mongoguard's upstream TLS (toward a
+//! second, TLS-listening mongoguard in front of the stand-in), and the failure cases: a
+//! plaintext client, a wrong CA, an expired certificate, a wrong host name, a missing client
+//! certificate. Every failure must be a clean refusal, and the proxy keeps serving.
+
+mod support;
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use bson::{doc, Document};
+use mongodb::{options::ClientOptions, Client};
+use mongoguard::{
+    config::Config,
+    proxy::{Proxy, ProxyHandle},
+};
+use mongoguard_standin::{StandIn, StandInConfig};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Pki {
+    dir: PathBuf,
+}
+
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "mongoguard-tls-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Pki { dir }
+    }
+
+    fn write(&self, name: &str, pem: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        std::fs::write(&p, pem).unwrap();
+        p
+    }
+
+    fn ca(&self, name: &str) -> (Ca, PathBuf) {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("mongoguard test CA {name}"),
+        );
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let path = self.write(&format!("{name}.pem"), &cert.pem());
+        (Ca { cert, key }, path)
+    }
+
+    /// A leaf for `dns` names (and 127.0.0.1 when `ip`), signed by `ca`; writes cert.pem,
+    /// key.pem and a combined PEM; returns (cert, key, combined).
+    fn leaf(
+        &self,
+        ca: &Ca,
+        name: &str,
+        dns: &[&str],
+        ip: bool,
+        expired: bool,
+    ) -> (PathBuf, PathBuf, PathBuf) {
+        let mut params =
+            CertificateParams::new(dns.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        if ip {
+            params
+                .subject_alt_names
+                .push(SanType::IpAddress(IpAddr::from([127, 0, 0, 1])));
+        }
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &ca.cert, &ca.key).unwrap();
+        let c = self.write(&format!("{name}.crt"), &cert.pem());
+        let k = self.write(&format!("{name}.key"), &key.serialize_pem());
+        let both = self.write(
+            &format!("{name}-combined.pem"),
+            &format!("{}{}", cert.pem(), key.serialize_pem()),
+        );
+        (c, k, both)
+    }
+}
+
+async fn tls_proxy(
+    upstream: &str,
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&PathBuf>,
+) -> ProxyHandle {
+    let mut cfg = Config::for_upstream(upstream).unwrap();
+    cfg.tls.cert_file = Some(cert.to_path_buf());
+    cfg.tls.key_file = Some(key.to_path_buf());
+    cfg.tls.client_ca_file = client_ca.cloned();
+    cfg.tls.handshake_timeout = Duration::from_secs(5);
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    Proxy::start(Arc::new(cfg)).await.expect("start TLS proxy")
+}
+
+async fn driver(uri: &str) -> Client {
+    let mut opts = ClientOptions::parse(uri).await.unwrap();
+    opts.server_selection_timeout = Some(Duration::from_secs(3));
+    opts.connect_timeout = Some(Duration::from_secs(3));
+    Client::with_options(opts).unwrap()
+}
+
+async fn works(uri: &str) -> Result<(), mongodb::error::Error> {
+    let c = driver(uri).await;
+    let coll = c.database("tls").collection::<Document>("c");
+    coll.insert_one(doc! {"x": 1}).await?;
+    let got = coll.find_one(doc! {"x": 1}).await?;
+    assert!(got.is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_over_tls_and_every_failure_is_clean() {
+    let pki = Pki::new();
+    let (ca, ca_path) = pki.ca("ca");
+    let (_other, other_ca_path) = pki.ca("other");
+    let (cert, key, _) = pki.leaf(&ca, "server", &["localhost"], true, false);
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = tls_proxy(&standin.uri(), &cert, &key, None).await;
+    let port = proxy.local_addr().port();
+
+    // The driver verifies mongoguard's certificate with the CA.
+    works(&format!(
+        "mongodb://localhost:{port}/?tls=true&tlsCAFile={}",
+        ca_path.display()
+    ))
+    .await
+    .expect("TLS through mongoguard");
+
+    // Wrong CA: the driver refuses the server.
+    let err = works(&format!(
+        "mongodb://localhost:{port}/?tls=true&tlsCAFile={}",
+        other_ca_path.display()
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err.kind.as_ref(),
+            mongodb::error::ErrorKind::ServerSelection { .. }
+        ),
+        "{err}"
+    );
+
+    // A plaintext client: its bytes are not a TLS ClientHello; mongoguard closes the
+    // connection without answering and counts the failure.
+    let before = proxy.stats().tls_handshake_failures.get();
+    let mut raw = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let hello =
+        mongoguard::wire::builder::MsgBuilder::new(bson::rawdoc! {"hello": 1, "$db": "admin"})
+            .encode(1, 0);
+    raw.write_all(&hello).await.unwrap();
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(20), raw.read(&mut buf))
+        .await
+        .expect("closed in time")
+        .unwrap_or(0);
+    // rustls may answer with a TLS alert record (content type 21), never a MongoDB reply.
+    assert!(
+        n == 0 || buf[0] == 21,
+        "plaintext client got {n} bytes: {:?}",
+        &buf[..n.min(16)]
+    );
+    assert!(proxy.stats().tls_handshake_failures.get() > before);
+
+    // The proxy still serves TLS clients afterwards.
+    works(&format!(
+        "mongodb://localhost:{port}/?tls=true&tlsCAFile={}",
+        ca_path.display()
+    ))
+    .await
+    .unwrap();
+    proxy.shutdown().await;
+
+    // An expired server certificate is refused by the driver.
+    let (old_cert, old_key, _) = pki.leaf(&ca, "expired", &["localhost"], true, true);
+    let expired = tls_proxy(&standin.uri(), &old_cert, &old_key, None).await;
+    let err = works(&format!(
+        "mongodb://localhost:{}/?tls=true&tlsCAFile={}",
+        expired.local_addr().port(),
+        ca_path.display()
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err.kind.as_ref(),
+            mongodb::error::ErrorKind::ServerSelection { .. }
+        ),
+        "{err}"
+    );
+    assert!(expired.stats().tls_handshake_failures.get() >= 1);
+    expired.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_when_required() {
+    let pki = Pki::new();
+    let (ca, ca_path) = pki.ca("ca");
+    let (cert, key, _) = pki.leaf(&ca, "server", &["localhost"], true, false);
+    let (_, _, client_pem) = pki.leaf(&ca, "client", &["app-client"], false, false);
+    let (rogue_ca, _) = pki.ca("rogue");
+    let (_, _, rogue_pem) = pki.leaf(&rogue_ca, "rogue", &["app-client"], false, false);
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = tls_proxy(&standin.uri(), &cert, &key, Some(&ca_path)).await;
+    let port = proxy.local_addr().port();
+    let base = format!(
+        "mongodb://localhost:{port}/?tls=true&tlsCAFile={}",
+        ca_path.display()
+    );
+    assert!(
+        works(&base).await.is_err(),
+        "no client certificate was accepted"
+    );
+    assert!(
+        works(&format!(
+            "{base}&tlsCertificateKeyFile={}",
+            rogue_pem.display()
+        ))
+        .await
+        .is_err(),
+        "a certificate from another CA was accepted"
+    );
+    works(&format!(
+        "{base}&tlsCertificateKeyFile={}",
+        client_pem.display()
+    ))
+    .await
+    .expect("a client certificate from the CA");
+    assert!(proxy.stats().tls_handshake_failures.get() >= 2);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_tls_verifies_the_server() {
+    let pki = Pki::new();
+    let (ca, ca_path) = pki.ca("ca");
+    let (_other, other_ca_path) = pki.ca("other");
+    // The TLS upstream: a mongoguard with a TLS listener whose certificate names only
+    // "localhost" (no IP), in front of the stand-in.
+    let (cert, key, _) = pki.leaf(&ca, "upstream", &["localhost"], false, false);
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let upstream = tls_proxy(&standin.uri(), &cert, &key, None).await;
+    let up_port = upstream.local_addr().port();
+
+    let front = |uri: String| async move {
+        let mut cfg = Config::for_upstream(&uri).unwrap();
+        cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+        Proxy::start(Arc::new(cfg)).await
+    };
+    // Verified chain and name: works, end to end.
+    let good = front(format!(
+        "mongodb://localhost:{up_port}/?tls=true&tlsCAFile={}",
+        ca_path.display()
+    ))
+    .await
+    .unwrap();
+    works(&format!("mongodb://{}", good.local_addr()))
+        .await
+        .unwrap();
+    good.shutdown().await;
+
+    // Wrong CA: mongoguard refuses the upstream; the client gets HostUnreachable.
+    let bad = front(format!(
+        "mongodb://localhost:{up_port}/?tls=true&tlsCAFile={}",
+        other_ca_path.display()
+    ))
+    .await
+    .unwrap();
+    assert!(works(&format!("mongodb://{}", bad.local_addr()))
+        .await
+        .is_err());
+    bad.shutdown().await;
+
+    // The certificate names "localhost", not 127.0.0.1: refused by default...
+    let by_ip = front(format!(
+        "mongodb://127.0.0.1:{up_port}/?tls=true&tlsCAFile={}",
+        ca_path.display()
+    ))
+    .await
+    .unwrap();
+    assert!(works(&format!("mongodb://{}", by_ip.local_addr()))
+        .await
+        .is_err());
+    by_ip.shutdown().await;
+    // ...and accepted only with the explicit (logged) tlsAllowInvalidHostnames.
+    let lax = front(format!(
+        "mongodb://127.0.0.1:{up_port}/?tls=true&tlsCAFile={}&tlsAllowInvalidHostnames=true",
+        ca_path.display()
+    ))
+    .await
+    .unwrap();
+    works(&format!("mongodb://{}", lax.local_addr()))
+        .await
+        .unwrap();
+    lax.shutdown().await;
+
+    // Pooled mode over upstream TLS.
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://localhost:{up_port}/?tls=true&tlsCAFile={}",
+        ca_path.display()
+    ))
+    .unwrap();
+    cfg.proxy.mode = mongoguard::config::Mode::Pooled;
+    cfg.auth.allow_unauthenticated = true;
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let pooled = Proxy::start(Arc::new(cfg)).await.unwrap();
+    works(&format!("mongodb://{}", pooled.local_addr()))
+        .await
+        .unwrap();
+    pooled.shutdown().await;
+
+    // tls* options without tls=true are a startup error, not a silent plaintext link.
+    let cfg = Config::for_upstream(&format!(
+        "mongodb://localhost:{up_port}/?tlsCAFile={}",
+        ca_path.display()
+    ))
+    .unwrap();
+    assert!(Proxy::start(Arc::new(cfg)).await.is_err());
+    upstream.shutdown().await;
+}
