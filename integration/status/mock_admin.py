@@ -63,6 +63,15 @@ HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</scrip
 
 STARTED = time.time()
 
+# The headers the mock (and, suggested, the real server) sends with the page: a strict CSP
+# that still lets the inline script and styles run and allows requests to the same origin only.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
 
 def rfc3339(t: float) -> str:
     d = datetime.fromtimestamp(t, tz=timezone.utc)
@@ -221,9 +230,11 @@ def make_handler(state: State):
             if args.verbose:
                 sys.stderr.write("mock_admin: " + (fmt % a) + "\n")
 
-        def _send(self, status: int, body: bytes, ctype: str) -> None:
+        def _send(self, status: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
@@ -245,7 +256,7 @@ def make_handler(state: State):
                 # The page itself carries no data; the real server may still gate it with the
                 # token. The mock serves it openly so a 401 banner can be shown.
                 with open(PAGE, "rb") as f:
-                    return self._send(200, f.read(), "text/html; charset=utf-8")
+                    return self._send(200, f.read(), "text/html; charset=utf-8", PAGE_HEADERS)
             if path == "/healthz":
                 return self._json(200, {"status": "ok"})
             if not self._authorized(path):
