@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::wire::{parse_op_msg_body, Body, OP_MSG};
-use crate::workload::{self, Op, Settings};
+use crate::workload::{self, Op, Scenario, Settings};
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -111,6 +111,8 @@ fn settings() -> Settings {
         docs: 2500,
         warmup: Duration::from_millis(50),
         duration: Duration::from_millis(300),
+        scenario: Scenario::Steady,
+        auth: None,
     }
 }
 
@@ -157,4 +159,128 @@ async fn dropped_connections_are_counted_and_run_ends() {
     assert!(r.errors > 0);
     assert_eq!(r.hist.len(), 0);
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+// --- against the in-process stand-in, with SCRAM-SHA-256 ---------------------------------
+
+use mongoguard_standin::{StandIn, StandInConfig};
+
+use crate::auth::AuthOptions;
+
+async fn standin_with_user() -> StandIn {
+    StandIn::start(StandInConfig {
+        users: vec![("app".into(), "apppw".into())],
+        ..StandInConfig::default()
+    })
+    .await
+    .expect("stand-in")
+}
+
+fn auth(password: &str, speculative: bool, skip_empty_exchange: bool) -> Option<AuthOptions> {
+    Some(AuthOptions {
+        user: "app".into(),
+        password: password.into(),
+        db: "admin".into(),
+        speculative,
+        skip_empty_exchange,
+    })
+}
+
+fn serverless(auth: Option<AuthOptions>) -> Settings {
+    // Unoptimised PBKDF2 (debug builds) takes tens of ms per authentication: a longer window
+    // so that every run records operations even with the other tests running alongside.
+    Settings {
+        docs: 100,
+        warmup: Duration::ZERO,
+        duration: Duration::from_millis(1500),
+        scenario: Scenario::Serverless,
+        auth,
+        ..settings()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_speculative_against_standin() {
+    let standin = standin_with_user().await;
+    let addr = standin.addr().to_string();
+    let s = serverless(auth("apppw", true, true));
+    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)))
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let ops = r.hist.len();
+    assert!(ops > 0);
+    let scram = r.client_scram.as_ref().expect("client SCRAM timings");
+    assert_eq!(scram.len(), ops);
+    assert_eq!(r.speculative, ops, "every op authenticated inside hello");
+    assert!(r.scram_iterations >= 4096);
+    let stats = standin.stats();
+    // Warmup ops count too: at least one connection and one authentication per measured op.
+    assert!(stats.connections_accepted() >= ops);
+    assert!(stats.authentications() >= ops);
+    assert_eq!(
+        stats.command_count("saslStart"),
+        0,
+        "speculative: no saslStart"
+    );
+    standin.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_sasl_start_with_empty_exchange() {
+    let standin = standin_with_user().await;
+    let addr = standin.addr().to_string();
+    let s = serverless(auth("apppw", false, false));
+    workload::setup(&addr, &s).await.expect("setup with auth");
+    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(100)))
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    assert!(!r.hist.is_empty());
+    assert_eq!(r.speculative, 0);
+    let stats = standin.stats();
+    let starts = stats.command_count("saslStart");
+    assert!(starts > r.hist.len());
+    // client-final and the empty exchange: two saslContinue per conversation.
+    assert_eq!(stats.command_count("saslContinue"), 2 * starts);
+    assert_eq!(stats.authentications(), starts);
+    standin.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_wrong_password_is_an_error() {
+    let standin = standin_with_user().await;
+    let addr = standin.addr().to_string();
+    let s = serverless(auth("wrong", true, true));
+    let r = workload::run(&addr, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)))
+        .await
+        .expect("run");
+    assert_eq!(r.hist.len(), 0);
+    assert!(r.errors > 0);
+    let e = r.first_error.unwrap_or_default();
+    assert!(e.contains("Authentication failed"), "{e}");
+    standin.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_authenticates_each_connection_once() {
+    let standin = standin_with_user().await;
+    let addr = standin.addr().to_string();
+    let s = Settings {
+        docs: 100,
+        auth: auth("apppw", true, true),
+        ..settings()
+    };
+    workload::setup(&addr, &s).await.expect("setup with auth");
+    let r = workload::run(&addr, Op::Mix, 3, &s, Arc::new(AtomicI64::new(100)))
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    assert!(r.hist.len() > 10);
+    assert!(r.client_scram.is_none());
+    let stats = standin.stats();
+    // setup's connection + one per worker.
+    assert_eq!(stats.connections_accepted(), 4);
+    assert_eq!(stats.authentications(), 4);
+    standin.shutdown().await;
 }

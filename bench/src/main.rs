@@ -4,6 +4,7 @@
 //! network path: each connection sends one request, waits for its reply,
 //! records the latency, and repeats until the measured window closes.
 
+mod auth;
 mod report;
 mod wire;
 mod workload;
@@ -19,8 +20,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
+use crate::auth::AuthOptions;
 use crate::report::Row;
-use crate::workload::{Op, Settings};
+use crate::workload::{Op, Scenario, Settings};
 
 #[derive(Clone, Debug)]
 struct Target {
@@ -98,6 +100,57 @@ struct Cli {
     /// Runtime worker threads (default: number of CPUs).
     #[arg(long)]
     threads: Option<usize>,
+
+    /// `steady`: long-lived connections, one request in flight each. `serverless`: every
+    /// operation connects, sends hello, authenticates (with --user), runs one command
+    /// (--op) and closes; its latency covers all of that.
+    #[arg(long, value_enum, default_value = "steady")]
+    scenario: Scenario,
+
+    /// Authenticate every connection with SCRAM-SHA-256 as this user (needs --password).
+    #[arg(long, requires = "password")]
+    user: Option<String>,
+
+    /// Password for --user.
+    #[arg(long, requires = "user")]
+    password: Option<String>,
+
+    /// Authentication database (authSource).
+    #[arg(long, default_value = "admin")]
+    auth_db: String,
+
+    /// Authenticate with saslStart after hello instead of inside it
+    /// (speculativeAuthenticate, which drivers use, is the default).
+    #[arg(long)]
+    no_speculative: bool,
+
+    /// Do not ask for skipEmptyExchange: the server then answers client-final with
+    /// done: false and the client sends the extra empty saslContinue.
+    #[arg(long)]
+    no_skip_empty_exchange: bool,
+
+    /// Instead of a load run: send `{standinStats: 1}` (mongoguard-standin's counters) to
+    /// every target and print each reply as one JSON line `{"target": NAME, ...reply}`.
+    #[arg(long)]
+    standin_stats: bool,
+
+    /// Only run the setup phase (drop the collection, insert --docs documents) on every
+    /// target, then exit.
+    #[arg(long, conflicts_with = "no_setup")]
+    setup_only: bool,
+
+    /// Skip the setup phase: the collection already holds documents with `_id` 0..docs.
+    #[arg(long)]
+    no_setup: bool,
+
+    /// First `_id` of the run's inserts (default: --docs). Give each invocation its own
+    /// range when several share one collection without a setup phase in between.
+    #[arg(long)]
+    first_insert_id: Option<i64>,
+
+    /// With --standin-stats: zero the counters right after reading them (`reset: true`).
+    #[arg(long, requires = "standin_stats")]
+    reset: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -135,12 +188,35 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.standin_stats {
+        for t in &cli.targets {
+            let mut reply = workload::standin_stats(&t.addr, cli.reset)
+                .await
+                .with_context(|| format!("standinStats on {} ({})", t.name, t.addr))?;
+            let mut line = serde_json::Map::new();
+            line.insert("target".into(), t.name.clone().into());
+            line.append(&mut reply);
+            println!("{}", serde_json::Value::Object(line));
+        }
+        return Ok(());
+    }
     let settings = Settings {
         db: cli.db.clone(),
         coll: cli.coll.clone(),
         docs: cli.docs.max(0),
         warmup: secs(cli.warmup, "warmup")?,
         duration: secs(cli.duration, "duration")?,
+        scenario: cli.scenario,
+        auth: match (&cli.user, &cli.password) {
+            (Some(user), Some(password)) => Some(AuthOptions {
+                user: user.clone(),
+                password: password.clone(),
+                db: cli.auth_db.clone(),
+                speculative: !cli.no_speculative,
+                skip_empty_exchange: !cli.no_skip_empty_exchange,
+            }),
+            _ => None,
+        },
     };
     if settings.duration.is_zero() {
         anyhow::bail!("--duration must be > 0");
@@ -148,7 +224,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.concurrency.contains(&0) {
         anyhow::bail!("--concurrency must be >= 1");
     }
-    let needs_data = cli.op.iter().any(|o| o.needs_data());
+    if cli.setup_only {
+        for t in &cli.targets {
+            workload::setup(&t.addr, &settings)
+                .await
+                .with_context(|| format!("setup on {} ({})", t.name, t.addr))?;
+        }
+        return Ok(());
+    }
+    let needs_data = !cli.no_setup && cli.op.iter().any(|o| o.needs_data());
     // (target index, op, concurrency) in execution order.
     let mut plan = Vec::new();
     for &op in &cli.op {
@@ -163,7 +247,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     // _ids for inserts: unique across the whole invocation, above the preloaded
     // range, so targets that share one upstream never collide.
-    let next_id = Arc::new(AtomicI64::new(settings.docs));
+    let next_id = Arc::new(AtomicI64::new(cli.first_insert_id.unwrap_or(settings.docs)));
     let mut set_up = vec![false; cli.targets.len()];
     let mut rows = Vec::new();
     for (ti, op, c) in plan {
@@ -181,8 +265,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         eprintln!(
-            "[{}] {} concurrency={} warmup={:?} duration={:?}",
+            "[{}] {} {} concurrency={} warmup={:?} duration={:?}",
             t.name,
+            settings.scenario.name(),
             op.name(),
             c,
             settings.warmup,
@@ -191,7 +276,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let r = workload::run(&t.addr, op, c, &settings, next_id.clone())
             .await
             .with_context(|| format!("target {} ({})", t.name, t.addr))?;
-        let row = Row::new(&t.name, &t.addr, op.name(), c, &r);
+        let row = Row::new(&t.name, &t.addr, settings.scenario, op.name(), c, &r);
         if row.errors > 0 {
             eprintln!(
                 "[{}]   {} errors; first: {}",
@@ -212,6 +297,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             "db": settings.db,
             "coll": settings.coll,
             "docs": settings.docs,
+            "scenario": settings.scenario,
+            "auth": settings.auth.as_ref().map(|a| serde_json::json!({
+                "user": a.user,
+                "db": a.db,
+                "speculative": a.speculative,
+                "skip_empty_exchange": a.skip_empty_exchange,
+            })),
         });
         println!("{}", report::json(&rows, meta)?);
     } else {

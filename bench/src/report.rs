@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::workload::RunResult;
+use crate::workload::{RunResult, Scenario};
 
 /// The target that "added latency" is measured against.
 pub const BASELINE: &str = "direct";
@@ -22,17 +22,48 @@ pub struct Row {
     pub errors: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+    pub scenario: String,
+    /// Successful operations including warmup ones.
+    pub ops_total: u64,
+    /// Client-side SCRAM computation per operation (serverless with auth): p50 and mean, µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_scram_p50_us: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_scram_mean_us: Option<f64>,
+    /// SCRAM iteration count the server asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scram_iterations: Option<u32>,
+    /// Share of operations authenticated speculatively (inside hello).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative_share: Option<f64>,
 }
 
 impl Row {
-    pub fn new(target: &str, addr: &str, op: &str, concurrency: usize, r: &RunResult) -> Row {
+    pub fn new(
+        target: &str,
+        addr: &str,
+        scenario: Scenario,
+        op: &str,
+        concurrency: usize,
+        r: &RunResult,
+    ) -> Row {
         let h = &r.hist;
         let ops = h.len();
         let secs = r.measured.as_secs_f64();
+        let scram = r.client_scram.as_ref().filter(|h| !h.is_empty());
         Row {
+            scenario: scenario.name().to_string(),
+            ops_total: r.completed,
+            client_scram_p50_us: scram.map(|h| h.value_at_quantile(0.5)),
+            client_scram_mean_us: scram.map(|h| h.mean()),
+            scram_iterations: scram.map(|_| r.scram_iterations),
+            speculative_share: scram.map(|h| r.speculative as f64 / h.len() as f64),
             target: target.to_string(),
             addr: addr.to_string(),
-            op: op.to_string(),
+            op: match scenario {
+                Scenario::Steady => op.to_string(),
+                Scenario::Serverless => format!("serverless {op}"),
+            },
             concurrency,
             ops,
             ops_per_sec: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
@@ -109,6 +140,45 @@ const ADDED_HEADERS: [&str; 6] = [
     "ops/s vs direct",
 ];
 
+/// Extra columns when some run authenticated per operation (serverless with auth).
+const SCRAM_HEADERS: [&str; 3] = ["client SCRAM p50 µs", "SCRAM iter", "speculative"];
+
+const SCRAM_NOTE: &str = "client SCRAM = time loadgen itself spent per operation in SCRAM \
+computation (PBKDF2 at the server's iteration count, and HMACs; mongoguard's ClientConversation \
+has no salted-password cache, unlike drivers). It is inside the latency above and is client \
+CPU, not server time.";
+
+fn has_scram(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.client_scram_p50_us.is_some())
+}
+
+fn headers(rows: &[Row]) -> Vec<&'static str> {
+    let mut h = HEADERS.to_vec();
+    if has_scram(rows) {
+        h.extend(SCRAM_HEADERS);
+    }
+    h
+}
+
+fn row_cells(rows: &[Row]) -> Vec<Vec<String>> {
+    let scram = has_scram(rows);
+    rows.iter()
+        .map(|r| {
+            let mut c = cells(r);
+            if scram {
+                let na = || "-".to_string();
+                c.push(r.client_scram_p50_us.map_or_else(na, |v| v.to_string()));
+                c.push(r.scram_iterations.map_or_else(na, |v| v.to_string()));
+                c.push(
+                    r.speculative_share
+                        .map_or_else(na, |v| format!("{:.0}%", v * 100.0)),
+                );
+            }
+            c
+        })
+        .collect()
+}
+
 fn cells(r: &Row) -> Vec<String> {
     vec![
         r.target.clone(),
@@ -183,8 +253,11 @@ fn md_table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 pub fn human(rows: &[Row]) -> String {
-    let body: Vec<Vec<String>> = rows.iter().map(cells).collect();
-    let mut out = text_table(&HEADERS, &body);
+    let body = row_cells(rows);
+    let mut out = text_table(&headers(rows), &body);
+    if has_scram(rows) {
+        out.push_str(&format!("{SCRAM_NOTE}\n"));
+    }
     let added = added_latency(rows);
     if !added.is_empty() {
         out.push_str(&format!("\nadded latency vs `{BASELINE}`:\n"));
@@ -206,8 +279,11 @@ pub fn human(rows: &[Row]) -> String {
 }
 
 pub fn markdown(rows: &[Row]) -> String {
-    let body: Vec<Vec<String>> = rows.iter().map(cells).collect();
-    let mut out = md_table(&HEADERS, &body);
+    let body = row_cells(rows);
+    let mut out = md_table(&headers(rows), &body);
+    if has_scram(rows) {
+        out.push_str(&format!("\n{SCRAM_NOTE}\n"));
+    }
     let added = added_latency(rows);
     if !added.is_empty() {
         out.push_str(&format!("\nAdded latency vs `{BASELINE}`:\n\n"));

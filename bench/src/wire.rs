@@ -101,21 +101,7 @@ pub struct Conn {
 impl Conn {
     /// Connect with TCP_NODELAY and send `hello` (whose reply must be ok).
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Conn, WireError> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| {
-                WireError::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("connect to {addr} timed out"),
-                ))
-            })??;
-        stream.set_nodelay(true)?;
-        let mut conn = Conn {
-            stream: BufReader::with_capacity(64 * 1024, stream),
-            next_id: 1,
-            out: Vec::with_capacity(4096),
-            inbuf: Vec::with_capacity(64 * 1024),
-        };
+        let mut conn = Conn::open(addr, timeout).await?;
         let hello = Body::encode(&bson::doc! { "hello": 1, "$db": "admin" })?;
         tokio::time::timeout(timeout, conn.request(&hello))
             .await
@@ -128,9 +114,37 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Open the TCP connection (TCP_NODELAY) without sending anything.
+    pub async fn open(addr: &str, timeout: Duration) -> Result<Conn, WireError> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                WireError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connect to {addr} timed out"),
+                ))
+            })??;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream: BufReader::with_capacity(64 * 1024, stream),
+            next_id: 1,
+            out: Vec::with_capacity(4096),
+            inbuf: Vec::with_capacity(64 * 1024),
+        })
+    }
+
     /// Send one request and wait for its reply. Ok means the reply said `ok: 1`
     /// and carried no `writeErrors` / `writeConcernError`.
     pub async fn request(&mut self, body: &Body) -> Result<(), WireError> {
+        self.send(body).await.map(|_| ())
+    }
+
+    /// Like [`Conn::request`], and returns the reply's command document.
+    pub async fn request_doc(&mut self, body: &Body) -> Result<&RawDocument, WireError> {
+        self.send(body).await
+    }
+
+    async fn send(&mut self, body: &Body) -> Result<&RawDocument, WireError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         let len = i32::try_from(HEADER_LEN + body.payload().len())
@@ -145,7 +159,7 @@ impl Conn {
         self.read_reply(id).await
     }
 
-    async fn read_reply(&mut self, request_id: i32) -> Result<(), WireError> {
+    async fn read_reply(&mut self, request_id: i32) -> Result<&RawDocument, WireError> {
         let mut header = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut header).await?;
         let le =
@@ -166,7 +180,8 @@ impl Conn {
             )));
         }
         let body = parse_op_msg_body(&self.inbuf)?;
-        check_ok(body)
+        check_ok(body)?;
+        Ok(body)
     }
 }
 

@@ -10,6 +10,7 @@ use bson::doc;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
+use crate::auth::{self, AuthOptions};
 use crate::wire::{Body, Conn, WireError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,6 +44,27 @@ impl Op {
     }
 }
 
+/// How connections are used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Long-lived connections (handshake before the window), one request in flight each.
+    #[default]
+    Steady,
+    /// Every operation opens a connection, does the handshake (hello, authentication),
+    /// runs one command and closes: a serverless function without a warm client.
+    Serverless,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Steady => "steady",
+            Scenario::Serverless => "serverless",
+        }
+    }
+}
+
 /// Settings shared by every connection of every run.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -51,6 +73,9 @@ pub struct Settings {
     pub docs: i64,
     pub warmup: Duration,
     pub duration: Duration,
+    pub scenario: Scenario,
+    /// Authenticate every connection (SCRAM-SHA-256) when set.
+    pub auth: Option<AuthOptions>,
 }
 
 /// Outcome of one (target, op, concurrency) run.
@@ -59,6 +84,26 @@ pub struct RunResult {
     pub errors: u64,
     pub first_error: Option<String>,
     pub measured: Duration,
+    /// Client-side SCRAM computation per measured operation (serverless with auth only).
+    pub client_scram: Option<Histogram<u64>>,
+    /// Largest SCRAM iteration count a server asked for during the run (0: none).
+    pub scram_iterations: u32,
+    /// Measured operations whose authentication completed speculatively (inside hello).
+    pub speculative: u64,
+    /// Successful operations including the warmup's (to relate server-side counters, which
+    /// cover the whole run, to operations).
+    pub completed: u64,
+}
+
+/// Open a connection the way the settings say: plain `hello`, or the driver-style
+/// handshake with authentication.
+async fn connect(addr: &str, timeout: Duration, s: &Settings) -> Result<Conn, WireError> {
+    match &s.auth {
+        None => Conn::connect(addr, timeout).await,
+        Some(a) => auth::handshake(addr, timeout, Some(a))
+            .await
+            .map(|(c, _)| c),
+    }
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -141,7 +186,7 @@ impl Requests {
 
 /// Drop the collection and insert `docs` small documents with `_id` 0..docs.
 pub async fn setup(addr: &str, s: &Settings) -> anyhow::Result<()> {
-    let mut conn = Conn::connect(addr, CONNECT_TIMEOUT)
+    let mut conn = connect(addr, CONNECT_TIMEOUT, s)
         .await
         .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     let drop = Body::encode(&doc! { "drop": &s.coll, "$db": &s.db }).map_err(anyhow_wire)?;
@@ -167,6 +212,27 @@ pub async fn setup(addr: &str, s: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `{standinStats: 1, reset}` on `admin` (mongoguard-standin only), as relaxed extended JSON.
+pub async fn standin_stats(
+    addr: &str,
+    reset: bool,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut conn = Conn::connect(addr, CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
+    let body = Body::encode(&doc! { "standinStats": 1, "reset": reset, "$db": "admin" })
+        .map_err(anyhow_wire)?;
+    let reply = tokio::time::timeout(SETUP_TIMEOUT, conn.request_doc(&body))
+        .await
+        .unwrap_or_else(|_| Err(timed_out("standinStats timed out")))
+        .map_err(anyhow_wire)?;
+    let reply = bson::Document::try_from(reply).context("decoding the reply")?;
+    match bson::Bson::Document(reply).into_relaxed_extjson() {
+        serde_json::Value::Object(m) => Ok(m),
+        other => bail!("unexpected reply {other}"),
+    }
+}
+
 async fn timed_request(conn: &mut Conn, body: &Body) -> Result<(), WireError> {
     tokio::time::timeout(SETUP_TIMEOUT, conn.request(body))
         .await
@@ -184,8 +250,17 @@ fn anyhow_wire(e: WireError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
+/// A run's timeline: requests start at `start`, are recorded from `measure_from`, stop at `end`.
+#[derive(Clone, Copy)]
+struct Window {
+    start: Instant,
+    measure_from: Instant,
+    end: Instant,
+}
+
 struct ConnStats {
     hist: Histogram<u64>,
+    completed: u64,
     errors: u64,
     first_error: Option<String>,
 }
@@ -207,13 +282,16 @@ pub async fn run(
     s: &Settings,
     next_id: Arc<AtomicI64>,
 ) -> anyhow::Result<RunResult> {
-    // Connect everyone first, so connection setup is not part of the window.
+    if s.scenario == Scenario::Serverless {
+        return run_serverless(addr, op, concurrency, s, next_id).await;
+    }
     // Connect everyone first (concurrently), so connection setup is not part of
     // the window. A connection that fails here is counted and retried inside it.
     let pending: Vec<_> = (0..concurrency)
         .map(|_| {
             let addr = addr.to_string();
-            tokio::spawn(async move { Conn::connect(&addr, CONNECT_TIMEOUT).await })
+            let s = s.clone();
+            tokio::spawn(async move { connect(&addr, CONNECT_TIMEOUT, &s).await })
         })
         .collect();
     let mut conns = Vec::with_capacity(concurrency);
@@ -238,11 +316,14 @@ pub async fn run(
         tasks.push(tokio::spawn(conn_loop(
             conn,
             addr,
+            s.clone(),
             reqs,
             op,
-            start,
-            measure_from,
-            end,
+            Window {
+                start,
+                measure_from,
+                end,
+            },
         )));
     }
     let mut total = RunResult {
@@ -250,9 +331,14 @@ pub async fn run(
         errors: connect_errors.len() as u64,
         first_error: connect_errors.into_iter().next(),
         measured: s.duration,
+        client_scram: None,
+        scram_iterations: 0,
+        speculative: 0,
+        completed: 0,
     };
     for t in tasks {
         let st = t.await.context("connection task panicked")?;
+        total.completed += st.completed;
         total.hist.add(&st.hist).context("merging histograms")?;
         total.errors += st.errors;
         if total.first_error.is_none() {
@@ -265,14 +351,19 @@ pub async fn run(
 async fn conn_loop(
     mut conn: Option<Conn>,
     addr: String,
+    s: Settings,
     mut reqs: Requests,
     op: Op,
-    start: Instant,
-    measure_from: Instant,
-    end: Instant,
+    w: Window,
 ) -> ConnStats {
+    let Window {
+        start,
+        measure_from,
+        end,
+    } = w;
     let mut st = ConnStats {
         hist: new_hist(),
+        completed: 0,
         errors: 0,
         first_error: None,
     };
@@ -285,7 +376,7 @@ async fn conn_loop(
             // Reconnect after a failure, as long as the window is open.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let remaining = end.saturating_duration_since(Instant::now());
-            match Conn::connect(&addr, remaining.min(CONNECT_TIMEOUT)).await {
+            match connect(&addr, remaining.min(CONNECT_TIMEOUT), &s).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     if Instant::now() >= measure_from {
@@ -306,6 +397,9 @@ async fn conn_loop(
             Err(e) => Err(e),
         };
         let measured = sent >= measure_from;
+        if outcome.is_ok() {
+            st.completed += 1;
+        }
         match outcome {
             Ok(()) if measured => {
                 let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -318,6 +412,151 @@ async fn conn_loop(
                 }
                 if e.is_fatal() {
                     conn = None;
+                }
+            }
+        }
+    }
+    st
+}
+
+/// Per-task results of a serverless run.
+struct ServerlessStats {
+    conn: ConnStats,
+    client_scram: Histogram<u64>,
+    iterations: u32,
+    speculative: u64,
+}
+
+/// Serverless scenario: `concurrency` tasks, each repeating connect + handshake (hello,
+/// authentication) + one command + close. The latency of an operation covers all of it.
+async fn run_serverless(
+    addr: &str,
+    op: Op,
+    concurrency: usize,
+    s: &Settings,
+    next_id: Arc<AtomicI64>,
+) -> anyhow::Result<RunResult> {
+    let start = Instant::now() + Duration::from_millis(20);
+    let measure_from = start + s.warmup;
+    let end = measure_from + s.duration;
+    let mut tasks = Vec::with_capacity(concurrency);
+    for i in 0..concurrency {
+        let reqs =
+            Requests::new(s, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
+        tasks.push(tokio::spawn(serverless_loop(
+            addr.to_string(),
+            s.auth.clone(),
+            reqs,
+            op,
+            Window {
+                start,
+                measure_from,
+                end,
+            },
+        )));
+    }
+    let mut total = RunResult {
+        hist: new_hist(),
+        errors: 0,
+        first_error: None,
+        measured: s.duration,
+        client_scram: s.auth.as_ref().map(|_| new_hist()),
+        scram_iterations: 0,
+        speculative: 0,
+        completed: 0,
+    };
+    for t in tasks {
+        let st = t.await.context("connection task panicked")?;
+        total.completed += st.conn.completed;
+        total
+            .hist
+            .add(&st.conn.hist)
+            .context("merging histograms")?;
+        total.errors += st.conn.errors;
+        if total.first_error.is_none() {
+            total.first_error = st.conn.first_error;
+        }
+        if let Some(h) = total.client_scram.as_mut() {
+            h.add(&st.client_scram).context("merging histograms")?;
+        }
+        total.scram_iterations = total.scram_iterations.max(st.iterations);
+        total.speculative += st.speculative;
+    }
+    Ok(total)
+}
+
+/// One serverless operation: connect, handshake, one request, close.
+async fn serverless_op(
+    addr: &str,
+    auth: Option<&AuthOptions>,
+    reqs: &mut Requests,
+    op: Op,
+) -> Result<auth::HandshakeInfo, WireError> {
+    let (mut conn, info) = auth::handshake(addr, CONNECT_TIMEOUT, auth).await?;
+    let body = reqs.next(op)?;
+    conn.request(body).await?;
+    drop(conn); // close: a serverless invocation keeps nothing
+    Ok(info)
+}
+
+async fn serverless_loop(
+    addr: String,
+    auth: Option<AuthOptions>,
+    mut reqs: Requests,
+    op: Op,
+    w: Window,
+) -> ServerlessStats {
+    let Window {
+        start,
+        measure_from,
+        end,
+    } = w;
+    let mut st = ServerlessStats {
+        conn: ConnStats {
+            hist: new_hist(),
+            completed: 0,
+            errors: 0,
+            first_error: None,
+        },
+        client_scram: new_hist(),
+        iterations: 0,
+        speculative: 0,
+    };
+    tokio::time::sleep_until(start).await;
+    while Instant::now() < end {
+        let sent = Instant::now();
+        let outcome = match tokio::time::timeout_at(
+            end + GRACE,
+            serverless_op(&addr, auth.as_ref(), &mut reqs, op),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(timed_out("operation not done before the end of the run")),
+        };
+        let measured = sent >= measure_from;
+        if outcome.is_ok() {
+            st.conn.completed += 1;
+        }
+        match outcome {
+            Ok(info) if measured => {
+                let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                st.conn.hist.saturating_record(us.max(1));
+                if auth.is_some() {
+                    let scram = u64::try_from(info.client_scram.as_micros()).unwrap_or(u64::MAX);
+                    st.client_scram.saturating_record(scram.max(1));
+                    st.iterations = st.iterations.max(info.iterations);
+                    st.speculative += u64::from(info.speculative);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if measured {
+                    st.conn.error(&e);
+                }
+                if e.is_fatal() {
+                    // Do not spin on a server that refuses connections.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
         }
