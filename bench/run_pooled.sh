@@ -25,6 +25,8 @@
 #     `mongoguard users add` writes (15000, mongod's default). The stand-in uses 4096, and the
 #     client's PBKDF2 runs at the server's count, so USERS_ITERATIONS=4096 gives the client the
 #     same SCRAM cost on every target (loadgen has no salted-password cache; see the notes in the output).
+#   STANDIN_FAULT [none]  e.g. delay-ms:1: the stand-in waits before every reply, standing in
+#                         for a mongod one network round trip away (mongoguard stays local)
 #   STANDIN_PORT [27200]  PASSTHROUGH_PORT [27201]  POOLED_PORT [27202]
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   MONGOGUARD_ARGS [] extra flags for both mongoguards, e.g. "--policy bench/policy-off.toml"
@@ -169,7 +171,7 @@ log "ports: stand-in $PORT_S, passthrough $PORT_P, pooled $PORT_Q"
 
 # --- stand-in upstream (with a user: every client must authenticate) ----------
 "$BIN/mongoguard-standin" --listen "127.0.0.1:$PORT_S" --user "$APP_USER:$APP_PASSWORD" \
-    >"$WORK/standin.log" 2>&1 &
+    --fault "${STANDIN_FAULT:-none}" >"$WORK/standin.log" 2>&1 &
 STANDIN_PID=$!
 PIDS+=("$STANDIN_PID")
 wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PORT_S" "$STANDIN_PID" standin

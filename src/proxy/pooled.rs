@@ -69,6 +69,10 @@ const CURSOR_TTL: Duration = Duration::from_secs(30 * 60);
 /// Longer than mongod's transactionLifetimeLimitSeconds (60 s) default.
 const TXN_TTL: Duration = Duration::from_secs(5 * 60);
 
+/// How long the reply of a client that left mid-request is still awaited, so that its
+/// upstream connection can be reused; past it the connection is discarded.
+const ABANDONED_REPLY_BUDGET: Duration = Duration::from_secs(1);
+
 /// mongod's codes used by pooled mode.
 const UNAUTHORIZED: (i32, &str) = (13, "Unauthorized");
 const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
@@ -693,8 +697,20 @@ impl Session {
         let mut expected = request.request_id;
         let mut first = true;
         let mut streaming = false;
+        // Set when the client left before its reply: the reply is still read (within
+        // ABANDONED_REPLY_BUDGET) so the connection can go back to the pool clean. Drivers do
+        // this on close: the Node driver sends endSessions and closes without waiting.
+        let mut client_gone = false;
         let result = loop {
-            let timer = sleep_unless_zero(reply_timeout);
+            let budget = if client_gone {
+                match reply_timeout.is_zero() {
+                    true => ABANDONED_REPLY_BUDGET,
+                    false => reply_timeout.min(ABANDONED_REPLY_BUDGET),
+                }
+            } else {
+                reply_timeout
+            };
+            let timer = sleep_unless_zero(budget);
             tokio::pin!(timer);
             let reply = tokio::select! {
                 biased;
@@ -704,15 +720,23 @@ impl Session {
                     Some(Err(e)) => break Err(upstream_error(e)),
                     Some(Ok(f)) => f,
                 },
-                next = self.client_in.next(), if self.pending.is_none() => match next {
-                    None => break Err(SessionError::ClientGone),
+                next = self.client_in.next(), if self.pending.is_none() && !client_gone => match next {
+                    None if streaming => break Err(SessionError::ClientGone),
+                    None => {
+                        client_gone = true;
+                        continue;
+                    }
                     Some(Err(e)) => break Err(client_error(e)),
                     Some(Ok(f)) => {
                         self.pending = Some(f);
                         continue;
                     }
                 },
-                _ = &mut timer => break Err(SessionError::ReplyTimeout(reply_timeout)),
+                _ = &mut timer => break Err(if client_gone {
+                    SessionError::ClientGone
+                } else {
+                    SessionError::ReplyTimeout(reply_timeout)
+                }),
             };
             if reply.header().response_to != expected {
                 break Err(SessionError::UpstreamProtocol(WireError::bad_doc(
@@ -753,6 +777,13 @@ impl Session {
                     _ => {}
                 }
             }
+            if client_gone {
+                // Nobody to relay to; an exhaust stream cannot be cut short cleanly.
+                if more {
+                    break Err(SessionError::ClientGone);
+                }
+                break Ok(Trip::Done);
+            }
             if let Err(e) = crate::net::send(&mut self.client_out, reply.bytes()).await {
                 break Err(SessionError::ClientIo(e));
             }
@@ -777,6 +808,9 @@ impl Session {
                     }
                 }
                 self.release(checkout);
+                if client_gone {
+                    return Err(SessionError::ClientGone);
+                }
                 Ok(trip)
             }
             Err(e) => {

@@ -417,6 +417,17 @@ pub(crate) async fn sleep_unless_zero(d: Duration) {
 pub(crate) fn log_end(result: &Result<End, SessionError>) {
     match result {
         Ok(end) => debug!(?end, "client session ended"),
+        Err(SessionError::ClientIo(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            // A client closing abruptly is the client's business, not an operator's.
+            info!(error = %e, "client connection reset")
+        }
         Err(SessionError::ClientGone) | Err(SessionError::Killed) => {
             info!(error = %result.as_ref().err().map(ToString::to_string).unwrap_or_default(), "client session closed")
         }

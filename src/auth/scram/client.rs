@@ -21,6 +21,51 @@ enum Stage {
     Done,
 }
 
+/// Entries kept by [`derived_keys`]'s cache.
+const KEY_CACHE_CAP: usize = 64;
+
+/// ClientKey and ServerKey for a password, salt and iteration count, cached per process as
+/// drivers do (the PBKDF2 step costs milliseconds by design; a server hands out the same salt
+/// and count for a user until its password changes). The key is a hash of the prepared
+/// password, never the password itself; the cache is cleared when full.
+fn derived_keys(
+    mech: Mechanism,
+    prepared: &[u8],
+    salt: &[u8],
+    iterations: u32,
+) -> (Vec<u8>, Vec<u8>) {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    type Key = (Mechanism, Vec<u8>, Vec<u8>, u32);
+    type Keys = (Vec<u8>, Vec<u8>);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Keys>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key: Key = (
+        mech,
+        Mechanism::ScramSha256.hash(prepared),
+        salt.to_vec(),
+        iterations,
+    );
+    if let Some(hit) = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return hit.clone();
+    }
+    let salted = mech.salted_password(prepared, salt, iterations);
+    let keys = (
+        mech.hmac(&salted, b"Client Key"),
+        mech.hmac(&salted, b"Server Key"),
+    );
+    let mut map = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if map.len() >= KEY_CACHE_CAP {
+        map.clear();
+    }
+    map.insert(key, keys.clone());
+    keys
+}
+
 /// One SCRAM conversation toward a server:
 /// [`client_first`](Self::client_first) → [`handle_server_first`](Self::handle_server_first)
 /// → [`verify_server_final`](Self::verify_server_final).
@@ -122,14 +167,12 @@ impl ClientConversation {
         let iterations = check_iterations(iterations)?;
 
         let mech = self.mechanism;
-        let salted = mech.salted_password(&self.prepared, &salt, iterations);
-        let client_key = mech.hmac(&salted, b"Client Key");
+        let (client_key, server_key) = derived_keys(mech, &self.prepared, &salt, iterations);
         let stored_key = mech.hash(&client_key);
         let without_proof = format!("c={},r={nonce}", B64.encode(GS2_HEADER));
         let auth_message = format!("{},{msg},{without_proof}", self.client_first_bare);
         let client_signature = mech.hmac(&stored_key, auth_message.as_bytes());
         let proof = xor(&client_key, &client_signature);
-        let server_key = mech.hmac(&salted, b"Server Key");
         self.stage = Stage::Sent {
             server_signature: mech.hmac(&server_key, auth_message.as_bytes()),
         };
