@@ -23,3 +23,6 @@ bash integration/run_local.sh
 
 step "pooled mode: PHP-FPM (php-mongodb) and pymongo (integration/run_pooled.sh)"
 bash integration/run_pooled.sh
+
+step "the Node.js driver: passthrough, guard, pooled (integration/run_node.sh)"
+bash integration/run_node.sh
