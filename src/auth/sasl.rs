@@ -288,7 +288,8 @@ fn as_i64(v: RawBsonRef<'_>) -> Option<i64> {
     }
 }
 
-fn truthy(v: RawBsonRef<'_>) -> bool {
+/// A BSON flag as mongod reads one: true, or a non-zero number.
+pub(crate) fn truthy(v: RawBsonRef<'_>) -> bool {
     match v {
         RawBsonRef::Boolean(b) => b,
         RawBsonRef::Int32(i) => i != 0,

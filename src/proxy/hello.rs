@@ -167,7 +167,7 @@ pub(crate) fn emulated_reply(
 ) -> RawDocumentBuf {
     let mut r = RawDocumentBuf::new();
     if let Ok(Some(v)) = cmd.get("helloOk") {
-        if truthy(v) {
+        if crate::auth::sasl::truthy(v) {
             r.append(bson::cstr!("helloOk"), true);
         }
     }
@@ -207,16 +207,6 @@ pub(crate) fn emulated_reply(
 
 fn first_key_is(doc: &RawDocument, name: &str) -> bool {
     crate::wire::first_key(doc) == Some(name)
-}
-
-fn truthy(v: RawBsonRef<'_>) -> bool {
-    match v {
-        RawBsonRef::Boolean(b) => b,
-        RawBsonRef::Int32(i) => i != 0,
-        RawBsonRef::Int64(i) => i != 0,
-        RawBsonRef::Double(d) => d != 0.0,
-        _ => false,
-    }
 }
 
 /// `maxWireVersion` of an upstream hello reply (OP_MSG or OP_REPLY, uncompressed).
