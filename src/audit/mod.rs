@@ -149,6 +149,14 @@ impl AuditLog {
         enqueue(&self.events_shared, tx, msg);
     }
 
+    /// [`event`](Self::event) with an event built only when events are written somewhere
+    /// (for events that copy strings).
+    pub fn event_with(&self, make: impl FnOnce() -> Event) {
+        if self.events_tx.is_some() {
+            self.event(make());
+        }
+    }
+
     /// True when events are written somewhere (lets a caller skip building an event).
     pub fn events_enabled(&self) -> bool {
         self.events_tx.is_some()
