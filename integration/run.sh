@@ -3,7 +3,7 @@
 # mongoguard, with Docker:
 #
 #   1. docker compose up (docker-compose.yml at the repo root): mongod on 127.0.0.1:27018,
-#      mongoguard (built from integration/Dockerfile) on 127.0.0.1:27017 in front of it;
+#      mongoguard (built from the root Dockerfile) on 127.0.0.1:27017 in front of it;
 #   2. the pymongo suite against the compose mongoguard, verifying through the compose mongod;
 #   3. the Rust suite (tests/drivers_rust.rs), whose tests start their own in-process proxy in
 #      front of the compose mongod (MONGOGUARD_TEST_UPSTREAM);
@@ -40,7 +40,7 @@ trap 'exit 143' TERM
 setup_python
 
 log "docker compose up (builds mongoguard, waits for mongod to be primary)"
-if ! "${compose[@]}" up -d --build --wait --wait-timeout 600; then
+if ! "${compose[@]}" up -d --build --wait --wait-timeout 600 mongod mongoguard; then
     "${compose[@]}" ps >&2 || true
     "${compose[@]}" logs --tail 100 >&2 || true
     exit 1

@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
     check::{Checker, Format},
     config::{Config, LogFormat},
@@ -16,13 +16,76 @@ use mongoguard::{
     proxy::Proxy,
 };
 
+/// `mongoguard --version`: the package version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("MONGOGUARD_GIT_COMMIT"),
+    ")"
+);
+
+/// `mongoguard --help` (long form) before the options, man-page style.
+const LONG_ABOUT: &str = "\
+A MongoDB wire-protocol guard proxy.
+
+DESCRIPTION
+    Applications connect to mongoguard instead of mongod or mongos. It decodes every message,
+    enforces the MongoDB development standards (the policy), forwards what is allowed as the
+    client's original bytes, answers what is blocked with a MongoDB error (code 65001), and
+    records every violation as a JSON line. Without a subcommand, mongoguard runs the proxy.
+
+MODES
+    passthrough (default)  one upstream connection per client; the client's own
+                           authentication goes through to mongod.
+    pooled                 mongoguard authenticates clients itself (SCRAM, users file) and
+                           runs their requests on a few shared, pre-authenticated upstream
+                           connections.
+    Policy mode: a policy with mode = \"audit\" turns every block into a warning.
+
+CONFIGURATION
+    A TOML file given with --config (no file is read without it); --listen, --upstream,
+    --policy, --log-format and --log-level override its values. Unknown keys are errors.
+    `mongoguard --check-config -c FILE` validates a file and prints the result. Sections:
+    [proxy] [upstream] [pool] [auth] [log] [policy] [audit] (see mongoguard.example.toml).";
+
+/// `mongoguard --help` (long form) after the options.
+const AFTER_LONG_HELP: &str = "\
+SIGNALS
+    SIGHUP           reload the policy file (validated first; an invalid file keeps the
+                     old policy). The file is also reloaded when it changes on disk.
+    SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
+                     [proxy] drain_timeout (30s by default), then close what is left.
+
+FILES
+    /etc/mongoguard/mongoguard.toml  configuration, by convention (pass it with --config)
+    /etc/mongoguard/policy.toml      a policy file ([policy] file or --policy)
+    /etc/mongoguard/users.toml       pooled mode's users file ([auth] users_file)
+
+EXIT STATUS
+    0  the proxy stopped cleanly after SIGTERM/SIGINT; a command succeeded
+    1  `mongoguard check`: a blocking rule fired
+    2  invalid configuration, policy or input; the listener could not be bound; a usage
+       error
+
+EXAMPLES
+    mongoguard --listen 127.0.0.1:27017 --upstream mongodb://db1.internal:27017
+    mongoguard --config /etc/mongoguard/mongoguard.toml
+    mongoguard --check-config --config mongoguard.toml
+    mongoguard check --policy policy.toml mongod.log
+    mongoguard policy show strict
+    mongoguard completions bash > /etc/bash_completion.d/mongoguard
+    mongoguard man > mongoguard.1";
+
 /// A MongoDB wire-protocol guard proxy.
-///
-/// Applications connect to mongoguard instead of mongod or mongos. It decodes every message,
-/// enforces the MongoDB development standards (the policy), forwards what is allowed and
-/// records every violation. Without a subcommand, mongoguard runs the proxy.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "mongoguard",
+    version = VERSION,
+    about,
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_LONG_HELP,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -44,6 +107,14 @@ enum Command {
     /// The users file of pooled mode (SCRAM secrets, never passwords).
     #[command(subcommand)]
     Users(UsersCommand),
+    /// Print a shell completion script to standard output.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to standard output, e.g. `mongoguard man | man -l -`.
+    Man,
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +332,15 @@ fn users_command(cmd: &UsersCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn man() -> anyhow::Result<ExitCode> {
+    let cmd = Cli::command();
+    let mut out = std::io::stdout().lock();
+    clap_mangen::Man::new(cmd)
+        .render(&mut out)
+        .context("writing the manual page")?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
@@ -269,6 +349,12 @@ fn main() -> ExitCode {
         Some(Command::Check(args)) => check(args),
         Some(Command::Policy(cmd)) => policy_command(cmd),
         Some(Command::Users(cmd)) => users_command(cmd),
+        Some(Command::Completions { shell }) => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(*shell, &mut cmd, "mongoguard", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Man) => man(),
     };
     match result {
         Ok(code) => code,

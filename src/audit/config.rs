@@ -17,19 +17,28 @@ pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
 /// Longest accepted `dedup_window`.
 pub const MAX_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
-/// Where violation records go.
+/// Where a stream of audit lines (violations, or events) goes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum SinkSpec {
-    /// `"stdout"` (the default).
+    /// `"stdout"` (the default of the violation stream).
     #[default]
     Stdout,
     /// `"stderr"`.
     Stderr,
-    /// `"file:/path/to/violations.log"`: appended to, created if missing.
+    /// `"file:/path/to/violations.log"`: appended to, created if missing, rotated by size when
+    /// `file_max_size` is set.
     File(PathBuf),
-    /// `"none"`: violations are only counted.
+    /// `"syslog"`: the local syslog socket (`syslog_socket`, `/dev/log` by default), one
+    /// datagram per line.
+    Syslog,
+    /// `"syslog+udp://host:514"`: a remote syslog server over UDP (`host:port`, port 514 when
+    /// left out), one datagram per line.
+    SyslogUdp(String),
+    /// `"none"`: nothing is written (violations are still counted).
     None,
 }
+
+const SINKS: &str = "stdout, stderr, file:<path>, syslog, syslog+udp://<host>:<port>, none";
 
 impl FromStr for SinkSpec {
     type Err = String;
@@ -39,13 +48,35 @@ impl FromStr for SinkSpec {
             "stdout" => Ok(SinkSpec::Stdout),
             "stderr" => Ok(SinkSpec::Stderr),
             "none" => Ok(SinkSpec::None),
-            _ => match s.strip_prefix("file:") {
-                Some("") => Err("audit sink \"file:\" needs a path".to_string()),
-                Some(path) => Ok(SinkSpec::File(PathBuf::from(path))),
-                None => Err(format!(
-                    "unknown audit sink {s:?} (stdout, stderr, file:<path>, none)"
-                )),
-            },
+            "syslog" => Ok(SinkSpec::Syslog),
+            _ => {
+                if let Some(path) = s.strip_prefix("file:") {
+                    if path.is_empty() {
+                        return Err("audit sink \"file:\" needs a path".to_string());
+                    }
+                    return Ok(SinkSpec::File(PathBuf::from(path)));
+                }
+                if let Some(addr) = s.strip_prefix("syslog+udp://") {
+                    let addr = addr.trim_end_matches('/');
+                    if addr.is_empty() || addr.contains('/') {
+                        return Err(format!(
+                            "audit sink {s:?}: expected syslog+udp://<host>[:<port>]"
+                        ));
+                    }
+                    // "host", "host:514", "[::1]:514", "[::1]".
+                    let has_port = match addr.rfind(']') {
+                        Some(i) => addr[i..].contains(':'),
+                        None => addr.contains(':'),
+                    };
+                    let addr = if has_port {
+                        addr.to_string()
+                    } else {
+                        format!("{addr}:514")
+                    };
+                    return Ok(SinkSpec::SyslogUdp(addr));
+                }
+                Err(format!("unknown audit sink {s:?} ({SINKS})"))
+            }
         }
     }
 }
@@ -56,6 +87,8 @@ impl fmt::Display for SinkSpec {
             SinkSpec::Stdout => f.write_str("stdout"),
             SinkSpec::Stderr => f.write_str("stderr"),
             SinkSpec::File(path) => write!(f, "file:{}", path.display()),
+            SinkSpec::Syslog => f.write_str("syslog"),
+            SinkSpec::SyslogUdp(addr) => write!(f, "syslog+udp://{addr}"),
             SinkSpec::None => f.write_str("none"),
         }
     }
@@ -69,31 +102,207 @@ impl<'de> Deserialize<'de> for SinkSpec {
     }
 }
 
-/// The `[audit]` section: where violation records go and how they are throttled.
+/// A syslog facility (`audit.syslog_facility`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facility(u8);
+
+impl Facility {
+    const NAMES: [&'static str; 24] = [
+        "kern",
+        "user",
+        "mail",
+        "daemon",
+        "auth",
+        "syslog",
+        "lpr",
+        "news",
+        "uucp",
+        "cron",
+        "authpriv",
+        "ftp",
+        "ntp",
+        "security",
+        "console",
+        "solaris-cron",
+        "local0",
+        "local1",
+        "local2",
+        "local3",
+        "local4",
+        "local5",
+        "local6",
+        "local7",
+    ];
+
+    /// `local0`, the default.
+    pub const LOCAL0: Facility = Facility(16);
+
+    /// The facility's number (`local0` is 16).
+    pub fn code(self) -> u8 {
+        self.0
+    }
+}
+
+impl Default for Facility {
+    fn default() -> Self {
+        Facility::LOCAL0
+    }
+}
+
+impl FromStr for Facility {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Facility::NAMES
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(s))
+            .map(|i| Facility(i as u8))
+            .ok_or_else(|| {
+                format!(
+                    "unknown syslog facility {s:?} (kern, user, mail, daemon, auth, syslog, lpr, \
+                     news, uucp, cron, authpriv, ftp, local0 ... local7)"
+                )
+            })
+    }
+}
+
+impl fmt::Display for Facility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(Facility::NAMES[usize::from(self.0)])
+    }
+}
+
+impl<'de> Deserialize<'de> for Facility {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The syslog message format (`audit.syslog_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum SyslogFormat {
+    /// BSD syslog: `<PRI>Mmm dd hh:mm:ss [HOST ]mongoguard[PID]: MSG` (the hostname only over
+    /// UDP, as the C library's `syslog()` does on the local socket). Timestamps are UTC.
+    #[serde(rename = "rfc3164")]
+    Rfc3164,
+    /// `<PRI>1 TIMESTAMP HOST mongoguard PID MSGID - MSG`, MSGID `violation` or `event`.
+    #[serde(rename = "rfc5424")]
+    Rfc5424,
+}
+
+/// The `[audit]` section: where violation records and events go, and how they are throttled.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
-    /// `"stdout"` (default), `"stderr"`, `"file:/path/to/violations.log"` or `"none"`.
+    /// Violation records: `"stdout"` (default), `"stderr"`, `"file:/path/violations.log"`,
+    /// `"syslog"`, `"syslog+udp://host:514"` or `"none"`.
     pub sink: SinkSpec,
+    /// A file sink is rotated before it would grow past this many bytes (`"100MB"`,
+    /// `"64MiB"`; `"0"`, the default, never rotates: for an external logrotate).
+    #[serde(deserialize_with = "crate::config::size::deserialize")]
+    pub file_max_size: u64,
+    /// Rotated files kept: `PATH.1` (newest) ... `PATH.N`; older ones are deleted.
+    pub file_keep: usize,
+    /// Events (connections, authentication, policy reloads): same values as `sink`;
+    /// `"none"` by default.
+    pub events_sink: SinkSpec,
+    /// `file_max_size` for a file `events_sink`.
+    #[serde(deserialize_with = "crate::config::size::deserialize")]
+    pub events_file_max_size: u64,
+    /// `file_keep` for a file `events_sink`.
+    pub events_file_keep: usize,
+    /// Syslog facility of both streams (`"local0"` by default).
+    pub syslog_facility: Facility,
+    /// The local syslog socket (a unix datagram socket) of the `"syslog"` sink.
+    pub syslog_socket: PathBuf,
+    /// `"rfc3164"` or `"rfc5424"`; by default RFC 3164 on the local socket (what journald and
+    /// rsyslog read there) and RFC 5424 over UDP.
+    pub syslog_format: Option<SyslogFormat>,
     /// Identical violations within this window are written once, then summarised
     /// (`"60s"` by default; `"0"` disables dedup).
     #[serde(deserialize_with = "crate::config::duration::deserialize")]
     pub dedup_window: Duration,
-    /// Records waiting for the writer; beyond this they are dropped and counted.
+    /// Lines waiting for the writer, per stream; beyond this they are dropped and counted.
     pub queue_capacity: usize,
 }
+
+/// Most rotated files kept.
+pub const MAX_FILE_KEEP: usize = 1000;
+
+/// Smallest non-zero `file_max_size` (smaller values rotate on nearly every line).
+pub const MIN_FILE_MAX_SIZE: u64 = 4096;
 
 impl Default for AuditConfig {
     fn default() -> Self {
         AuditConfig {
             sink: SinkSpec::Stdout,
+            file_max_size: 0,
+            file_keep: 5,
+            events_sink: SinkSpec::None,
+            events_file_max_size: 0,
+            events_file_keep: 5,
+            syslog_facility: Facility::LOCAL0,
+            syslog_socket: PathBuf::from("/dev/log"),
+            syslog_format: None,
             dedup_window: Duration::from_secs(60),
             queue_capacity: 10_000,
         }
     }
 }
 
+/// Everything one stream's sink needs to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StreamSettings {
+    pub spec: SinkSpec,
+    pub max_size: u64,
+    pub keep: usize,
+    pub facility: Facility,
+    pub socket: PathBuf,
+    pub format: SyslogFormat,
+    /// `"violation"` or `"event"`: the RFC 5424 MSGID.
+    pub msgid: &'static str,
+}
+
 impl AuditConfig {
+    fn stream(
+        &self,
+        spec: &SinkSpec,
+        max_size: u64,
+        keep: usize,
+        msgid: &'static str,
+    ) -> StreamSettings {
+        let format = self.syslog_format.unwrap_or(match spec {
+            SinkSpec::SyslogUdp(_) => SyslogFormat::Rfc5424,
+            _ => SyslogFormat::Rfc3164,
+        });
+        StreamSettings {
+            spec: spec.clone(),
+            max_size,
+            keep,
+            facility: self.syslog_facility,
+            socket: self.syslog_socket.clone(),
+            format,
+            msgid,
+        }
+    }
+
+    /// The violation stream's settings.
+    pub(crate) fn violations(&self) -> StreamSettings {
+        self.stream(&self.sink, self.file_max_size, self.file_keep, "violation")
+    }
+
+    /// The event stream's settings.
+    pub(crate) fn events(&self) -> StreamSettings {
+        self.stream(
+            &self.events_sink,
+            self.events_file_max_size,
+            self.events_file_keep,
+            "event",
+        )
+    }
+
     /// Checks ranges and that a file sink's directory exists (without opening the file).
     pub fn validate(&self) -> Result<(), AuditError> {
         if !(1..=MAX_QUEUE_CAPACITY).contains(&self.queue_capacity) {
@@ -108,17 +317,47 @@ impl AuditConfig {
                 self.dedup_window
             )));
         }
-        if let SinkSpec::File(path) = &self.sink {
-            // "violations.log" has the empty path as parent: the working directory.
-            let dir = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            if !dir.is_dir() {
-                return Err(AuditError::MissingDirectory {
-                    path: path.clone(),
-                    dir: dir.to_path_buf(),
-                });
+        for (key, size) in [
+            ("file_max_size", self.file_max_size),
+            ("events_file_max_size", self.events_file_max_size),
+        ] {
+            if size != 0 && size < MIN_FILE_MAX_SIZE {
+                return Err(AuditError::Invalid(format!(
+                    "{key} must be 0 (no rotation) or at least {MIN_FILE_MAX_SIZE} bytes, got {size}"
+                )));
+            }
+        }
+        for (key, keep) in [
+            ("file_keep", self.file_keep),
+            ("events_file_keep", self.events_file_keep),
+        ] {
+            if keep > MAX_FILE_KEEP {
+                return Err(AuditError::Invalid(format!(
+                    "{key} must be at most {MAX_FILE_KEEP}, got {keep}"
+                )));
+            }
+        }
+        if let (SinkSpec::File(a), SinkSpec::File(b)) = (&self.sink, &self.events_sink) {
+            if a == b {
+                return Err(AuditError::Invalid(format!(
+                    "sink and events_sink must not be the same file ({})",
+                    a.display()
+                )));
+            }
+        }
+        for spec in [&self.sink, &self.events_sink] {
+            if let SinkSpec::File(path) = spec {
+                // "violations.log" has the empty path as parent: the working directory.
+                let dir = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                if !dir.is_dir() {
+                    return Err(AuditError::MissingDirectory {
+                        path: path.clone(),
+                        dir: dir.to_path_buf(),
+                    });
+                }
             }
         }
         Ok(())
@@ -168,7 +407,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused() {
-        assert!(parse("sink = \"syslog\"")
+        assert!(parse("sink = \"syslog+tcp://x\"")
             .unwrap_err()
             .contains("unknown audit sink"));
         assert!(parse("sink = \"file:\"")
@@ -190,6 +429,84 @@ mod tests {
             ..AuditConfig::default()
         };
         assert!(long.validate().is_err());
+    }
+
+    #[test]
+    fn sinks_rotation_syslog_and_events() {
+        let c = parse(
+            "sink = \"file:/var/log/mg/violations.log\"\nfile_max_size = \"100MB\"\nfile_keep = 3\n\
+             events_sink = \"syslog\"\nevents_file_max_size = \"64MiB\"\nevents_file_keep = 2\n\
+             syslog_facility = \"local5\"\nsyslog_socket = \"/run/log.sock\"\n\
+             syslog_format = \"rfc5424\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.file_max_size, 100_000_000);
+        assert_eq!(c.file_keep, 3);
+        assert_eq!(c.events_sink, SinkSpec::Syslog);
+        assert_eq!(c.events_file_max_size, 64 << 20);
+        assert_eq!(c.events_file_keep, 2);
+        assert_eq!(c.syslog_facility.code(), 21);
+        assert_eq!(c.syslog_facility.to_string(), "local5");
+        assert_eq!(c.syslog_socket, PathBuf::from("/run/log.sock"));
+        assert_eq!(c.syslog_format, Some(SyslogFormat::Rfc5424));
+        assert_eq!(c.events().msgid, "event");
+        assert_eq!(c.violations().max_size, 100_000_000);
+        assert_eq!(parse("file_max_size = 8192").unwrap().file_max_size, 8192);
+        // Defaults: events off, no rotation, local0, /dev/log, RFC 3164 locally, 5424 on UDP.
+        let d = AuditConfig::default();
+        assert_eq!(d.events_sink, SinkSpec::None);
+        assert_eq!((d.file_max_size, d.file_keep), (0, 5));
+        assert_eq!(d.syslog_facility, Facility::LOCAL0);
+        assert_eq!(d.syslog_socket, PathBuf::from("/dev/log"));
+        assert_eq!(d.violations().format, SyslogFormat::Rfc3164);
+        let udp = parse("sink = \"syslog+udp://logs.example:1514\"").unwrap();
+        assert_eq!(udp.sink, SinkSpec::SyslogUdp("logs.example:1514".into()));
+        assert_eq!(udp.violations().format, SyslogFormat::Rfc5424);
+        assert_eq!(
+            "syslog+udp://logs".parse::<SinkSpec>().unwrap(),
+            SinkSpec::SyslogUdp("logs:514".into())
+        );
+        assert_eq!(
+            "syslog+udp://[::1]".parse::<SinkSpec>().unwrap(),
+            SinkSpec::SyslogUdp("[::1]:514".into())
+        );
+        for s in ["syslog", "syslog+udp://h:514"] {
+            assert_eq!(s.parse::<SinkSpec>().unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn bad_rotation_and_syslog_values_are_refused() {
+        assert!(parse("file_max_size = \"10TB\"").is_err());
+        assert!(parse("file_max_size = -1").is_err());
+        assert!(parse("syslog_facility = \"local9\"")
+            .unwrap_err()
+            .contains("unknown syslog facility"));
+        assert!(parse("syslog_format = \"json\"").is_err());
+        assert!(parse("sink = \"syslog+udp://\"").is_err());
+        let tiny = parse("file_max_size = \"1KB\"").unwrap();
+        assert!(tiny
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("file_max_size"));
+        let many = parse("events_file_keep = 5000").unwrap();
+        assert!(many
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("events_file_keep"));
+        let same = parse("sink = \"file:/tmp/a.log\"\nevents_sink = \"file:/tmp/a.log\"").unwrap();
+        assert!(same
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("same file"));
+        let missing = parse("events_sink = \"file:/nonexistent-mongoguard-dir/e.log\"").unwrap();
+        assert!(matches!(
+            missing.validate(),
+            Err(AuditError::MissingDirectory { .. })
+        ));
     }
 
     #[test]

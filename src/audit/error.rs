@@ -26,6 +26,14 @@ pub enum AuditError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The syslog socket could not be opened or reached.
+    #[error("cannot open syslog sink {dest}: {source}")]
+    Syslog {
+        /// The socket path or `udp://host:port`.
+        dest: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// [`AuditLog::start`](super::AuditLog::start) was called outside a tokio runtime.
     #[error("the audit log writer must be started inside a tokio runtime")]
     NoRuntime,

@@ -1,4 +1,10 @@
-//! Violation records: one JSON object per line per violation, written off the request path.
+//! Violation records and events: one JSON object per line, written off the request path.
+//!
+//! Two streams, each with its own sink, bounded queue and writer task: violation records
+//! (`[audit] sink`) and events — connections opened and closed, client handshakes,
+//! authentication, policy reloads — (`[audit] events_sink`, off by default; see
+//! [`AuditLog::event`]). Sinks: stdout, stderr, a file (rotated by size), syslog (local
+//! socket or UDP), none.
 //!
 //! The proxy builds a [`ViolationRecord`] when the policy reports a violation and hands it to
 //! [`AuditLog::record`], which is synchronous and never waits: it counts the violation,
@@ -24,6 +30,7 @@ mod config;
 mod counters;
 mod dedup;
 mod error;
+mod event;
 mod json;
 mod record;
 mod sink;
@@ -46,9 +53,13 @@ use tokio::{
 };
 use tracing::warn;
 
-pub use config::{AuditConfig, SinkSpec, MAX_DEDUP_WINDOW, MAX_QUEUE_CAPACITY};
+pub use config::{
+    AuditConfig, Facility, SinkSpec, SyslogFormat, MAX_DEDUP_WINDOW, MAX_FILE_KEEP,
+    MAX_QUEUE_CAPACITY, MIN_FILE_MAX_SIZE,
+};
 pub use counters::{AuditCounters, RuleCount};
 pub use error::AuditError;
+pub use event::{render_event, CloseReason, Event};
 pub use record::{render, Action, Mode, Source, ViolationRecord};
 
 use dedup::{Dedup, Verdict, DEFAULT_MAX_KEYS};
@@ -62,11 +73,18 @@ pub struct AuditLog {
     /// `None` for the `none` sink: violations are only counted.
     tx: Option<mpsc::Sender<Msg>>,
     writer: Option<JoinHandle<()>>,
+    /// The event stream's counters (only `written`, `dropped` and `write_errors` move).
+    events_shared: Arc<Shared>,
+    /// `None` when `events_sink` is `none`: events are dropped at once, uncounted.
+    events_tx: Option<mpsc::Sender<Msg>>,
+    events_writer: Option<JoinHandle<()>>,
 }
 
 /// State shared by the record path and the writer task.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// What the stream carries, for warnings: "violation records" or "events".
+    pub(crate) stream: &'static str,
     pub(crate) counters: AuditCounters,
     /// `None` when `dedup_window` is zero.
     pub(crate) dedup: Option<Mutex<Dedup>>,
@@ -85,20 +103,17 @@ impl AuditLog {
 
     fn start_with_max_keys(config: &AuditConfig, max_keys: usize) -> Result<AuditLog, AuditError> {
         config.validate()?;
-        let runtime = match config.sink {
-            SinkSpec::None => None,
+        let runtime = match (&config.sink, &config.events_sink) {
+            (SinkSpec::None, SinkSpec::None) => None,
             _ => Some(Handle::try_current().map_err(|_| AuditError::NoRuntime)?),
         };
-        let target = Target::open(&config.sink)?;
+        let target = Target::open(&config.violations())?;
+        let events_target = Target::open(&config.events())?;
         let dedup = (!config.dedup_window.is_zero() && target.is_some())
             .then(|| Mutex::new(Dedup::new(config.dedup_window, max_keys)));
-        let shared = Arc::new(Shared {
-            counters: AuditCounters::default(),
-            dedup,
-            drop_warning: Throttle::new(),
-            write_warning: Throttle::new(),
-        });
-        let (tx, writer) = match (target, runtime) {
+        let shared = Arc::new(Shared::new("violation records", dedup));
+        let events_shared = Arc::new(Shared::new("events", None));
+        let spawn = |target: Option<Target>, shared: &Arc<Shared>| match (target, &runtime) {
             (Some(target), Some(runtime)) => {
                 let (tx, rx) = mpsc::channel(config.queue_capacity);
                 let writer = runtime.spawn(sink::run(rx, target, shared.clone()));
@@ -106,7 +121,51 @@ impl AuditLog {
             }
             _ => (None, None),
         };
-        Ok(AuditLog { shared, tx, writer })
+        let (tx, writer) = spawn(target, &shared);
+        let (events_tx, events_writer) = spawn(events_target, &events_shared);
+        Ok(AuditLog {
+            shared,
+            tx,
+            writer,
+            events_shared,
+            events_tx,
+            events_writer,
+        })
+    }
+
+    /// Records one event (connection, authentication, policy reload) on the event stream.
+    /// Synchronous and non-blocking like [`record`](Self::record): the event is timestamped
+    /// and `try_send`ed to the event writer; a full queue drops it (counted in
+    /// [`event_counters`](Self::event_counters), warned at most once a second). With
+    /// `events_sink = "none"` it returns at once.
+    pub fn event(&self, event: Event) {
+        let Some(tx) = &self.events_tx else {
+            return;
+        };
+        let msg = Msg::Event(event::Stamped {
+            time: std::time::SystemTime::now(),
+            event,
+        });
+        enqueue(&self.events_shared, tx, msg);
+    }
+
+    /// [`event`](Self::event) with an event built only when events are written somewhere
+    /// (for events that copy strings).
+    pub fn event_with(&self, make: impl FnOnce() -> Event) {
+        if self.events_tx.is_some() {
+            self.event(make());
+        }
+    }
+
+    /// True when events are written somewhere (lets a caller skip building an event).
+    pub fn events_enabled(&self) -> bool {
+        self.events_tx.is_some()
+    }
+
+    /// The event stream's counters: [`written`](AuditCounters::written),
+    /// [`dropped`](AuditCounters::dropped), [`write_errors`](AuditCounters::write_errors).
+    pub fn event_counters(&self) -> &AuditCounters {
+        &self.events_shared.counters
     }
 
     /// Records one violation. Synchronous and non-blocking (two short mutex sections, no
@@ -135,13 +194,7 @@ impl AuditLog {
     }
 
     fn enqueue(&self, tx: &mpsc::Sender<Msg>, msg: Msg) {
-        if tx.try_send(msg).is_err() {
-            // Full, or the writer is gone: either way this line is lost.
-            let dropped = self.shared.counters.add_dropped();
-            if self.shared.drop_warning.allow() {
-                warn!(dropped, "audit queue full: violation records dropped");
-            }
-        }
+        enqueue(&self.shared, tx, msg);
     }
 
     /// The counters.
@@ -149,27 +202,57 @@ impl AuditLog {
         &self.shared.counters
     }
 
-    /// Waits until everything queued before this call is written to the sink (for tests
-    /// and shutdown). Dedup summaries of windows still open are not forced out.
+    /// Waits until everything queued before this call, on both streams, is written to its
+    /// sink (for tests and shutdown). Dedup summaries of windows still open are not forced
+    /// out.
     pub async fn flush(&self) {
-        let Some(tx) = &self.tx else {
-            return;
-        };
-        let (ack, done) = oneshot::channel();
-        if tx.send(Msg::Flush(ack)).await.is_ok() {
-            let _ = done.await;
+        for tx in [&self.tx, &self.events_tx].into_iter().flatten() {
+            let (ack, done) = oneshot::channel();
+            if tx.send(Msg::Flush(ack)).await.is_ok() {
+                let _ = done.await;
+            }
         }
     }
 
     /// Stops the writer after it has written everything queued, plus a summary for every
     /// dedup window that suppressed something (even if the window is not over).
     pub async fn shutdown(self) {
-        let AuditLog { tx, writer, .. } = self;
+        let AuditLog {
+            tx,
+            writer,
+            events_tx,
+            events_writer,
+            ..
+        } = self;
         drop(tx);
-        if let Some(writer) = writer {
+        drop(events_tx);
+        for writer in [writer, events_writer].into_iter().flatten() {
             if let Err(error) = writer.await {
                 warn!(%error, "audit writer task failed");
             }
+        }
+    }
+}
+
+/// Queues `msg` without waiting; a full queue (or a writer gone) drops it and counts it.
+fn enqueue(shared: &Shared, tx: &mpsc::Sender<Msg>, msg: Msg) {
+    if tx.try_send(msg).is_err() {
+        // Full, or the writer is gone: either way this line is lost.
+        let dropped = shared.counters.add_dropped();
+        if shared.drop_warning.allow() {
+            warn!(dropped, "audit queue full: {} dropped", shared.stream);
+        }
+    }
+}
+
+impl Shared {
+    fn new(stream: &'static str, dedup: Option<Mutex<Dedup>>) -> Shared {
+        Shared {
+            stream,
+            counters: AuditCounters::default(),
+            dedup,
+            drop_warning: Throttle::new(),
+            write_warning: Throttle::new(),
         }
     }
 }

@@ -1,13 +1,18 @@
-//! The writer task: drains the queue in batches, renders lines, writes each batch to the
-//! sink in one call, and runs the dedup sweep on a timer.
+//! The writer task: drains a queue in batches, renders lines, writes each batch to the sink,
+//! and runs the dedup sweep on a timer. One writer per stream (violations, events).
+//!
+//! Sinks: stdout / stderr (one locked `write_all` per batch), a file (appended to; rotated by
+//! size at line boundaries, so a record is never split across files), syslog (one datagram
+//! per line, to the local unix socket or over UDP).
 
 use std::{
     fmt,
     fs::{File, OpenOptions},
     io::{self, Write},
-    path::PathBuf,
-    sync::Arc,
-    time::Instant,
+    net::UdpSocket,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Instant, SystemTime},
 };
 
 use tokio::{
@@ -17,7 +22,10 @@ use tokio::{
 use tracing::warn;
 
 use super::{
-    record::{render_into, render_summary_into, Summary},
+    config::{Facility, StreamSettings, SyslogFormat},
+    event::{render_event_into, Stamped},
+    record::{render_into, render_summary_into, Action, Summary},
+    time::{format_time, format_time_3164},
     AuditError, Shared, SinkSpec, ViolationRecord,
 };
 
@@ -27,13 +35,21 @@ const BATCH: usize = 256;
 /// A render buffer that grew past this is shrunk back after its batch.
 const BUF_KEEP: usize = 1 << 20;
 
-/// A message to the writer task.
+/// A message to a writer task.
 #[derive(Debug)]
 pub(crate) enum Msg {
     Record(ViolationRecord),
     Summary(Summary),
+    Event(Stamped),
     /// Answered once everything queued before it is written.
     Flush(oneshot::Sender<()>),
+}
+
+/// The end of one line in a batch buffer (just past its `\n`) and its syslog severity.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    end: usize,
+    severity: u8,
 }
 
 /// An opened sink.
@@ -41,38 +57,59 @@ pub(crate) enum Msg {
 pub(crate) enum Target {
     Stdout,
     Stderr,
-    File { path: PathBuf, file: Arc<File> },
+    File(Arc<Mutex<RotatingFile>>),
+    Syslog(Arc<Mutex<Syslog>>),
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Target {
-    /// Opens `spec`; `None` for the `none` sink. A file is opened for appending (and
-    /// created) now, so a bad path is a startup error.
-    pub(crate) fn open(spec: &SinkSpec) -> Result<Option<Target>, AuditError> {
-        Ok(Some(match spec {
+    /// Opens a stream's sink; `None` for `none`. A file is opened for appending (and created)
+    /// and a syslog socket connected now, so a bad path is a startup error.
+    pub(crate) fn open(s: &StreamSettings) -> Result<Option<Target>, AuditError> {
+        Ok(Some(match &s.spec {
             SinkSpec::Stdout => Target::Stdout,
             SinkSpec::Stderr => Target::Stderr,
             SinkSpec::None => return Ok(None),
             SinkSpec::File(path) => {
-                let file = OpenOptions::new()
-                    .append(true)
-                    .create(true)
-                    .open(path)
-                    .map_err(|source| AuditError::Open {
+                let f = RotatingFile::open(path.clone(), s.max_size, s.keep).map_err(|source| {
+                    AuditError::Open {
                         path: path.clone(),
                         source,
-                    })?;
-                Target::File {
-                    path: path.clone(),
-                    file: Arc::new(file),
-                }
+                    }
+                })?;
+                Target::File(Arc::new(Mutex::new(f)))
+            }
+            SinkSpec::Syslog | SinkSpec::SyslogUdp(_) => {
+                let dest = match &s.spec {
+                    SinkSpec::SyslogUdp(addr) => Dest::Udp(addr.clone()),
+                    _ => Dest::Unix(s.socket.clone()),
+                };
+                let sock = dest.connect().map_err(|source| AuditError::Syslog {
+                    dest: dest.to_string(),
+                    source,
+                })?;
+                Target::Syslog(Arc::new(Mutex::new(Syslog {
+                    hostname: hostname(),
+                    pid: std::process::id(),
+                    facility: s.facility,
+                    format: s.format,
+                    msgid: s.msgid,
+                    dest,
+                    sock: Some(sock),
+                    packet: Vec::new(),
+                })))
             }
         }))
     }
 
-    /// Writes `buf` in one `write_all` while holding the stream lock, so lines from other
-    /// writers of the same stdout/stderr (the tracing subscriber) never interleave with
-    /// ours mid-line. Blocking: call from a blocking thread.
-    fn write_blocking(&self, buf: &[u8]) -> io::Result<()> {
+    /// Writes the lines of `buf` (ending at `marks`). Stdout and stderr get one `write_all`
+    /// while holding the stream lock, so lines from other writers of the same stream (the
+    /// tracing subscriber) never interleave with ours mid-line. Blocking: call from a
+    /// blocking thread.
+    fn write_blocking(&self, buf: &[u8], marks: &[Mark]) -> io::Result<()> {
         match self {
             Target::Stdout => {
                 let mut out = io::stdout().lock();
@@ -84,11 +121,8 @@ impl Target {
                 out.write_all(buf)?;
                 out.flush()
             }
-            Target::File { file, .. } => {
-                let mut f: &File = file;
-                f.write_all(buf)?;
-                f.flush()
-            }
+            Target::File(f) => locked(f).write(buf, marks),
+            Target::Syslog(s) => locked(s).send(buf, marks),
         }
     }
 }
@@ -98,12 +132,311 @@ impl fmt::Display for Target {
         match self {
             Target::Stdout => f.write_str("stdout"),
             Target::Stderr => f.write_str("stderr"),
-            Target::File { path, .. } => write!(f, "file:{}", path.display()),
+            Target::File(file) => write!(f, "file:{}", locked(file).path.display()),
+            Target::Syslog(s) => write!(f, "syslog {}", locked(s).dest),
         }
     }
 }
 
-/// The writer task. Ends when every sender is gone, after writing what was queued and a
+/// An append-only file rotated by size: `PATH` → `PATH.1` → … → `PATH.keep` (deleted past
+/// that), by rename, between two lines.
+#[derive(Debug)]
+pub(crate) struct RotatingFile {
+    path: PathBuf,
+    file: File,
+    /// Bytes in the current file.
+    size: u64,
+    /// 0: never rotate.
+    max_size: u64,
+    keep: usize,
+    /// The last rotation renamed `PATH` away but could not create a new one: lines still go
+    /// to the renamed file (nothing is lost), and every batch tries to open `PATH` again.
+    reopen_pending: bool,
+}
+
+fn open_append(path: &Path) -> io::Result<File> {
+    OpenOptions::new().append(true).create(true).open(path)
+}
+
+fn numbered(path: &Path, n: usize) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(format!(".{n}"));
+    PathBuf::from(s)
+}
+
+impl RotatingFile {
+    pub(crate) fn open(path: PathBuf, max_size: u64, keep: usize) -> io::Result<RotatingFile> {
+        let file = open_append(&path)?;
+        let size = file.metadata()?.len();
+        Ok(RotatingFile {
+            path,
+            file,
+            size,
+            max_size,
+            keep,
+            reopen_pending: false,
+        })
+    }
+
+    fn write(&mut self, buf: &[u8], marks: &[Mark]) -> io::Result<()> {
+        if self.reopen_pending {
+            self.reopen();
+        }
+        if self.max_size == 0 {
+            return self.append(buf);
+        }
+        // [start, end) is the run of whole lines not written yet.
+        let mut start = 0;
+        let mut end = 0;
+        for m in marks {
+            let pending = (end - start) as u64;
+            let line = (m.end - end) as u64;
+            if self.size + pending + line > self.max_size && self.size + pending > 0 {
+                self.append(&buf[start..end])?;
+                self.rotate();
+                start = end;
+            }
+            end = m.end;
+        }
+        debug_assert_eq!(end, buf.len());
+        self.append(&buf[start..buf.len()])
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(bytes)?;
+        self.size += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Renames `PATH.(k-1)` to `PATH.k` down to `PATH` → `PATH.1`, then opens a new `PATH`.
+    /// Failures are logged and never lose a line: if `PATH` cannot be renamed, writing goes
+    /// on in it (the next attempt is after another `max_size` bytes); if a new `PATH` cannot
+    /// be created, writing goes on in the renamed file until it can.
+    fn rotate(&mut self) {
+        let shifted = if self.keep == 0 {
+            std::fs::remove_file(&self.path)
+        } else {
+            for k in (1..self.keep).rev() {
+                let from = numbered(&self.path, k);
+                if let Err(error) = std::fs::rename(&from, numbered(&self.path, k + 1)) {
+                    if error.kind() != io::ErrorKind::NotFound {
+                        warn!(file = %from.display(), %error, "audit log rotation: cannot rename an old file");
+                    }
+                }
+            }
+            std::fs::rename(&self.path, numbered(&self.path, 1))
+        };
+        match shifted {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => {
+                warn!(
+                    file = %self.path.display(),
+                    %error,
+                    "audit log rotation failed; still writing to the same file, next attempt \
+                     after another file_max_size bytes"
+                );
+                self.size = 0;
+                return;
+            }
+        }
+        self.size = 0;
+        self.reopen();
+    }
+
+    fn reopen(&mut self) {
+        match open_append(&self.path).and_then(|f| Ok((f.metadata()?.len(), f))) {
+            Ok((size, file)) => {
+                self.file = file;
+                self.size = size;
+                if self.reopen_pending {
+                    warn!(file = %self.path.display(), "audit log reopened after a failed rotation");
+                }
+                self.reopen_pending = false;
+            }
+            Err(error) => {
+                if !self.reopen_pending {
+                    warn!(
+                        file = %self.path.display(),
+                        %error,
+                        "audit log rotation: cannot create a new file; lines go to the rotated \
+                         file until it can be created"
+                    );
+                }
+                self.reopen_pending = true;
+            }
+        }
+    }
+}
+
+/// Where syslog datagrams go.
+#[derive(Debug, Clone)]
+enum Dest {
+    Unix(PathBuf),
+    Udp(String),
+}
+
+#[derive(Debug)]
+enum Sock {
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixDatagram),
+    Udp(UdpSocket),
+}
+
+impl Dest {
+    fn connect(&self) -> io::Result<Sock> {
+        match self {
+            #[cfg(unix)]
+            Dest::Unix(path) => {
+                let s = std::os::unix::net::UnixDatagram::unbound()?;
+                s.connect(path)?;
+                Ok(Sock::Unix(s))
+            }
+            #[cfg(not(unix))]
+            Dest::Unix(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the local syslog socket needs a unix system",
+            )),
+            Dest::Udp(addr) => {
+                use std::net::ToSocketAddrs;
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+                for a in addr.to_socket_addrs()? {
+                    let local: std::net::SocketAddr = if a.is_ipv4() {
+                        ([0, 0, 0, 0], 0).into()
+                    } else {
+                        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+                    };
+                    match UdpSocket::bind(local).and_then(|s| s.connect(a).map(|()| s)) {
+                        Ok(s) => return Ok(Sock::Udp(s)),
+                        Err(e) => last = e,
+                    }
+                }
+                Err(last)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Dest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dest::Unix(p) => write!(f, "{}", p.display()),
+            Dest::Udp(a) => write!(f, "udp://{a}"),
+        }
+    }
+}
+
+impl Sock {
+    fn send(&self, packet: &[u8]) -> io::Result<()> {
+        let n = match self {
+            #[cfg(unix)]
+            Sock::Unix(s) => s.send(packet)?,
+            Sock::Udp(s) => s.send(packet)?,
+        };
+        if n == packet.len() {
+            Ok(())
+        } else {
+            Err(io::Error::new(io::ErrorKind::WriteZero, "short datagram"))
+        }
+    }
+}
+
+/// A syslog sink: one datagram per line.
+#[derive(Debug)]
+pub(crate) struct Syslog {
+    hostname: String,
+    pid: u32,
+    facility: Facility,
+    format: SyslogFormat,
+    msgid: &'static str,
+    dest: Dest,
+    /// `None` after a failed reconnect; the next batch tries again.
+    sock: Option<Sock>,
+    packet: Vec<u8>,
+}
+
+/// The host name for syslog headers (`-` when unknown, as RFC 5424 says).
+fn hostname() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .unwrap_or_default();
+    let name: String = name
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(255)
+        .collect();
+    if name.is_empty() {
+        "-".to_string()
+    } else {
+        name
+    }
+}
+
+impl Syslog {
+    /// Sends each line (without its newline) as one datagram. A failed send reconnects once
+    /// (syslogd restarted) and retries that line; a second failure ends the batch with the
+    /// error (the remaining lines are lost and counted).
+    fn send(&mut self, buf: &[u8], marks: &[Mark]) -> io::Result<()> {
+        let now = SystemTime::now();
+        let mut header = String::with_capacity(96);
+        let mut start = 0;
+        for m in marks {
+            let line = &buf[start..m.end - 1];
+            start = m.end;
+            header.clear();
+            self.header(now, m.severity, &mut header);
+            self.packet.clear();
+            self.packet.extend_from_slice(header.as_bytes());
+            self.packet.extend_from_slice(line);
+            let first = match &self.sock {
+                Some(s) => s.send(&self.packet),
+                None => Err(io::Error::new(io::ErrorKind::NotConnected, "not connected")),
+            };
+            if first.is_err() {
+                self.sock = None;
+                let s = self.dest.connect()?;
+                s.send(&self.packet)?;
+                self.sock = Some(s);
+            }
+        }
+        if self.packet.capacity() > BUF_KEEP {
+            self.packet = Vec::new();
+        }
+        Ok(())
+    }
+
+    fn header(&self, now: SystemTime, severity: u8, out: &mut String) {
+        use std::fmt::Write as _;
+        let pri = u32::from(self.facility.code()) * 8 + u32::from(severity);
+        match self.format {
+            SyslogFormat::Rfc5424 => {
+                let _ = write!(out, "<{pri}>1 ");
+                format_time(now, out);
+                let _ = write!(
+                    out,
+                    " {} mongoguard {} {} - ",
+                    self.hostname, self.pid, self.msgid
+                );
+            }
+            SyslogFormat::Rfc3164 => {
+                let _ = write!(out, "<{pri}>");
+                format_time_3164(now, out);
+                out.push(' ');
+                if matches!(self.dest, Dest::Udp(_)) {
+                    out.push_str(&self.hostname);
+                    out.push(' ');
+                }
+                let _ = write!(out, "mongoguard[{}]: ", self.pid);
+            }
+        }
+    }
+}
+
+/// A writer task. Ends when every sender is gone, after writing what was queued and a
 /// summary for every dedup window that suppressed something.
 pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc<Shared>) {
     let mut ticker = shared.dedup.as_ref().map(|d| {
@@ -115,7 +448,7 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
         target,
         shared,
         buf: String::new(),
-        lines: 0,
+        marks: Vec::new(),
     };
     let mut batch = Vec::with_capacity(BATCH);
     let mut acks = Vec::new();
@@ -129,6 +462,7 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
                     match msg {
                         Msg::Record(rec) => w.push_record(&rec),
                         Msg::Summary(s) => w.push_summary(&s),
+                        Msg::Event(e) => w.push_event(&e),
                         Msg::Flush(ack) => acks.push(ack),
                     }
                 }
@@ -162,20 +496,33 @@ struct Writer {
     shared: Arc<Shared>,
     /// Lines rendered and not yet written.
     buf: String,
-    lines: u64,
+    /// Where each line of `buf` ends.
+    marks: Vec<Mark>,
 }
 
 impl Writer {
+    fn end_line(&mut self, severity: u8) {
+        self.buf.push('\n');
+        self.marks.push(Mark {
+            end: self.buf.len(),
+            severity,
+        });
+    }
+
     fn push_record(&mut self, rec: &ViolationRecord) {
         render_into(rec, &mut self.buf);
-        self.buf.push('\n');
-        self.lines += 1;
+        // warning for a block, notice for a warn.
+        self.end_line(if rec.action == Action::Block { 4 } else { 5 });
     }
 
     fn push_summary(&mut self, s: &Summary) {
         render_summary_into(s, &mut self.buf);
-        self.buf.push('\n');
-        self.lines += 1;
+        self.end_line(5);
+    }
+
+    fn push_event(&mut self, e: &Stamped) {
+        render_event_into(e.time, &e.event, &mut self.buf);
+        self.end_line(e.event.severity());
     }
 
     /// Renders the summaries `collect` takes out of the dedup map (lock released first).
@@ -190,35 +537,38 @@ impl Writer {
         }
     }
 
-    /// Writes the pending lines on a blocking thread (stdout and files may block). A
-    /// failure is counted and logged at most once a second; its lines are lost.
+    /// Writes the pending lines on a blocking thread (stdout, files and sockets may block).
+    /// A failure is counted and logged at most once a second; its lines are lost.
     async fn write(&mut self) {
         if self.buf.is_empty() {
             return;
         }
         let target = self.target.clone();
         let buf = std::mem::take(&mut self.buf);
-        let (result, mut buf) = match tokio::task::spawn_blocking(move || {
-            let result = target.write_blocking(buf.as_bytes());
-            (result, buf)
+        let marks = std::mem::take(&mut self.marks);
+        let lines = marks.len() as u64;
+        let (result, mut buf, mut marks) = match tokio::task::spawn_blocking(move || {
+            let result = target.write_blocking(buf.as_bytes(), &marks);
+            (result, buf, marks)
         })
         .await
         {
             Ok(done) => done,
-            Err(e) => (Err(io::Error::other(e)), String::new()),
+            Err(e) => (Err(io::Error::other(e)), String::new(), Vec::new()),
         };
         let counters = &self.shared.counters;
         match result {
-            Ok(()) => counters.add_written(self.lines),
+            Ok(()) => counters.add_written(lines),
             Err(error) => {
                 counters.add_write_error();
                 if self.shared.write_warning.allow() {
                     warn!(
                         sink = %self.target,
                         %error,
-                        lines = self.lines,
+                        lines,
                         write_errors = counters.write_errors(),
-                        "cannot write violation records; they are lost"
+                        "cannot write {}; they are lost",
+                        self.shared.stream
                     );
                 }
             }
@@ -227,7 +577,8 @@ impl Writer {
         if buf.capacity() > BUF_KEEP {
             buf.shrink_to(BUF_KEEP / 16);
         }
+        marks.clear();
         self.buf = buf;
-        self.lines = 0;
+        self.marks = marks;
     }
 }

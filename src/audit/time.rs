@@ -28,6 +28,28 @@ pub(crate) fn format_time(t: SystemTime, out: &mut String) {
     );
 }
 
+/// Appends `t` as an RFC 3164 timestamp, `May  1 12:34:56` (UTC: the format has no zone).
+pub(crate) fn format_time_3164(t: SystemTime, out: &mut String) {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs: i64 = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64) - 1,
+    };
+    let days = secs.div_euclid(86_400);
+    let s = secs.rem_euclid(86_400);
+    let (_, m, d) = civil_from_days(days);
+    let _ = write!(
+        out,
+        "{} {d:>2} {:02}:{:02}:{:02}",
+        MONTHS[(m - 1) as usize],
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    );
+}
+
 /// (year, month, day) of the proleptic Gregorian calendar for days since 1970-01-01
 /// (Howard Hinnant's `civil_from_days`).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -76,5 +98,17 @@ mod tests {
             time(UNIX_EPOCH - Duration::from_secs(86_400 * 365)),
             "1969-01-01T00:00:00.000Z"
         );
+    }
+
+    #[test]
+    fn rfc3164_time() {
+        let at = |secs: u64| {
+            let mut s = String::new();
+            format_time_3164(UNIX_EPOCH + Duration::from_secs(secs), &mut s);
+            s
+        };
+        assert_eq!(at(0), "Jan  1 00:00:00");
+        assert_eq!(at(1_709_251_199), "Feb 29 23:59:59");
+        assert_eq!(at(1_735_689_599), "Dec 31 23:59:59");
     }
 }

@@ -53,7 +53,13 @@ pub struct SaslSession {
     pending: Option<Pending>,
     last_conversation_id: i32,
     authenticated: Option<AuthenticatedUser>,
+    /// `db.name` of the last `saslStart`, for the event log (bounded, no other part of the
+    /// exchange is kept).
+    attempted: Option<String>,
 }
+
+/// Longest user name kept for [`SaslSession::attempted_user`].
+const MAX_ATTEMPTED_LEN: usize = 128;
 
 impl std::fmt::Debug for SaslSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,6 +68,11 @@ impl std::fmt::Debug for SaslSession {
             .field("authenticated", &self.authenticated)
             .finish()
     }
+}
+
+/// True when `reply` (a document this module returned) reports a failure (`ok: 0`).
+pub fn is_failure(reply: &RawDocument) -> bool {
+    matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 0.0)
 }
 
 /// The reply to any failed authentication step.
@@ -83,6 +94,12 @@ impl SaslSession {
     /// failed attempt leaves it unchanged (as in mongod); a later successful one replaces it.
     pub fn authenticated(&self) -> Option<&AuthenticatedUser> {
         self.authenticated.as_ref()
+    }
+
+    /// `db.name` the last `saslStart` asked for, when its first message named a user (the
+    /// client's claim, for logging failed attempts; never part of a secret).
+    pub fn attempted_user(&self) -> Option<String> {
+        self.attempted.clone()
     }
 
     /// True between `saslStart` and the step that completes or fails the conversation.
@@ -194,6 +211,7 @@ impl SaslSession {
     ) -> Result<RawDocumentBuf, RawDocumentBuf> {
         // A new saslStart abandons any conversation in progress.
         self.pending = None;
+        self.attempted = None;
         let mechanism = match cmd.get("mechanism") {
             Ok(Some(RawBsonRef::String(m))) => Mechanism::parse(m),
             _ => None,
@@ -216,8 +234,17 @@ impl SaslSession {
                 .is_some_and(truthy),
             _ => false,
         };
-        let lookup = |name: &str| users.lookup(db, name, mechanism).cloned();
-        match ServerConversation::start(mechanism, client_first, lookup) {
+        let attempted = std::cell::RefCell::new(None);
+        let lookup = |name: &str| {
+            let mut shown: String = name.chars().take(MAX_ATTEMPTED_LEN).collect();
+            shown.insert(0, '.');
+            shown.insert_str(0, db);
+            *attempted.borrow_mut() = Some(shown);
+            users.lookup(db, name, mechanism).cloned()
+        };
+        let started = ServerConversation::start(mechanism, client_first, lookup);
+        self.attempted = attempted.into_inner();
+        match started {
             Ok((conv, server_first)) => {
                 self.last_conversation_id = self.last_conversation_id.wrapping_add(1).max(1);
                 let id = self.last_conversation_id;

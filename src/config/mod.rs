@@ -3,6 +3,7 @@
 
 pub mod duration;
 mod error;
+pub mod size;
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 

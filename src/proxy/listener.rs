@@ -39,6 +39,8 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
             ctx.stats.rejected.inc();
             warn!(%peer, limit = ctx.config.proxy.max_client_connections,
                 "max_client_connections reached; closing new connection");
+            ctx.audit
+                .event(super::close_event(peer, Duration::ZERO, None));
             drop(socket);
             continue;
         };
@@ -49,6 +51,9 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
             driver = tracing::field::Empty
         );
         let task_ctx = ctx.clone();
+        ctx.audit
+            .event(crate::audit::Event::ConnectionOpened { client: peer });
+        let opened = std::time::Instant::now();
         ctx.tracker.spawn(
             async move {
                 let _ = socket.set_nodelay(true);
@@ -81,6 +86,9 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                     _ => {}
                 }
                 session::log_end(&result);
+                task_ctx
+                    .audit
+                    .event(super::close_event(peer, opened.elapsed(), Some(&result)));
                 task_ctx.stats.active.dec();
                 drop(permit);
             }

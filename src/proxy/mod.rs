@@ -29,7 +29,7 @@ pub use hello::ClientMetadata;
 pub use pooled::{PinnedCounts, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 
 use crate::{
-    audit::AuditLog,
+    audit::{AuditLog, CloseReason, Event},
     config::Config,
     policy::{PolicyHolder, PolicySource},
     wire::RequestIds,
@@ -308,6 +308,7 @@ async fn reload_policy(ctx: Arc<Context>) {
         match ctx.policy.reload() {
             Ok(hash) => {
                 ctx.stats.policy_reloads.inc();
+                ctx.audit.event(reload_event(&ctx, Ok(hash), by_signal));
                 info!(
                     source = %ctx.policy.source(),
                     hash = %hash.map(|h| format!("{h:016x}")).unwrap_or_default(),
@@ -317,10 +318,51 @@ async fn reload_policy(ctx: Arc<Context>) {
             }
             Err(e) => {
                 ctx.stats.policy_reload_failures.inc();
+                ctx.audit
+                    .event(reload_event(&ctx, Err(e.to_string()), by_signal));
                 // Keep the old policy; the next change or SIGHUP tries again.
                 warn!(error = %e, "policy reload failed; keeping the previous policy");
             }
         }
+    }
+}
+
+/// The event for a policy reload (or a refused one).
+fn reload_event(ctx: &Context, result: Result<Option<u64>, String>, by_signal: bool) -> Event {
+    let source = ctx.policy.source().to_string();
+    let trigger = if by_signal { "signal" } else { "file_change" };
+    match result {
+        Ok(hash) => Event::PolicyReloaded {
+            source,
+            hash,
+            trigger,
+        },
+        Err(error) => Event::PolicyReloadFailed {
+            source,
+            error,
+            trigger,
+        },
+    }
+}
+
+/// The event for a client connection that ended (`None`: refused at accept).
+fn close_event(
+    client: SocketAddr,
+    duration: std::time::Duration,
+    result: Option<&Result<session::End, SessionError>>,
+) -> Event {
+    let reason = match result {
+        None => CloseReason::Rejected,
+        Some(Ok(session::End::ClientClosed)) => CloseReason::ClientClosed,
+        Some(Ok(session::End::Idle)) => CloseReason::Idle,
+        Some(Ok(session::End::Drained)) | Some(Err(SessionError::Killed)) => CloseReason::Shutdown,
+        Some(Err(e)) if e.is_upstream() => CloseReason::UpstreamError,
+        Some(Err(_)) => CloseReason::ClientError,
+    };
+    Event::ConnectionClosed {
+        client,
+        duration,
+        reason,
     }
 }
 

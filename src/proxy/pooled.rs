@@ -345,6 +345,9 @@ impl Session {
                 span.record("app", meta.application.as_deref().unwrap_or("-"));
                 span.record("driver", meta.driver.as_deref().unwrap_or("-"));
                 info!("client handshake");
+                self.ctx
+                    .audit
+                    .event_with(|| super::session::handshake_event(self.peer, meta));
                 self.metadata = Some(meta.clone());
             }
             // A kept legacy-write connection serves only that write's getLastError.
@@ -528,6 +531,15 @@ impl Session {
             sasl::auth_failed()
         };
         self.reply(request, &doc).await?;
+        if sasl::is_failure(&doc) {
+            let user = self
+                .sasl
+                .attempted_user()
+                .filter(|_| class != Class::OtherAuth);
+            let client = self.peer;
+            let event = crate::audit::Event::AuthFailed { client, user };
+            self.ctx.audit.event(event);
+        }
         self.after_auth_step();
         Ok(())
     }
@@ -551,6 +563,14 @@ impl Session {
             return;
         };
         info!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
+        self.ctx
+            .audit
+            .event_with(|| crate::audit::Event::AuthSucceeded {
+                client: self.peer,
+                user: format!("{}.{}", user.db, user.name),
+                mechanism: user.mechanism.name(),
+                identity: identity.name.to_string(),
+            });
         self.user = Some(format!("{}.{}", user.db, user.name));
         self.identity = Some(identity.clone());
     }

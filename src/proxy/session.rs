@@ -117,6 +117,10 @@ pub(crate) async fn run(
             span.record("app", meta.application.as_deref().unwrap_or("-"));
             span.record("driver", meta.driver.as_deref().unwrap_or("-"));
             info!("client handshake");
+            session
+                .ctx
+                .audit
+                .event_with(|| handshake_event(session.peer, meta));
             session.metadata = Some(meta.clone());
         }
         if session
@@ -414,6 +418,15 @@ pub(crate) async fn sleep_unless_zero(d: Duration) {
 }
 
 /// Logs the end of a session at a level that matches whose fault it was.
+/// The event for a client's first hello.
+pub(crate) fn handshake_event(client: SocketAddr, meta: &ClientMetadata) -> crate::audit::Event {
+    crate::audit::Event::ClientHandshake {
+        client,
+        app: meta.application.clone(),
+        driver: meta.driver.clone(),
+    }
+}
+
 pub(crate) fn log_end(result: &Result<End, SessionError>) {
     match result {
         Ok(end) => debug!(?end, "client session ended"),
