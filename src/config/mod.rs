@@ -30,6 +30,104 @@ pub struct Config {
     pub pool: PoolSettings,
     /// Client authentication terminated by mongoguard (pooled mode).
     pub auth: AuthConfig,
+    /// The admin HTTP listener: metrics, health, status.
+    pub admin: AdminConfig,
+}
+
+/// The `[admin]` section: the admin HTTP listener (metrics, health, policy, status page).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Where the admin listener binds; `""` or `"off"` disables it.
+    #[serde(deserialize_with = "deserialize_admin_listen")]
+    pub listen: Option<SocketAddr>,
+    /// Bearer token required on every endpoint except `/healthz`.
+    pub token: Option<String>,
+    /// A file holding the bearer token (trailing whitespace ignored).
+    pub token_file: Option<std::path::PathBuf>,
+    /// Distinct application names kept in metric labels and tables; the rest are "other".
+    pub app_name_cap: usize,
+    /// Recent violations kept for `/violations`.
+    pub violations_buffer: usize,
+    /// Query shapes kept (least recently used evicted) for `/shapes`.
+    pub shapes_capacity: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9216))),
+            token: None,
+            token_file: None,
+            app_name_cap: 50,
+            violations_buffer: 1000,
+            shapes_capacity: 1000,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The bearer token: `token`, or the trimmed contents of `token_file`.
+    pub fn load_token(&self) -> Result<Option<String>, ConfigError> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), None) => t.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?
+                .trim()
+                .to_owned(),
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid(
+                    "admin: set token or token_file, not both".into(),
+                ))
+            }
+        };
+        if token.is_empty() {
+            return Err(ConfigError::Invalid("admin: the token is empty".into()));
+        }
+        Ok(Some(token))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.token.is_some() && self.token_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "admin: set token or token_file, not both".into(),
+            ));
+        }
+        if let Some(addr) = self.listen {
+            if !addr.ip().is_loopback() && self.token.is_none() && self.token_file.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "admin.listen = {addr} is not a loopback address: set admin.token or \
+                     admin.token_file (or listen on 127.0.0.1)"
+                )));
+            }
+        }
+        for (name, v) in [
+            ("app_name_cap", self.app_name_cap),
+            ("violations_buffer", self.violations_buffer),
+            ("shapes_capacity", self.shapes_capacity),
+        ] {
+            if v == 0 || v > 1_000_000 {
+                return Err(ConfigError::Invalid(format!(
+                    "admin.{name} must be between 1 and 1000000"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn deserialize_admin_listen<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    match text.trim() {
+        "" | "off" => Ok(None),
+        t => t.parse().map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// The `[pool]` section (pooled mode): limits of each upstream pool, one pool per (upstream
@@ -282,6 +380,7 @@ impl Config {
         let mut config = Config::default();
         config.proxy.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.upstream.uri = uri.parse()?;
+        config.admin.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         config.validate()?;
         Ok(config)
     }
@@ -307,6 +406,7 @@ impl Config {
         self.audit
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.admin.validate()?;
         if self.upstream.connect_timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "upstream.connect_timeout must be above zero".into(),
@@ -417,6 +517,34 @@ mod tests {
         .is_err());
         assert!(Config::from_toml_str("[upstream]\nuri = \"http://x\"\n", "t").is_err());
         assert!(Config::from_toml_str("[proxy]\nmax_client_connections = 0\n", "t").is_err());
+    }
+
+    #[test]
+    fn admin_listener_rules() {
+        let c = Config::from_toml_str("", "t").unwrap();
+        assert_eq!(
+            c.admin.listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 9216)))
+        );
+        let off = Config::from_toml_str("[admin]\nlisten = \"off\"\n", "t").unwrap();
+        assert_eq!(off.admin.listen, None);
+        let off = Config::from_toml_str("[admin]\nlisten = \"\"\n", "t").unwrap();
+        assert_eq!(off.admin.listen, None);
+        // A non-loopback admin listener without a token refuses to start.
+        let err = Config::from_toml_str("[admin]\nlisten = \"0.0.0.0:9216\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("token"), "{err}");
+        assert!(Config::from_toml_str(
+            "[admin]\nlisten = \"0.0.0.0:9216\"\ntoken = \"s3cret\"\n",
+            "t"
+        )
+        .is_ok());
+        assert!(
+            Config::from_toml_str("[admin]\ntoken = \"a\"\ntoken_file = \"/x\"\n", "t").is_err()
+        );
+        assert!(Config::from_toml_str("[admin]\napp_name_cap = 0\n", "t").is_err());
+        assert!(Config::from_toml_str("[admin]\nlisten = \"nowhere\"\n", "t").is_err());
     }
 
     #[test]
