@@ -28,6 +28,7 @@ pub mod auth;
 pub mod check;
 pub mod command;
 pub mod config;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod upstream;
