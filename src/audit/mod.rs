@@ -49,7 +49,8 @@ use tracing::warn;
 pub use config::{AuditConfig, SinkSpec, MAX_DEDUP_WINDOW, MAX_QUEUE_CAPACITY};
 pub use counters::{AuditCounters, RuleCount};
 pub use error::AuditError;
-pub use record::{render, Action, Mode, Source, ViolationRecord};
+pub use record::{render, render_public, Action, Mode, Source, ViolationRecord};
+pub(crate) use time::format_time;
 
 use dedup::{Dedup, Verdict, DEFAULT_MAX_KEYS};
 use sink::{Msg, Target};

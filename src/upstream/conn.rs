@@ -231,6 +231,35 @@ impl UpstreamConn {
         }
     }
 
+    /// Connects to `host` and says hello (no authentication), within `timeout`: the
+    /// readiness check of the admin API. Returns what the hello said.
+    pub async fn probe(
+        host: &Host,
+        timeout: Duration,
+        max_message_size: usize,
+    ) -> Result<HelloFacts, ConnectError> {
+        let work = async {
+            let stream = connect(host, timeout).await?;
+            let mut conn = UpstreamConn {
+                io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
+                facts: Arc::new(HelloFacts::from_reply(&bson::rawdoc! {"ok": 1}).expect("ok")),
+                host: host.clone(),
+            };
+            let reply = conn.command(&own_hello(None)).await?;
+            HelloFacts::from_reply(&reply).ok_or_else(|| ConnectError::Handshake {
+                host: host.to_string(),
+                reason: "hello failed".into(),
+            })
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(ConnectError::Timeout {
+                host: host.to_string(),
+                timeout,
+            }),
+        }
+    }
+
     /// The hello facts of this connection's server.
     pub fn facts(&self) -> &Arc<HelloFacts> {
         &self.facts
