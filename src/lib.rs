@@ -20,6 +20,10 @@
 //!   users file.
 //! - [`proxy`]: the listener, the per-client session loop, hello handling, enforcement of
 //!   the policy, and graceful shutdown.
+//! - [`metrics`]: the Prometheus registry (bounded labels) and the tables behind the admin
+//!   API (clients, query shapes, recent violations).
+//! - `admin`: the admin HTTP listener (health, readiness, metrics, policy and reload, the
+//!   tables, the status page).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
