@@ -301,71 +301,78 @@ fn to_i64(v: usize) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Gauges and counters of each pool, labelled by server and identity.
+/// One metric with a series per pool, labelled by server and identity.
+fn per_pool<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    pools: &[PoolRow],
+    (name, help, kind): (&str, &str, MetricType),
+    value: impl Fn(&PoolStats) -> M,
+) -> Result<(), std::fmt::Error> {
+    let mut m = encoder.encode_descriptor(name, help, None, kind)?;
+    for p in pools {
+        let labels = [
+            ("server", p.server.as_str()),
+            ("identity", p.identity.as_str()),
+        ];
+        value(&p.stats).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// PgBouncer-style gauges and counters of each pool.
 fn pool_metrics(
     encoder: &mut DescriptorEncoder<'_>,
     pools: &[PoolRow],
 ) -> Result<(), std::fmt::Error> {
-    type Get = fn(&PoolStats) -> i64;
-    let gauges: [(&str, &str, Get); 4] = [
+    type Get = fn(&PoolStats) -> usize;
+    let counts: [(&str, &str, Get); 4] = [
         (
             "mongoguard_pool_clients_active",
             "Client requests holding an upstream connection (cl_active)",
-            |s| to_i64(s.in_use),
+            |s| s.in_use,
         ),
         (
             "mongoguard_pool_clients_waiting",
             "Client requests waiting for an upstream connection (cl_waiting)",
-            |s| to_i64(s.waiting),
+            |s| s.waiting,
         ),
         (
             "mongoguard_pool_servers_active",
             "Upstream connections checked out (sv_active)",
-            |s| to_i64(s.in_use),
+            |s| s.in_use,
         ),
         (
             "mongoguard_pool_servers_idle",
             "Idle upstream connections in the pool (sv_idle)",
-            |s| to_i64(s.idle),
+            |s| s.idle,
         ),
     ];
-    for (name, help, get) in gauges {
-        let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-        for p in pools {
-            let labels = [
-                ("server", p.server.as_str()),
-                ("identity", p.identity.as_str()),
-            ];
-            ConstGauge::new(get(&p.stats)).encode(m.encode_family(&labels)?)?;
-        }
+    let gauge = MetricType::Gauge;
+    for (name, help, get) in counts {
+        per_pool(encoder, pools, (name, help, gauge), |s| {
+            ConstGauge::new(to_i64(get(s)))
+        })?;
     }
-    let mut m = encoder.encode_descriptor(
-        "mongoguard_pool_max_wait_seconds",
-        "Longest wait for an upstream connection observed (maxwait)",
-        None,
-        MetricType::Gauge,
+    per_pool(
+        encoder,
+        pools,
+        (
+            "mongoguard_pool_max_wait_seconds",
+            "Longest wait for an upstream connection observed (maxwait)",
+            gauge,
+        ),
+        |s| ConstGauge::new(s.max_wait.as_secs_f64()),
     )?;
-    for p in pools {
-        let labels = [
-            ("server", p.server.as_str()),
-            ("identity", p.identity.as_str()),
-        ];
-        ConstGauge::new(p.stats.max_wait.as_secs_f64()).encode(m.encode_family(&labels)?)?;
-    }
-    let mut m = encoder.encode_descriptor(
-        "mongoguard_pool_checkout_timeouts",
-        "Requests that waited checkout_timeout for an upstream connection and failed",
-        None,
-        MetricType::Counter,
-    )?;
-    for p in pools {
-        let labels = [
-            ("server", p.server.as_str()),
-            ("identity", p.identity.as_str()),
-        ];
-        ConstCounter::new(p.stats.timeouts).encode(m.encode_family(&labels)?)?;
-    }
-    Ok(())
+    per_pool(
+        encoder,
+        pools,
+        (
+            "mongoguard_pool_checkout_timeouts",
+            "Requests that waited checkout_timeout for an upstream connection and failed",
+            MetricType::Counter,
+        ),
+        |s| ConstCounter::new(s.timeouts),
+    )
 }
 
 impl Collector for ScrapeCollector {
