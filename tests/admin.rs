@@ -572,6 +572,54 @@ async fn pool_state_in_pooled_mode() {
     standin.shutdown().await;
 }
 
+#[tokio::test]
+async fn readyz_is_503_while_draining_and_the_listener_stops_with_the_proxy() {
+    use mongoguard::wire::builder::MsgBuilder;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.proxy.drain_timeout = Duration::from_secs(20)
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    assert_eq!(get_json(admin, "/readyz").await["status"], "ready");
+
+    // One request in flight, held by the upstream.
+    standin.set_fault(mongoguard_standin::Fault::Delay(Duration::from_millis(
+        1500,
+    )));
+    let mut raw = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    let ping = MsgBuilder::new(bson::rawdoc! {"ping": 1, "$db": "admin"}).encode(1, 0);
+    raw.write_all(&ping).await.unwrap();
+    let in_flight = support::eventually(200, Duration::from_millis(10), || async {
+        let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+        sample(&m, r#"mongoguard_client_connections{state="active"}"#) == Some(1.0)
+    })
+    .await;
+    assert!(in_flight, "the ping is in flight");
+
+    let shutdown = tokio::spawn(proxy.shutdown());
+    let draining = support::eventually(200, Duration::from_millis(10), || async {
+        let (status, _, body) = http(admin, "GET", "/readyz", None).await;
+        status == 503 && body.contains("draining")
+    })
+    .await;
+    assert!(draining, "/readyz says 503 while the proxy drains");
+    assert_eq!(http(admin, "GET", "/healthz", None).await.0, 200);
+
+    // The in-flight reply arrives, the drain ends, and the admin listener goes with it.
+    let mut buf = vec![0u8; 1024];
+    assert!(raw.read(&mut buf).await.unwrap() > 0, "the reply");
+    tokio::time::timeout(Duration::from_secs(30), shutdown)
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+    match TcpStream::connect(admin).await {
+        Err(_) => {}
+        Ok(mut s) => assert_eq!(s.read(&mut buf).await.unwrap_or(0), 0),
+    }
+    standin.shutdown().await;
+}
+
 /// Every metric the Grafana dashboard queries is one a running proxy exposes.
 #[tokio::test]
 async fn grafana_dashboard_uses_only_exposed_metrics() {
