@@ -32,6 +32,9 @@ const STATUS_HTML: &str = include_str!("status.html");
 
 /// A request's headers must arrive within this long (slow clients cannot hold sockets).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Admin connections open at once; more are closed at accept (scrapers and a status page
+/// need a handful).
+const MAX_CONNECTIONS: usize = 64;
 
 struct Admin {
     ctx: Arc<Context>,
@@ -54,6 +57,7 @@ pub(crate) async fn serve(
         ready: ready::Readiness::default(),
     });
     let tracker = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -69,9 +73,18 @@ pub(crate) async fn serve(
                 }
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            warn!(
+                limit = MAX_CONNECTIONS,
+                "too many admin connections; closing a new one"
+            );
+            drop(stream);
+            continue;
+        };
         let admin = admin.clone();
         let stop = stop.clone();
         tracker.spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req| {
                 let admin = admin.clone();
                 async move { Ok::<_, Infallible>(admin.handle(req).await) }
