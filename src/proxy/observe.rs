@@ -87,6 +87,9 @@ pub(crate) struct SessionObs {
     processing: Duration,
     /// The first reply of the current request said `ok: 0`.
     pub reply_error: bool,
+    /// The current request is a hello: monitoring hellos wait upstream on purpose
+    /// (awaitable and streaming hello), so they are neither activity nor latency.
+    hello: bool,
 }
 
 impl SessionObs {
@@ -100,6 +103,7 @@ impl SessionObs {
             scratch: ShapeScratch::default(),
             processing: Duration::ZERO,
             reply_error: false,
+            hello: false,
         }
     }
 
@@ -123,7 +127,8 @@ impl SessionObs {
         }
     }
 
-    /// A request arrived: the connection is active until [`Self::end`].
+    /// A request arrived: the connection is active until [`Self::end`] (or until it turns
+    /// out to be a hello).
     pub(crate) fn begin(&mut self) -> Instant {
         if !self.in_flight {
             self.in_flight = true;
@@ -145,6 +150,10 @@ impl SessionObs {
         self.processing = started.elapsed();
         self.metrics.observe_processing(self.processing);
         self.metrics.request(request.command);
+        self.hello = request.is_hello;
+        if self.hello {
+            self.end();
+        }
         if self.client.is_none() {
             let app = self
                 .metrics
@@ -180,6 +189,9 @@ impl SessionObs {
 
     /// The request was forwarded and its last reply relayed after `round_trip`.
     pub(crate) fn forwarded(&mut self, round_trip: Duration) {
+        if self.hello {
+            return;
+        }
         self.metrics.observe_roundtrip(round_trip);
         let total = self.processing + round_trip;
         self.metrics
