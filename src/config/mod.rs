@@ -35,7 +35,7 @@ pub struct Config {
 }
 
 /// The `[admin]` section: the admin HTTP listener (metrics, health, policy, status page).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Where the admin listener binds; `""` or `"off"` disables it.
@@ -51,6 +51,20 @@ pub struct AdminConfig {
     pub violations_buffer: usize,
     /// Query shapes kept (least recently used evicted) for `/shapes`.
     pub shapes_capacity: usize,
+}
+
+/// Never prints the token (`--check-config` prints the configuration).
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("app_name_cap", &self.app_name_cap)
+            .field("violations_buffer", &self.violations_buffer)
+            .field("shapes_capacity", &self.shapes_capacity)
+            .finish()
+    }
 }
 
 impl Default for AdminConfig {
@@ -544,6 +558,8 @@ mod tests {
             Config::from_toml_str("[admin]\ntoken = \"a\"\ntoken_file = \"/x\"\n", "t").is_err()
         );
         assert!(Config::from_toml_str("[admin]\napp_name_cap = 0\n", "t").is_err());
+        let with_token = Config::from_toml_str("[admin]\ntoken = \"s3cret\"\n", "t").unwrap();
+        assert!(!format!("{with_token:?}").contains("s3cret"));
         assert!(Config::from_toml_str("[admin]\nlisten = \"nowhere\"\n", "t").is_err());
     }
 
