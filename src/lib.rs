@@ -20,14 +20,20 @@
 //!   users file.
 //! - [`proxy`]: the listener, the per-client session loop, hello handling, enforcement of
 //!   the policy, and graceful shutdown.
+//! - [`metrics`]: the Prometheus registry (bounded labels) and the tables behind the admin
+//!   API (clients, query shapes, recent violations).
+//! - `admin`: the admin HTTP listener (health, readiness, metrics, policy and reload, the
+//!   tables, the status page).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
 pub mod audit;
 pub mod auth;
 pub mod check;
 pub mod command;
 pub mod config;
+pub mod metrics;
 pub mod net;
 pub mod policy;
 pub mod proxy;

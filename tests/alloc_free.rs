@@ -154,3 +154,30 @@ fn the_counter_sees_allocations() {
     assert_eq!(decision.violations.len(), 1);
     assert!(COUNT.with(Cell::get) > 0);
 }
+
+/// The admin API's query-shape bookkeeping on the request path (the shape rendered into the
+/// session's reused scratch buffer, the table entry of a known shape updated) allocates
+/// nothing once the shape has been seen.
+#[test]
+fn known_query_shape_bookkeeping_allocates_nothing() {
+    use mongoguard::metrics::{ShapeScratch, ShapeTable};
+    let table = ShapeTable::new(16);
+    let mut scratch = ShapeScratch::default();
+    for frame in [find(), update_batch()] {
+        let mut run = || {
+            let msg = Message::parse(&frame, DEFAULT_MAX_MESSAGE_SIZE).expect("a valid frame");
+            let view = CommandView::from_message(&msg).expect("a readable command");
+            scratch.reset();
+            scratch.capture(&view);
+            assert!(scratch.active);
+            table.record(&scratch, 42, false);
+        };
+        run();
+        COUNT.with(|c| c.set(0));
+        COUNTING.with(|c| c.set(true));
+        run();
+        COUNTING.with(|c| c.set(false));
+        assert_eq!(COUNT.with(Cell::get), 0);
+    }
+    assert_eq!(table.len(), 2);
+}

@@ -60,7 +60,8 @@ pub use config::{
 pub use counters::{AuditCounters, RuleCount};
 pub use error::AuditError;
 pub use event::{render_event, CloseReason, Event};
-pub use record::{render, Action, Mode, Source, ViolationRecord};
+pub use record::{render, render_public, Action, Mode, Source, ViolationRecord};
+pub(crate) use time::format_time;
 
 use dedup::{Dedup, Verdict, DEFAULT_MAX_KEYS};
 use sink::{Msg, Target};

@@ -127,26 +127,65 @@ pub fn render(rec: &ViolationRecord) -> String {
 
 /// [`render`] appending to `out`.
 pub(crate) fn render_into(rec: &ViolationRecord, out: &mut String) {
+    write_record(rec, out, &LINE_KEYS);
+}
+
+/// The admin API's form of a record (`GET /violations`): the same fields under the
+/// record's field names (`rule_id`, `app_name`, `database`, `statement_index`), without the
+/// client's address. Absent optional fields are left out, as in [`render`].
+pub fn render_public(rec: &ViolationRecord) -> String {
+    let mut out = String::with_capacity(384);
+    write_record(rec, &mut out, &PUBLIC_KEYS);
+    out
+}
+
+/// The keys that differ between the audit line and the admin API's form.
+struct Keys {
+    rule: &'static str,
+    /// `None`: the client's address is left out.
+    client: Option<&'static str>,
+    app: &'static str,
+    db: &'static str,
+    statement: &'static str,
+}
+
+const LINE_KEYS: Keys = Keys {
+    rule: "rule",
+    client: Some("client"),
+    app: "app",
+    db: "db",
+    statement: "statement",
+};
+
+const PUBLIC_KEYS: Keys = Keys {
+    rule: "rule_id",
+    client: None,
+    app: "app_name",
+    db: "database",
+    statement: "statement_index",
+};
+
+fn write_record(rec: &ViolationRecord, out: &mut String, keys: &Keys) {
     let mut time = String::with_capacity(24);
     format_time(rec.time, &mut time);
     let mut o = ObjectWriter::new(out);
     o.str("time", &time);
-    o.str("rule", rec.rule_id);
+    o.str(keys.rule, rec.rule_id);
     o.str("rule_name", rec.rule_name);
     o.str("reason", rec.reason);
     o.str("action", rec.action.as_str());
     o.str("mode", rec.mode.as_str());
-    if let Some(addr) = rec.client_addr {
-        o.str("client", &addr.to_string());
+    if let (Some(key), Some(addr)) = (keys.client, rec.client_addr) {
+        o.str(key, &addr.to_string());
     }
-    o.opt_str("app", rec.app_name.as_deref());
+    o.opt_str(keys.app, rec.app_name.as_deref());
     o.opt_str("driver", rec.driver.as_deref());
     o.opt_str("user", rec.user.as_deref());
-    o.str("db", &rec.database);
+    o.str(keys.db, &rec.database);
     o.opt_str("collection", rec.collection.as_deref());
     o.str("command", &rec.command);
     if let Some(i) = rec.statement_index {
-        o.num("statement", i);
+        o.num(keys.statement, i);
     }
     if let Some(shape) = &rec.filter_shape {
         o.json("filter_shape", shape);

@@ -33,6 +33,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// TLS on the client-facing listener.
     pub tls: TlsConfig,
+    /// The admin HTTP listener: metrics, health, status.
+    pub admin: AdminConfig,
 }
 
 /// The `[tls]` section: TLS on the listener (upstream TLS comes from the upstream URI).
@@ -62,10 +64,120 @@ impl Default for TlsConfig {
     }
 }
 
+/// The `[admin]` section: the admin HTTP listener (metrics, health, policy, status page).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Where the admin listener binds; `""` or `"off"` disables it.
+    #[serde(deserialize_with = "deserialize_admin_listen")]
+    pub listen: Option<SocketAddr>,
+    /// Bearer token required on every endpoint except `/healthz`.
+    pub token: Option<String>,
+    /// A file holding the bearer token (trailing whitespace ignored).
+    pub token_file: Option<std::path::PathBuf>,
+    /// Distinct application names kept in metric labels and tables; the rest are "other".
+    pub app_name_cap: usize,
+    /// Recent violations kept for `/violations`.
+    pub violations_buffer: usize,
+    /// Query shapes kept (least recently used evicted) for `/shapes`.
+    pub shapes_capacity: usize,
+}
+
+/// Never prints the token (`--check-config` prints the configuration).
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("app_name_cap", &self.app_name_cap)
+            .field("violations_buffer", &self.violations_buffer)
+            .field("shapes_capacity", &self.shapes_capacity)
+            .finish()
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9216))),
+            token: None,
+            token_file: None,
+            app_name_cap: 50,
+            violations_buffer: 1000,
+            shapes_capacity: 1000,
+        }
+    }
+}
+
 impl TlsConfig {
     /// True when the listener speaks TLS.
     pub fn enabled(&self) -> bool {
         self.cert_file.is_some() || self.key_file.is_some()
+    }
+}
+
+impl AdminConfig {
+    /// The bearer token: `token`, or the trimmed contents of `token_file`.
+    pub fn load_token(&self) -> Result<Option<String>, ConfigError> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), None) => t.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?
+                .trim()
+                .to_owned(),
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid(
+                    "admin: set token or token_file, not both".into(),
+                ))
+            }
+        };
+        if token.is_empty() {
+            return Err(ConfigError::Invalid("admin: the token is empty".into()));
+        }
+        Ok(Some(token))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.token.is_some() && self.token_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "admin: set token or token_file, not both".into(),
+            ));
+        }
+        if let Some(addr) = self.listen {
+            if !addr.ip().is_loopback() && self.token.is_none() && self.token_file.is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "admin.listen = {addr} is not a loopback address: set admin.token or \
+                     admin.token_file (or listen on 127.0.0.1)"
+                )));
+            }
+        }
+        for (name, v) in [
+            ("app_name_cap", self.app_name_cap),
+            ("violations_buffer", self.violations_buffer),
+            ("shapes_capacity", self.shapes_capacity),
+        ] {
+            if v == 0 || v > 1_000_000 {
+                return Err(ConfigError::Invalid(format!(
+                    "admin.{name} must be between 1 and 1000000"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn deserialize_admin_listen<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    match text.trim() {
+        "" | "off" => Ok(None),
+        t => t.parse().map(Some).map_err(serde::de::Error::custom),
     }
 }
 
@@ -323,6 +435,7 @@ impl Config {
         let mut config = Config::default();
         config.proxy.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.upstream.uri = uri.parse()?;
+        config.admin.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         config.validate()?;
         Ok(config)
     }
@@ -376,6 +489,7 @@ impl Config {
         self.audit
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.admin.validate()?;
         if self.upstream.connect_timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "upstream.connect_timeout must be above zero".into(),
@@ -506,6 +620,36 @@ mod tests {
         .unwrap();
         assert!(Config::from_toml_str("[tls]\ncert_file = \"c\"\n", "t").is_err());
         assert!(Config::from_toml_str("[tls]\nclient_ca_file = \"c\"\n", "t").is_err());
+    }
+
+    #[test]
+    fn admin_listener_rules() {
+        let c = Config::from_toml_str("", "t").unwrap();
+        assert_eq!(
+            c.admin.listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 9216)))
+        );
+        let off = Config::from_toml_str("[admin]\nlisten = \"off\"\n", "t").unwrap();
+        assert_eq!(off.admin.listen, None);
+        let off = Config::from_toml_str("[admin]\nlisten = \"\"\n", "t").unwrap();
+        assert_eq!(off.admin.listen, None);
+        // A non-loopback admin listener without a token refuses to start.
+        let err = Config::from_toml_str("[admin]\nlisten = \"0.0.0.0:9216\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("token"), "{err}");
+        assert!(Config::from_toml_str(
+            "[admin]\nlisten = \"0.0.0.0:9216\"\ntoken = \"s3cret\"\n",
+            "t"
+        )
+        .is_ok());
+        assert!(
+            Config::from_toml_str("[admin]\ntoken = \"a\"\ntoken_file = \"/x\"\n", "t").is_err()
+        );
+        assert!(Config::from_toml_str("[admin]\napp_name_cap = 0\n", "t").is_err());
+        let with_token = Config::from_toml_str("[admin]\ntoken = \"s3cret\"\n", "t").unwrap();
+        assert!(!format!("{with_token:?}").contains("s3cret"));
+        assert!(Config::from_toml_str("[admin]\nlisten = \"nowhere\"\n", "t").is_err());
     }
 
     #[test]

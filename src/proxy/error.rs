@@ -30,6 +30,9 @@ pub enum ProxyError {
     /// The violation log could not be started (e.g. its file cannot be opened).
     #[error("audit log: {0}")]
     Audit(crate::audit::AuditError),
+    /// The admin listener's configuration (its token file) is unusable.
+    #[error("admin listener: {0}")]
+    Admin(crate::config::ConfigError),
 }
 
 /// An abnormal end of a client session.

@@ -5,10 +5,11 @@ use std::{net::SocketAddr, time::SystemTime};
 
 use bson::RawDocumentBuf;
 
-use super::Context;
+use super::{observe, Context};
 use crate::{
     audit::{self, ViolationRecord},
     command::CommandView,
+    metrics::ShapeScratch,
     policy::{filter, Action, Decision, Mode, RequestContext, RuleId, Violation},
     wire::{builder::error_document, Message, OpCode},
 };
@@ -97,7 +98,15 @@ pub(crate) struct Who<'s> {
 }
 
 /// Evaluates one (decompressed) client message.
-pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id: i32) -> Judgement {
+///
+/// `scratch` receives the request's query shape (for `/shapes`) and its violation count.
+pub(crate) fn judge(
+    ctx: &Context,
+    msg: &Message<'_>,
+    who: &Who<'_>,
+    request_id: i32,
+    scratch: &mut ShapeScratch,
+) -> Judgement {
     let policy = ctx.policy.current();
     let view = match CommandView::from_message(msg) {
         Ok(v) => v,
@@ -115,8 +124,8 @@ pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id:
                 filter: None,
                 detail: None,
             };
-            ctx.audit
-                .record(record(&v, policy.mode(), None, who, request_id));
+            scratch.violations = 1;
+            observe::violation(ctx, record(&v, policy.mode(), None, who, request_id));
             return match action {
                 Action::Block => Judgement::Block {
                     errmsg: format!(
@@ -135,12 +144,13 @@ pub(crate) fn judge(ctx: &Context, msg: &Message<'_>, who: &Who<'_>, request_id:
         upstream_wire_version: who.upstream_wire_version,
     };
     let decision = policy.evaluate(&view, &rctx);
+    scratch.capture(&view);
     if decision.violations.is_empty() {
         return Judgement::Forward;
     }
+    scratch.violations = decision.violations.len() as u64;
     for v in &decision.violations {
-        ctx.audit
-            .record(record(v, decision.mode, Some(&view), who, request_id));
+        observe::violation(ctx, record(v, decision.mode, Some(&view), who, request_id));
     }
     if decision.is_block() {
         Judgement::Block {

@@ -33,6 +33,8 @@ pub(crate) struct Request {
     pub is_write: bool,
     /// The policy's verdict.
     pub judgement: Judgement,
+    /// The `command` metric label (an index into `metrics::commands::COMMANDS`).
+    pub command: usize,
 }
 
 /// Parses and validates a client message, and asks `judge` (the policy) about it while the
@@ -96,6 +98,7 @@ fn describe(
         legacy_find: matches!(msg, Message::Query(q) if !q.is_command()),
         is_write,
         judgement: judge(msg),
+        command: super::observe::command_label(msg, name),
     })
 }
 

@@ -63,7 +63,14 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                         Ok(s) => s,
                         Err(e) => {
                             task_ctx.stats.tls_handshake_failures.inc();
+                            task_ctx.metrics.tls_handshake_failed();
                             tracing::info!(error = %e, "TLS handshake failed; connection closed");
+                            let failed = Err(super::SessionError::ClientIo(e));
+                            task_ctx.audit.event(super::close_event(
+                                peer,
+                                opened.elapsed(),
+                                Some(&failed),
+                            ));
                             drop(permit);
                             return;
                         }

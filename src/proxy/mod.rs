@@ -8,6 +8,7 @@ pub mod guard;
 mod hello;
 mod inspect;
 mod listener;
+mod observe;
 mod pooled;
 mod routing;
 mod session;
@@ -31,6 +32,7 @@ pub use pooled::{PinnedCounts, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME
 use crate::{
     audit::{AuditLog, CloseReason, Event},
     config::Config,
+    metrics::Metrics,
     policy::{PolicyHolder, PolicySource},
     wire::RequestIds,
 };
@@ -103,6 +105,8 @@ pub(crate) struct Context {
     pub upstream_tls: Option<crate::tls::UpstreamTls>,
     /// Pooled mode's shared state (`None` in passthrough mode).
     pub pooled: Option<Arc<pooled::Pooled>>,
+    /// Metrics and the admin API's tables.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The entry point.
@@ -137,17 +141,42 @@ impl Proxy {
         };
         let upstream_tls =
             crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
+        let admin_token = config.admin.load_token().map_err(ProxyError::Admin)?;
+        let admin_listener = match config.admin.listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ProxyError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
+        let admin_addr = match &admin_listener {
+            Some(l) => Some(l.local_addr().map_err(|source| ProxyError::Bind {
+                addr: config.admin.listen.unwrap_or(addr),
+                source,
+            })?),
+            None => None,
+        };
         let pooled = match config.proxy.mode {
             crate::config::Mode::Pooled => {
                 Some(pooled::Pooled::start(&config, upstream_tls.clone())?)
             }
             crate::config::Mode::Passthrough => None,
         };
+        let stats = Arc::new(ProxyStats::default());
+        let metrics = Arc::new(Metrics::new(
+            &config.admin,
+            Arc::new(observe::ProxyScrape {
+                stats: stats.clone(),
+                pooled: pooled.clone(),
+            }),
+        ));
         let ctx = Arc::new(Context {
             pooled,
             server_tls,
             upstream_tls,
-            stats: Arc::new(ProxyStats::default()),
+            metrics,
+            stats,
             request_ids: RequestIds::default(),
             drain: CancellationToken::new(),
             kill: CancellationToken::new(),
@@ -167,11 +196,24 @@ impl Proxy {
         );
         let reload = tokio::spawn(reload_policy(ctx.clone()));
         let accept = tokio::spawn(listener::accept_loop(listener, ctx.clone()));
+        let admin_stop = CancellationToken::new();
+        let admin = admin_listener.map(|l| {
+            info!(listen = ?admin_addr, "admin listener up");
+            tokio::spawn(crate::admin::serve(
+                l,
+                ctx.clone(),
+                admin_token,
+                admin_stop.clone(),
+            ))
+        });
         Ok(ProxyHandle {
             local_addr,
+            admin_addr,
             ctx,
             accept,
             reload,
+            admin,
+            admin_stop,
         })
     }
 }
@@ -179,15 +221,28 @@ impl Proxy {
 /// A running proxy.
 pub struct ProxyHandle {
     local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     ctx: Arc<Context>,
     accept: JoinHandle<()>,
     reload: JoinHandle<()>,
+    admin: Option<JoinHandle<()>>,
+    admin_stop: CancellationToken,
 }
 
 impl ProxyHandle {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin listener's bound address (`None` when disabled).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The metrics registry and admin tables.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.ctx.metrics.clone()
     }
 
     /// The counters.
@@ -248,6 +303,11 @@ impl ProxyHandle {
             self.ctx.tracker.wait().await;
         }
         self.reload.abort();
+        // The admin listener outlives the drain, so /readyz can say 503 while it runs.
+        self.admin_stop.cancel();
+        if let Some(admin) = self.admin {
+            let _ = admin.await;
+        }
         if let Some(p) = &self.ctx.pooled {
             p.close();
         }
@@ -305,32 +365,48 @@ async fn reload_policy(ctx: Arc<Context>) {
             }
         }
         last_seen = None;
-        match ctx.policy.reload() {
-            Ok(hash) => {
-                ctx.stats.policy_reloads.inc();
-                ctx.audit.event(reload_event(&ctx, Ok(hash), by_signal));
-                info!(
-                    source = %ctx.policy.source(),
-                    hash = %hash.map(|h| format!("{h:016x}")).unwrap_or_default(),
-                    by_signal,
-                    "policy reloaded"
-                );
-            }
-            Err(e) => {
-                ctx.stats.policy_reload_failures.inc();
-                ctx.audit
-                    .event(reload_event(&ctx, Err(e.to_string()), by_signal));
-                // Keep the old policy; the next change or SIGHUP tries again.
-                warn!(error = %e, "policy reload failed; keeping the previous policy");
-            }
+        let trigger = if by_signal { "signal" } else { "file_change" };
+        // Errors are logged and counted there; the next change or SIGHUP tries again.
+        let _ = reload_now(&ctx, trigger);
+    }
+}
+
+/// Reloads the policy file now (SIGHUP, a file change, or `POST /reload`): validates it
+/// completely and swaps it in, or keeps the old policy; counts and logs either outcome.
+/// Returns the new policy's hash (`None` for a built-in profile, which never changes).
+pub(crate) fn reload_now(
+    ctx: &Context,
+    trigger: &'static str,
+) -> Result<Option<u64>, crate::policy::PolicyError> {
+    match ctx.policy.reload() {
+        Ok(hash) => {
+            ctx.stats.policy_reloads.inc();
+            ctx.audit.event(reload_event(ctx, Ok(hash), trigger));
+            info!(
+                source = %ctx.policy.source(),
+                hash = %hash.map(|h| format!("{h:016x}")).unwrap_or_default(),
+                trigger,
+                "policy reloaded"
+            );
+            Ok(hash)
+        }
+        Err(e) => {
+            ctx.stats.policy_reload_failures.inc();
+            ctx.audit
+                .event(reload_event(ctx, Err(e.to_string()), trigger));
+            warn!(error = %e, trigger, "policy reload failed; keeping the previous policy");
+            Err(e)
         }
     }
 }
 
 /// The event for a policy reload (or a refused one).
-fn reload_event(ctx: &Context, result: Result<Option<u64>, String>, by_signal: bool) -> Event {
+fn reload_event(
+    ctx: &Context,
+    result: Result<Option<u64>, String>,
+    trigger: &'static str,
+) -> Event {
     let source = ctx.policy.source().to_string();
-    let trigger = if by_signal { "signal" } else { "file_change" };
     match result {
         Ok(hash) => Event::PolicyReloaded {
             source,

@@ -29,6 +29,7 @@ use super::{
     guard::{self, Who},
     hello::{self, ClientMetadata, HelloAuth},
     inspect::{inspect, Request},
+    observe::SessionObs,
     routing::{self, Class, CursorReply, Routing},
     session::{
         client_error, reply_more_to_come, send_document, sleep_unless_zero, upstream_error, End,
@@ -287,6 +288,7 @@ struct Session {
     sticky: Option<Checkout<UpstreamConn>>,
     drain: CancellationToken,
     kill: CancellationToken,
+    obs: SessionObs,
 }
 
 /// Runs one client connection in pooled mode.
@@ -318,6 +320,7 @@ pub(crate) async fn run(
         sticky: None,
         drain: ctx.drain.child_token(),
         kill: ctx.kill.child_token(),
+        obs: SessionObs::new(ctx.metrics.clone()),
         pooled,
         ctx,
     };
@@ -331,6 +334,7 @@ pub(crate) async fn run(
 impl Session {
     async fn serve(&mut self) -> Result<End, SessionError> {
         loop {
+            self.obs.end();
             let frame = match self.pending.take() {
                 Some(f) => f,
                 None => match self.next_request().await? {
@@ -338,6 +342,7 @@ impl Session {
                     Err(end) => return Ok(end),
                 },
             };
+            let started = self.obs.begin();
             let mut routing = Routing::default();
             let request = self.inspect(&frame, &mut routing)?;
             if let Some(meta) = &request.metadata {
@@ -350,6 +355,8 @@ impl Session {
                     .event_with(|| super::session::handshake_event(self.peer, meta));
                 self.metadata = Some(meta.clone());
             }
+            self.obs
+                .inspected(&request, self.metadata.as_ref(), started);
             // A kept legacy-write connection serves only that write's getLastError.
             if let Some(sticky) = self.take_sticky() {
                 if request.is_get_last_error && self.last_blocked.is_none() {
@@ -388,6 +395,8 @@ impl Session {
             match guard::local_answer(&self.ctx, &request, &mut self.last_blocked) {
                 guard::Local::Forward => {}
                 guard::Local::Handled { answer, abort } => {
+                    let blocked = matches!(request.judgement, guard::Judgement::Block { .. });
+                    self.obs.answered_locally(blocked);
                     if let Some(abort) = abort {
                         self.abort_transaction(abort, &identity, &routing).await;
                     }
@@ -401,7 +410,7 @@ impl Session {
         }
     }
 
-    fn inspect(&self, frame: &Frame, routing: &mut Routing) -> Result<Request, SessionError> {
+    fn inspect(&mut self, frame: &Frame, routing: &mut Routing) -> Result<Request, SessionError> {
         let meta = self.metadata.as_ref();
         let who = Who {
             peer: self.peer,
@@ -418,7 +427,7 @@ impl Session {
                 Class::Hello | Class::SaslStart | Class::SaslContinue | Class::OtherAuth => {
                     guard::Judgement::Forward
                 }
-                _ => guard::judge(&self.ctx, msg, &who, request_id),
+                _ => guard::judge(&self.ctx, msg, &who, request_id, &mut self.obs.scratch),
             }
         })
         .map_err(SessionError::ClientProtocol)
@@ -696,6 +705,7 @@ impl Session {
         request: &Request,
         routing: &Routing,
     ) -> Result<Trip, SessionError> {
+        let sent = std::time::Instant::now();
         checkout
             .send(frame.bytes())
             .await
@@ -779,6 +789,9 @@ impl Session {
                     }
                 }
             }
+            if first {
+                self.obs.first_reply(&reply);
+            }
             first = false;
             if more && !streaming {
                 streaming = true;
@@ -830,6 +843,9 @@ impl Session {
                 self.release(checkout);
                 if client_gone {
                     return Err(SessionError::ClientGone);
+                }
+                if matches!(trip, Trip::Done) {
+                    self.obs.forwarded(sent.elapsed());
                 }
                 Ok(trip)
             }

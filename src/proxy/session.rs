@@ -6,7 +6,11 @@
 //! has two states, waiting for a request and waiting for replies, and in each it watches both
 //! sockets, the idle/reply timers and the shutdown tokens, so nothing can hang it.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use futures::StreamExt;
 
@@ -18,6 +22,7 @@ use super::{
     guard::{self, Judgement, Who},
     hello::{self, ClientMetadata},
     inspect::{inspect, Request},
+    observe::SessionObs,
     Context,
 };
 use crate::{
@@ -66,6 +71,7 @@ struct Session {
     /// would take their one mutex twice per request in every session.
     drain: tokio_util::sync::CancellationToken,
     kill: tokio_util::sync::CancellationToken,
+    obs: SessionObs,
 }
 
 /// Runs one client connection to its end.
@@ -87,23 +93,29 @@ pub(crate) async fn run(
         last_blocked: None,
         drain: ctx.drain.child_token(),
         kill: ctx.kill.child_token(),
+        obs: SessionObs::new(ctx.metrics.clone()),
         peer,
         ctx,
     };
     let host = session.ctx.config.upstream.uri.primary_seed().clone();
     let timeout = session.ctx.config.upstream.connect_timeout;
+    let connecting = session.obs.upstream_connecting();
     let upstream = match upstream::connect(&host, timeout, session.ctx.upstream_tls.as_ref()).await
     {
         Ok(s) => s,
         Err(e) => {
+            drop(connecting);
             session.refuse_first_request(&e.to_string()).await;
             return Err(e.into());
         }
     };
+    drop(connecting);
+    session.obs.upstream_connected();
     debug!(%peer, upstream = %host, "upstream connected");
     let (up_read, mut up_write) = upstream.split();
     let mut upstream_in = FramedRead::new(up_read, MessageCodec::new(max));
     loop {
+        session.obs.end();
         let frame = match session.pending.take() {
             Some(f) => f,
             None => match session.next_request(&mut upstream_in).await? {
@@ -111,6 +123,7 @@ pub(crate) async fn run(
                 Err(end) => return Ok(end),
             },
         };
+        let started = session.obs.begin();
         let request = session.inspect(&frame)?;
         if let Some(meta) = &request.metadata {
             let span = tracing::Span::current();
@@ -123,25 +136,32 @@ pub(crate) async fn run(
                 .event_with(|| handshake_event(session.peer, meta));
             session.metadata = Some(meta.clone());
         }
+        session
+            .obs
+            .inspected(&request, session.metadata.as_ref(), started);
         if session
             .answer_locally(&request, &mut up_write, &mut upstream_in)
             .await?
         {
+            let blocked = matches!(request.judgement, Judgement::Block { .. });
+            session.obs.answered_locally(blocked);
             continue;
         }
+        let sent = Instant::now();
         crate::net::send(&mut up_write, frame.bytes())
             .await
             .map_err(SessionError::UpstreamIo)?;
         session.ctx.stats.requests.inc();
         if request.expects_reply {
             session.relay_replies(&request, &mut upstream_in).await?;
+            session.obs.forwarded(sent.elapsed());
         }
     }
 }
 
 impl Session {
     /// Parses, validates and judges a client message.
-    fn inspect(&self, frame: &Frame) -> Result<Request, SessionError> {
+    fn inspect(&mut self, frame: &Frame) -> Result<Request, SessionError> {
         let meta = self.metadata.as_ref();
         let who = Who {
             peer: self.peer,
@@ -152,7 +172,7 @@ impl Session {
         };
         let request_id = frame.header().request_id;
         inspect(frame, self.max, self.metadata.is_none(), |msg| {
-            guard::judge(&self.ctx, msg, &who, request_id)
+            guard::judge(&self.ctx, msg, &who, request_id, &mut self.obs.scratch)
         })
         .map_err(SessionError::ClientProtocol)
     }
@@ -286,6 +306,9 @@ impl Session {
                         header.response_to, expected_response_to
                     ),
                 )));
+            }
+            if expected_response_to == request.request_id {
+                self.obs.first_reply(&reply);
             }
             expected_response_to = header.request_id;
             let more = reply_more_to_come(&reply, request, self.max)

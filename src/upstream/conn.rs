@@ -168,6 +168,21 @@ pub(crate) fn own_hello(sasl_user: Option<&Credentials>) -> RawDocumentBuf {
     hello
 }
 
+/// Runs `work` (connecting to `host`) within `timeout`.
+async fn within<T>(
+    host: &Host,
+    timeout: Duration,
+    work: impl std::future::Future<Output = Result<T, ConnectError>>,
+) -> Result<T, ConnectError> {
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnectError::Timeout {
+            host: host.to_string(),
+            timeout,
+        }),
+    }
+}
+
 impl UpstreamConn {
     /// Connects to `host`, says hello and authenticates as `identity`, all within `timeout`.
     pub async fn open(
@@ -177,22 +192,10 @@ impl UpstreamConn {
         max_message_size: usize,
         tls: Option<&crate::tls::UpstreamTls>,
     ) -> Result<UpstreamConn, ConnectError> {
-        let fail = |reason: String| ConnectError::Handshake {
-            host: host.to_string(),
-            reason,
-        };
         let work = async {
-            let stream = connect(host, timeout, tls).await?;
-            let mut conn = UpstreamConn {
-                io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
-                facts: Arc::new(HelloFacts::from_reply(&bson::rawdoc! {"ok": 1}).expect("ok")),
-                host: host.clone(),
-            };
             let creds = identity.credentials.as_ref();
-            let reply = conn.command(&own_hello(creds)).await?;
-            let facts =
-                HelloFacts::from_reply(&reply).ok_or_else(|| fail("hello failed".into()))?;
-            conn.facts = Arc::new(facts);
+            let (mut conn, reply) =
+                Self::connect_and_hello(host, creds, timeout, max_message_size, tls).await?;
             if let Some(creds) = creds {
                 let offered = match reply.get("saslSupportedMechs") {
                     Ok(Some(RawBsonRef::Array(a))) => a
@@ -222,13 +225,45 @@ impl UpstreamConn {
             }
             Ok(conn)
         };
-        match tokio::time::timeout(timeout, work).await {
-            Ok(r) => r,
-            Err(_) => Err(ConnectError::Timeout {
-                host: host.to_string(),
-                timeout,
-            }),
-        }
+        within(host, timeout, work).await
+    }
+
+    /// Connects to `host` and says hello (no authentication), within `timeout`: the
+    /// readiness check of the admin API. Returns what the hello said.
+    pub async fn probe(
+        host: &Host,
+        timeout: Duration,
+        max_message_size: usize,
+        tls: Option<&crate::tls::UpstreamTls>,
+    ) -> Result<Arc<HelloFacts>, ConnectError> {
+        let work = Self::connect_and_hello(host, None, timeout, max_message_size, tls);
+        within(host, timeout, work)
+            .await
+            .map(|(conn, _)| conn.facts)
+    }
+
+    /// Connects and says hello (asking for the SASL mechanisms of `creds`): the connection
+    /// with its hello facts, and the hello reply.
+    async fn connect_and_hello(
+        host: &Host,
+        creds: Option<&Credentials>,
+        timeout: Duration,
+        max_message_size: usize,
+        tls: Option<&crate::tls::UpstreamTls>,
+    ) -> Result<(UpstreamConn, RawDocumentBuf), ConnectError> {
+        let stream = connect(host, timeout, tls).await?;
+        let mut conn = UpstreamConn {
+            io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
+            facts: Arc::new(HelloFacts::from_reply(&bson::rawdoc! {"ok": 1}).expect("ok")),
+            host: host.clone(),
+        };
+        let reply = conn.command(&own_hello(creds)).await?;
+        let facts = HelloFacts::from_reply(&reply).ok_or_else(|| ConnectError::Handshake {
+            host: host.to_string(),
+            reason: "hello failed".into(),
+        })?;
+        conn.facts = Arc::new(facts);
+        Ok((conn, reply))
     }
 
     /// The hello facts of this connection's server.

@@ -152,6 +152,9 @@ async fn main() -> anyhow::Result<()> {
         proxy.local_addr()
     );
     println!("  policy:   {}", proxy.policy().source());
+    if let Some(admin) = proxy.admin_addr() {
+        println!("  admin:    http://{admin}/ (metrics at /metrics)");
+    }
     println!();
     println!("walkthrough (violation records are the JSON lines on stdout):");
     walkthrough(&proxy).await?;

@@ -1,0 +1,206 @@
+//! The JSON bodies of the admin endpoints (see the contract in the README).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hyper::StatusCode;
+use serde_json::{json, Map, Value};
+
+use crate::{
+    audit::{format_time, render_public},
+    config::Mode as ProxyMode,
+    metrics::ShapeSort,
+    policy::{PolicySource, RULES},
+    proxy::Context,
+};
+
+fn hex(h: u64) -> String {
+    format!("{h:016x}")
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let mut s = String::with_capacity(24);
+    format_time(t, &mut s);
+    s
+}
+
+/// `GET /policy`.
+pub(super) fn policy(ctx: &Context) -> String {
+    let policy = ctx.policy.current();
+    let source = match ctx.policy.source() {
+        PolicySource::BuiltIn(name) => format!("builtin:{name}"),
+        PolicySource::File(path) => format!("file:{}", path.display()),
+    };
+    let rules: Vec<Value> = RULES
+        .iter()
+        .map(|r| json!({"id": r.code, "name": r.name, "action": policy.action(r.id).as_str()}))
+        .collect();
+    json!({
+        "source": source,
+        "hash": hex(policy.hash()),
+        "mode": policy.mode().as_str(),
+        "rules": rules,
+    })
+    .to_string()
+}
+
+/// `POST /reload`: 200 with the new hash, 422 when the file is invalid (the old policy
+/// stays), 409 for a built-in profile.
+pub(super) fn reload(ctx: &Context) -> (StatusCode, String) {
+    if let PolicySource::BuiltIn(name) = ctx.policy.source() {
+        return (
+            StatusCode::CONFLICT,
+            json!({"ok": false, "error": format!("the policy is the built-in profile {name}; there is no file to reload")})
+                .to_string(),
+        );
+    }
+    match crate::proxy::reload_now(ctx, "admin") {
+        Ok(hash) => (
+            StatusCode::OK,
+            json!({"ok": true, "hash": hex(hash.unwrap_or_else(|| ctx.policy.current().hash()))})
+                .to_string(),
+        ),
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({"ok": false, "error": e.to_string()}).to_string(),
+        ),
+    }
+}
+
+/// `GET /violations`: the newest `limit` records, newest first.
+pub(super) fn violations(ctx: &Context, limit: usize) -> String {
+    let records = ctx.metrics.violations.recent(limit);
+    let mut out = String::from(r#"{"violations":["#);
+    for (i, rec) in records.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&render_public(rec));
+    }
+    out.push_str("]}");
+    out
+}
+
+fn counts<K: AsRef<str>>(it: impl IntoIterator<Item = (K, u64)>) -> Value {
+    Value::Object(
+        it.into_iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), Value::from(v)))
+            .collect::<Map<String, Value>>(),
+    )
+}
+
+/// `GET /stats/violations`: per-minute counts over the last hour.
+pub(super) fn violation_stats(ctx: &Context) -> String {
+    let s = ctx.metrics.violations.stats(SystemTime::now());
+    let buckets: Vec<Value> = s
+        .buckets
+        .iter()
+        .map(|(start, by_rule)| {
+            json!({
+                "start": rfc3339(UNIX_EPOCH + Duration::from_secs(*start)),
+                "by_rule": counts(by_rule.iter().map(|(k, v)| (*k, *v))),
+            })
+        })
+        .collect();
+    json!({
+        "window_seconds": crate::metrics::violations::WINDOW_MINUTES * 60,
+        "bucket_seconds": 60,
+        "buckets": buckets,
+        "by_rule": counts(s.by_rule.iter().map(|(k, v)| (*k, *v))),
+        "by_app": counts(s.by_app.iter().map(|(k, v)| (k.as_str(), *v))),
+    })
+    .to_string()
+}
+
+/// `GET /clients`.
+pub(super) fn clients(ctx: &Context) -> String {
+    let rows: Vec<Value> = ctx
+        .metrics
+        .clients
+        .rows()
+        .into_iter()
+        .map(|r| {
+            json!({
+                "app": r.app,
+                "driver": r.driver,
+                "connections": r.connections.max(0),
+                "requests": r.requests,
+                "violations": r.violations,
+            })
+        })
+        .collect();
+    json!({ "clients": rows }).to_string()
+}
+
+/// `GET /shapes`.
+pub(super) fn shapes(ctx: &Context, sort: ShapeSort, limit: usize) -> String {
+    let rows: Vec<Value> = ctx
+        .metrics
+        .shapes
+        .rows(sort, limit)
+        .into_iter()
+        .map(|r| {
+            json!({
+                "namespace": r.namespace,
+                "command": r.command,
+                "filter_shape": r.filter_shape,
+                "shape_hash": hex(r.shape_hash),
+                "count": r.count,
+                "errors": r.errors,
+                "violations": r.violations,
+                "total_time_us": r.total_time_us,
+                "latency_us": {"p50": r.latency_us[0], "p95": r.latency_us[1], "p99": r.latency_us[2]},
+            })
+        })
+        .collect();
+    json!({ "shapes": rows }).to_string()
+}
+
+/// `GET /pool`.
+pub(super) fn pool(ctx: &Context) -> String {
+    let snap = ctx.metrics.snapshot();
+    let pools = snap.pools.unwrap_or_default();
+    let (active, waiting) = match ctx.config.proxy.mode {
+        ProxyMode::Pooled => (
+            pools.iter().map(|p| p.stats.in_use).sum::<usize>() as u64,
+            pools.iter().map(|p| p.stats.waiting).sum::<usize>() as u64,
+        ),
+        ProxyMode::Passthrough => {
+            let in_flight = ctx
+                .metrics
+                .live
+                .in_flight
+                .load(std::sync::atomic::Ordering::Relaxed);
+            (u64::try_from(in_flight).unwrap_or(0), 0)
+        }
+    };
+    let rows: Vec<Value> = pools
+        .iter()
+        .map(|p| {
+            json!({
+                "server": p.server,
+                "identity": p.identity,
+                "total": p.stats.total,
+                "idle": p.stats.idle,
+                "in_use": p.stats.in_use,
+                "waiting": p.stats.waiting,
+                "max_wait_ms": u64::try_from(p.stats.max_wait.as_millis()).unwrap_or(u64::MAX),
+            })
+        })
+        .collect();
+    let p = snap.pinned;
+    json!({
+        "mode": match ctx.config.proxy.mode {
+            ProxyMode::Pooled => "pooled",
+            ProxyMode::Passthrough => "passthrough",
+        },
+        "clients": {"active": active, "waiting": waiting},
+        "pools": rows,
+        "pinned": {
+            "exhaust": p.exhaust,
+            "transaction": p.transaction,
+            "cursor": p.cursor,
+            "legacy_write": p.legacy_write,
+        },
+    })
+    .to_string()
+}

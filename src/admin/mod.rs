@@ -1,0 +1,231 @@
+//! The admin HTTP listener: health and readiness, Prometheus metrics, the policy and its
+//! reload, recent violations, client and query-shape tables, pool state, and the status page.
+//!
+//! HTTP/1.1 on hyper. Every endpoint except `/healthz` requires the bearer token when one is
+//! configured (`Authorization: Bearer <token>`, or `?token=` for the status page). JSON
+//! bodies never carry literals from queries, only shapes. The listener stops when the proxy
+//! has finished draining, so `/readyz` answers 503 during the drain.
+
+mod api;
+mod ready;
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming,
+    header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE},
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{debug, warn};
+
+use crate::proxy::Context;
+
+/// The status page (served at `GET /`).
+const STATUS_HTML: &str = include_str!("status.html");
+
+/// A request's headers must arrive within this long (slow clients cannot hold sockets).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Admin connections open at once; more are closed at accept (scrapers and a status page
+/// need a handful).
+const MAX_CONNECTIONS: usize = 64;
+
+struct Admin {
+    ctx: Arc<Context>,
+    token: Option<String>,
+    ready: ready::Readiness,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+/// Serves the admin API on `listener` until `stop` is cancelled.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    ctx: Arc<Context>,
+    token: Option<String>,
+    stop: CancellationToken,
+) {
+    let admin = Arc::new(Admin {
+        ctx,
+        token,
+        ready: ready::Readiness::default(),
+    });
+    let tracker = TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                warn!(error = %e, "admin accept failed; backing off");
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                }
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            warn!(
+                limit = MAX_CONNECTIONS,
+                "too many admin connections; closing a new one"
+            );
+            drop(stream);
+            continue;
+        };
+        let admin = admin.clone();
+        let stop = stop.clone();
+        tracker.spawn(async move {
+            let _slot = slot;
+            let service = service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.handle(req).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        debug!(error = %e, "admin connection ended");
+                    }
+                }
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                }
+            }
+        });
+    }
+    tracker.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+}
+
+impl Admin {
+    async fn handle(&self, req: Request<Incoming>) -> Reply {
+        let path = req.uri().path().to_owned();
+        let query = Query::parse(req.uri().query().unwrap_or(""));
+        if path != "/healthz" && !self.authorized(&req, &query) {
+            let mut r = json(
+                StatusCode::UNAUTHORIZED,
+                r#"{"error":"missing or wrong bearer token"}"#.to_owned(),
+            );
+            r.headers_mut()
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+            return r;
+        }
+        let ctx = &self.ctx;
+        match (req.method(), path.as_str()) {
+            (&Method::GET, "/healthz") => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
+            (&Method::GET, "/readyz") => {
+                let (status, body) = self.ready.check(ctx).await;
+                json(status, body)
+            }
+            (&Method::GET, "/metrics") => {
+                let mut r = Response::new(Full::new(Bytes::from(ctx.metrics.encode())));
+                r.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                r
+            }
+            (&Method::GET, "/policy") => json(StatusCode::OK, api::policy(ctx)),
+            (&Method::POST, "/reload") => {
+                let (status, body) = api::reload(ctx);
+                json(status, body)
+            }
+            (&Method::GET, "/violations") => {
+                let cap = ctx.metrics.violations.capacity();
+                let limit = query.number("limit").unwrap_or(100).min(cap);
+                json(StatusCode::OK, api::violations(ctx, limit))
+            }
+            (&Method::GET, "/stats/violations") => json(StatusCode::OK, api::violation_stats(ctx)),
+            (&Method::GET, "/clients") => json(StatusCode::OK, api::clients(ctx)),
+            (&Method::GET, "/shapes") => {
+                let limit = query.number("limit").unwrap_or(50);
+                let sort = match query.get("sort") {
+                    Some("count") => crate::metrics::ShapeSort::Count,
+                    _ => crate::metrics::ShapeSort::Time,
+                };
+                json(StatusCode::OK, api::shapes(ctx, sort, limit))
+            }
+            (&Method::GET, "/pool") => json(StatusCode::OK, api::pool(ctx)),
+            (&Method::GET, "/") => {
+                let mut r = Response::new(Full::new(Bytes::from_static(STATUS_HTML.as_bytes())));
+                r.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("text/html; charset=utf-8"),
+                );
+                r
+            }
+            (
+                _,
+                "/healthz" | "/readyz" | "/metrics" | "/policy" | "/reload" | "/violations"
+                | "/stats/violations" | "/clients" | "/shapes" | "/pool" | "/",
+            ) => json(
+                StatusCode::METHOD_NOT_ALLOWED,
+                r#"{"error":"method not allowed"}"#.to_owned(),
+            ),
+            _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.to_owned()),
+        }
+    }
+
+    /// The bearer token from the Authorization header or `?token=`, compared in constant
+    /// time. Always true when no token is configured.
+    fn authorized(&self, req: &Request<Incoming>, query: &Query<'_>) -> bool {
+        use subtle::ConstantTimeEq;
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let header = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let given = header.or_else(|| query.get("token"));
+        given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
+    }
+}
+
+fn json(status: StatusCode, body: String) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// `a=1&b=2` (no percent-decoding: every parameter is a number, a word or a token).
+struct Query<'q>(Vec<(&'q str, &'q str)>);
+
+impl<'q> Query<'q> {
+    fn parse(q: &'q str) -> Self {
+        Query(
+            q.split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| p.split_once('=').unwrap_or((p, "")))
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&'q str> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    fn number(&self, key: &str) -> Option<usize> {
+        self.get(key).and_then(|v| v.parse().ok())
+    }
+}

@@ -1,0 +1,312 @@
+//! The query-shape table for `/shapes`: per (namespace, command, filter shape), counts,
+//! errors, violations, time and a latency histogram; least recently used shapes are evicted
+//! beyond `shapes_capacity`.
+//!
+//! The shape is computed by the guard while the command view is alive, into a per-session
+//! [`ShapeScratch`] whose buffers are reused, so a request of a known shape allocates
+//! nothing here. Only the commands whose filter is at hand are tracked (find, count,
+//! distinct, update, delete, findAndModify, aggregate's first filtering stage), and only
+//! their first filter.
+
+use std::{
+    collections::HashMap,
+    ops::ControlFlow,
+    sync::{Mutex, PoisonError},
+};
+
+use hdrhistogram::Histogram;
+
+use crate::{
+    command::{CommandView, Kind},
+    policy::filter,
+};
+
+/// Latency histograms cover 1 µs to 10 minutes with ~3 % precision (about 2 KiB each).
+const HIST_MAX_US: u64 = 600_000_000;
+const HIST_SIGFIG: u8 = 1;
+/// Shapes rendered longer than this are not tracked (bounded work and memory per entry).
+const MAX_SHAPE_LEN: usize = 4096;
+
+/// What the guard learned about one request, for the shape table and the client counters.
+/// Owned by a session and reused for every request.
+#[derive(Debug, Default)]
+pub struct ShapeScratch {
+    /// A shape was captured for the current request.
+    pub active: bool,
+    /// Violations the policy reported for the current request.
+    pub violations: u64,
+    command: &'static str,
+    ns: String,
+    shape: String,
+    key: u64,
+}
+
+impl ShapeScratch {
+    /// Forgets the previous request.
+    pub fn reset(&mut self) {
+        self.active = false;
+        self.violations = 0;
+    }
+
+    /// Captures the namespace, command and first filter's shape of `view`, when it is one of
+    /// the tracked commands.
+    pub fn capture(&mut self, view: &CommandView<'_>) {
+        self.active = false;
+        if view.is_explain() {
+            return;
+        }
+        match view.kind() {
+            Kind::Find
+            | Kind::Count
+            | Kind::Distinct
+            | Kind::Update
+            | Kind::Delete
+            | Kind::FindAndModify
+            | Kind::Aggregate => {}
+            _ => return,
+        }
+        let mut first = None;
+        let walked = view.for_each_filter(|_, f| {
+            first = Some(f);
+            ControlFlow::Break(())
+        });
+        if walked.is_err() {
+            return;
+        }
+        self.shape.clear();
+        match first {
+            Some(f) => filter::shape::shape_into(&mut self.shape, f),
+            None => self.shape.push_str("{}"),
+        }
+        if self.shape.len() > MAX_SHAPE_LEN {
+            return;
+        }
+        let ns = view.namespace();
+        self.ns.clear();
+        self.ns.push_str(ns.db);
+        if let Some(c) = ns.coll {
+            self.ns.push('.');
+            self.ns.push_str(c);
+        }
+        self.command = super::commands::COMMANDS[super::commands::index_of(view.name())];
+        self.key = fnv(&[
+            self.ns.as_bytes(),
+            self.command.as_bytes(),
+            self.shape.as_bytes(),
+        ]);
+        self.active = true;
+    }
+}
+
+fn fnv(parts: &[&[u8]]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    parts.iter().fold(OFFSET, |h, part| {
+        let h = part
+            .iter()
+            .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME));
+        // A separator, so ("ab", "c") and ("a", "bc") differ.
+        (h ^ 0xff).wrapping_mul(PRIME)
+    })
+}
+
+#[derive(Debug)]
+struct Entry {
+    namespace: String,
+    command: &'static str,
+    shape: String,
+    shape_hash: u64,
+    count: u64,
+    errors: u64,
+    violations: u64,
+    total_time_us: u64,
+    latency: Option<Histogram<u32>>,
+    last_used: u64,
+}
+
+/// One row of `/shapes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShapeRow {
+    /// `db.coll`.
+    pub namespace: String,
+    /// Command label.
+    pub command: &'static str,
+    /// The literal-free filter shape (JSON text).
+    pub filter_shape: String,
+    /// [`filter::shape_hash`] of the shape.
+    pub shape_hash: u64,
+    /// Requests.
+    pub count: u64,
+    /// Requests answered with `ok: 0` (or blocked).
+    pub errors: u64,
+    /// Violations reported.
+    pub violations: u64,
+    /// Total time in mongoguard and upstream, microseconds.
+    pub total_time_us: u64,
+    /// p50, p95, p99 in microseconds.
+    pub latency_us: [u64; 3],
+}
+
+/// How `/shapes` orders rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShapeSort {
+    /// Total time, descending.
+    Time,
+    /// Count, descending.
+    Count,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: HashMap<u64, Entry>,
+    tick: u64,
+}
+
+/// The LRU-capped table.
+#[derive(Debug)]
+pub struct ShapeTable {
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+impl ShapeTable {
+    /// Keeps at most `capacity` shapes.
+    pub fn new(capacity: usize) -> Self {
+        ShapeTable {
+            capacity,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Counts one request of the shape captured in `s` (nothing when none was captured).
+    pub fn record(&self, s: &ShapeScratch, micros: u64, error: bool) {
+        if !s.active {
+            return;
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.tick += 1;
+        let tick = inner.tick;
+        if !inner.map.contains_key(&s.key) && inner.map.len() >= self.capacity {
+            // O(capacity), only when a new shape arrives at a full table.
+            if let Some(old) = inner
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| *k)
+            {
+                inner.map.remove(&old);
+            }
+        }
+        let e = inner.map.entry(s.key).or_insert_with(|| Entry {
+            namespace: s.ns.clone(),
+            command: s.command,
+            shape: s.shape.clone(),
+            shape_hash: filter::shape_hash(&s.shape),
+            count: 0,
+            errors: 0,
+            violations: 0,
+            total_time_us: 0,
+            latency: Histogram::new_with_bounds(1, HIST_MAX_US, HIST_SIGFIG).ok(),
+            last_used: 0,
+        });
+        e.last_used = tick;
+        e.count += 1;
+        e.errors += u64::from(error);
+        e.violations += s.violations;
+        e.total_time_us = e.total_time_us.saturating_add(micros);
+        if let Some(h) = &mut e.latency {
+            h.saturating_record(micros.clamp(1, HIST_MAX_US));
+        }
+    }
+
+    /// The top `limit` rows by `sort`.
+    pub fn rows(&self, sort: ShapeSort, limit: usize) -> Vec<ShapeRow> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries: Vec<&Entry> = inner.map.values().collect();
+        match sort {
+            ShapeSort::Time => entries.sort_by_key(|e| std::cmp::Reverse(e.total_time_us)),
+            ShapeSort::Count => entries.sort_by_key(|e| std::cmp::Reverse(e.count)),
+        }
+        entries
+            .into_iter()
+            .take(limit)
+            .map(|e| ShapeRow {
+                namespace: e.namespace.clone(),
+                command: e.command,
+                filter_shape: e.shape.clone(),
+                shape_hash: e.shape_hash,
+                count: e.count,
+                errors: e.errors,
+                violations: e.violations,
+                total_time_us: e.total_time_us,
+                latency_us: e.latency.as_ref().map_or([0; 3], |h| {
+                    [
+                        h.value_at_quantile(0.50),
+                        h.value_at_quantile(0.95),
+                        h.value_at_quantile(0.99),
+                    ]
+                }),
+            })
+            .collect()
+    }
+
+    /// Shapes held now.
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map
+            .len()
+    }
+
+    /// True when no shape is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    fn scratch(coll: &str, filter: bson::RawDocumentBuf) -> ShapeScratch {
+        let body = rawdoc! {"find": coll, "filter": filter, "$db": "db"};
+        let view = CommandView::command("db", &body).unwrap();
+        let mut s = ShapeScratch::default();
+        s.capture(&view);
+        s
+    }
+
+    #[test]
+    fn literals_do_not_split_shapes_and_lru_evicts() {
+        let t = ShapeTable::new(2);
+        let a1 = scratch("a", rawdoc! {"x": 1});
+        let a2 = scratch("a", rawdoc! {"x": 2});
+        assert!(a1.active);
+        t.record(&a1, 10, false);
+        t.record(&a2, 30, true);
+        let rows = t.rows(ShapeSort::Count, 10);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].count, 2);
+        assert_eq!(rows[0].errors, 1);
+        assert_eq!(rows[0].namespace, "db.a");
+        assert_eq!(rows[0].command, "find");
+        assert!(!rows[0].filter_shape.contains('1'));
+        t.record(&scratch("b", rawdoc! {}), 5, false);
+        t.record(&a1, 5, false);
+        t.record(&scratch("c", rawdoc! {}), 5, false);
+        let names: Vec<String> = t
+            .rows(ShapeSort::Time, 10)
+            .into_iter()
+            .map(|r| r.namespace)
+            .collect();
+        assert_eq!(names, ["db.a", "db.c"], "b was least recently used");
+    }
+
+    #[test]
+    fn histogram_is_small() {
+        let h = Histogram::<u32>::new_with_bounds(1, HIST_MAX_US, HIST_SIGFIG).unwrap();
+        assert!(h.distinct_values() < 1024, "{}", h.distinct_values());
+    }
+}

@@ -1,0 +1,716 @@
+//! The admin HTTP listener: every endpoint of the contract against a proxy in front of the
+//! stand-in, driven by the Rust driver (allowed and blocked traffic), token enforcement,
+//! reload through the API, readiness when the upstream is down, bounded labels, and the
+//! Grafana dashboard's metric names against a real scrape.
+
+mod support;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use bson::{doc, Document};
+use mongoguard::{
+    config::Config,
+    proxy::{Proxy, ProxyHandle},
+};
+use mongoguard_standin::{StandIn, StandInConfig};
+use serde_json::Value;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+/// One HTTP/1.1 exchange: (status, content type, body).
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .expect("connect to the admin listener");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut raw))
+        .await
+        .expect("admin reply in time")
+        .unwrap();
+    let text = String::from_utf8(raw).expect("utf-8 reply");
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_default();
+    (status, content_type, body.to_owned())
+}
+
+async fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let (status, ct, body) = http(addr, "GET", path, None).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    assert_eq!(ct, "application/json", "{path}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// The value of one sample line (`name{labels} value`) of a scrape, exact label text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.trim().parse().ok()
+    })
+}
+
+async fn start(standin: &StandIn, tweak: impl FnOnce(&mut Config)) -> ProxyHandle {
+    let mut config = Config::for_upstream(&standin.uri()).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    tweak(&mut config);
+    Proxy::start(Arc::new(config)).await.unwrap()
+}
+
+fn client_uri(proxy: &ProxyHandle, app: &str) -> String {
+    format!(
+        "mongodb://{}/?directConnection=true&appName={app}&serverSelectionTimeoutMS=20000",
+        proxy.local_addr()
+    )
+}
+
+fn temp_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mg-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[tokio::test]
+async fn endpoints_report_the_traffic_they_saw() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().expect("admin listener on by default");
+    assert!(admin.ip().is_loopback());
+
+    let client = support::client(&client_uri(&proxy, "billing")).await;
+    let coll = client
+        .database("db_admin")
+        .collection::<Document>("t_orders");
+    coll.insert_one(doc! {"_id": 1, "a": 1}).await.unwrap();
+    coll.insert_one(doc! {"_id": 2, "a": 5}).await.unwrap();
+    for i in 0..3 {
+        let found: Vec<Document> = {
+            use futures::TryStreamExt;
+            coll.find(doc! {"a": {"$gt": i}})
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap()
+        };
+        assert!(!found.is_empty());
+    }
+    // W003 blocks; W004 warns and forwards.
+    let blocked = coll.delete_many(doc! {}).await.unwrap_err();
+    assert!(blocked.to_string().contains("W003"), "{blocked}");
+    coll.delete_many(doc! {"a": {"$gt": 100}}).await.unwrap();
+
+    let (status, _, body) = http(admin, "GET", "/healthz", None).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+
+    let ready = get_json(admin, "/readyz").await;
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["upstream"], standin.addr().to_string());
+
+    // /metrics
+    let (status, ct, m) = http(admin, "GET", "/metrics", None).await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    assert!(m.trim_end().ends_with("# EOF"));
+    assert_eq!(
+        sample(&m, r#"mongoguard_requests_total{command="find"}"#),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(&m, r#"mongoguard_requests_total{command="insert"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&m, r#"mongoguard_requests_total{command="delete"}"#),
+        Some(2.0)
+    );
+    assert!(sample(&m, r#"mongoguard_requests_total{command="hello"}"#).unwrap() >= 1.0);
+    assert_eq!(
+        sample(
+            &m,
+            r#"mongoguard_violations_total{rule="W003",action="block",mode="enforce"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            r#"mongoguard_violations_total{rule="W004",action="warn",mode="enforce"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&m, "mongoguard_blocked_requests_total"), Some(1.0));
+    let by_app = sample(&m, r#"mongoguard_requests_by_app_total{app="billing"}"#).unwrap();
+    let all: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("mongoguard_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(by_app, all, "one client, so every request is billing's");
+    // Round trips: every forwarded request but hellos (2 inserts, 3 finds, 1 delete; the
+    // driver may add endSessions and the like, never more than the non-hello requests).
+    let hellos = sample(&m, r#"mongoguard_requests_total{command="hello"}"#).unwrap()
+        + sample(&m, r#"mongoguard_requests_total{command="isMaster"}"#).unwrap();
+    let forwarded = sample(&m, "mongoguard_upstream_roundtrip_seconds_count").unwrap();
+    assert!(
+        forwarded >= 6.0 && forwarded < all - hellos,
+        "{forwarded} of {all}"
+    );
+    assert_eq!(sample(&m, "mongoguard_processing_seconds_count"), Some(all));
+    // The driver keeps its connections open and idle; its monitoring connection waits in an
+    // awaitable hello, which is not activity.
+    let active = sample(&m, r#"mongoguard_client_connections{state="active"}"#).unwrap();
+    let idle = sample(&m, r#"mongoguard_client_connections{state="idle"}"#).unwrap();
+    let open = active + idle;
+    assert!(idle >= 1.0 && active == 0.0, "active {active}, idle {idle}");
+    assert_eq!(
+        sample(&m, "mongoguard_client_connections_accepted_total"),
+        Some(open)
+    );
+    let upstream: f64 = ["active", "idle", "connecting"]
+        .iter()
+        .map(|s| {
+            sample(
+                &m,
+                &format!("mongoguard_upstream_connections{{state=\"{s}\"}}"),
+            )
+            .unwrap()
+        })
+        .sum();
+    assert_eq!(
+        upstream, open,
+        "passthrough: one upstream connection per client"
+    );
+    assert_eq!(
+        sample(&m, "mongoguard_tls_handshake_failures_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&m, r#"mongoguard_pinned_connections{reason="cursor"}"#),
+        Some(0.0)
+    );
+    assert_eq!(sample(&m, "mongoguard_policy_reloads_total"), Some(0.0));
+    assert!(!m.contains("127.0.0.1:"), "no client addresses in labels");
+
+    // /violations: newest first, the audit record's fields without the client address.
+    let v = get_json(admin, "/violations").await;
+    let list = v["violations"].as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["rule_id"], "W004");
+    assert_eq!(list[1]["rule_id"], "W003");
+    let w003 = list[1].as_object().unwrap();
+    for field in [
+        "time",
+        "rule_id",
+        "rule_name",
+        "reason",
+        "action",
+        "mode",
+        "app_name",
+        "driver",
+        "database",
+        "collection",
+        "command",
+        "filter_shape",
+        "shape_hash",
+        "request_id",
+        "source",
+    ] {
+        assert!(w003.contains_key(field), "{field} missing in {w003:?}");
+    }
+    assert!(!w003.contains_key("client_addr") && !w003.contains_key("client"));
+    assert_eq!(w003["action"], "block");
+    assert_eq!(w003["app_name"], "billing");
+    assert_eq!(w003["database"], "db_admin");
+    assert_eq!(w003["collection"], "t_orders");
+    assert_eq!(w003["statement_index"], 0);
+    assert_eq!(w003["shape_hash"].as_str().unwrap().len(), 16);
+    let limited = get_json(admin, "/violations?limit=1").await;
+    assert_eq!(limited["violations"].as_array().unwrap().len(), 1);
+    assert!(
+        !list[0].to_string().contains("100"),
+        "no literals: {}",
+        list[0]
+    );
+
+    // /stats/violations
+    let s = get_json(admin, "/stats/violations").await;
+    assert_eq!(s["window_seconds"], 3600);
+    assert_eq!(s["bucket_seconds"], 60);
+    let buckets = s["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), 60);
+    assert!(buckets[59]["start"].as_str().unwrap().ends_with('Z'));
+    let in_buckets: u64 = buckets
+        .iter()
+        .flat_map(|b| b["by_rule"].as_object().unwrap().values())
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(in_buckets, 2);
+    assert_eq!(s["by_rule"]["W003"], 1);
+    assert_eq!(s["by_rule"]["W004"], 1);
+    assert_eq!(s["by_app"]["billing"], 2);
+
+    // /clients
+    let c = get_json(admin, "/clients").await;
+    let rows = c["clients"].as_array().unwrap();
+    let billing: Vec<&Value> = rows.iter().filter(|r| r["app"] == "billing").collect();
+    assert_eq!(billing.len(), 1, "{rows:?}");
+    let b = billing[0];
+    assert!(
+        b["driver"].as_str().unwrap().contains("mongo-rust-driver"),
+        "{b}"
+    );
+    assert_eq!(b["connections"].as_f64(), Some(open));
+    assert_eq!(b["requests"].as_f64(), Some(all));
+    assert_eq!(b["violations"], 2);
+
+    // /shapes: literals gone, one shape per (namespace, command, shape).
+    let sh = get_json(admin, "/shapes?sort=count").await;
+    let shapes = sh["shapes"].as_array().unwrap();
+    let find = shapes
+        .iter()
+        .find(|r| r["command"] == "find")
+        .expect("the find shape");
+    assert_eq!(find["namespace"], "db_admin.t_orders");
+    assert_eq!(find["count"], 3);
+    assert_eq!(find["errors"], 0);
+    assert_eq!(find["violations"], 0);
+    assert!(find["filter_shape"].as_str().unwrap().contains("$gt"));
+    assert!(find["filter_shape"].as_str().unwrap().contains("<int>"));
+    assert_eq!(find["shape_hash"].as_str().unwrap().len(), 16);
+    let lat = &find["latency_us"];
+    assert!(lat["p50"].as_u64().unwrap() <= lat["p99"].as_u64().unwrap());
+    assert!(find["total_time_us"].as_u64().unwrap() > 0);
+    let deletes: Vec<&Value> = shapes.iter().filter(|r| r["command"] == "delete").collect();
+    assert_eq!(deletes.len(), 2, "{deletes:?}");
+    let blocked_shape = deletes.iter().find(|r| r["filter_shape"] == "{}").unwrap();
+    assert_eq!(blocked_shape["errors"], 1);
+    assert_eq!(blocked_shape["violations"], 1);
+    assert_eq!(
+        get_json(admin, "/shapes?limit=1").await["shapes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // /pool (passthrough)
+    let p = get_json(admin, "/pool").await;
+    assert_eq!(p["mode"], "passthrough");
+    assert_eq!(p["pools"].as_array().unwrap().len(), 0);
+    assert_eq!(p["clients"]["waiting"], 0);
+    for reason in ["exhaust", "transaction", "cursor", "legacy_write"] {
+        assert_eq!(p["pinned"][reason], 0);
+    }
+
+    // /policy, and /reload of a built-in profile
+    let pol = get_json(admin, "/policy").await;
+    assert_eq!(pol["source"], "builtin:standard");
+    assert_eq!(pol["mode"], "enforce");
+    assert_eq!(pol["hash"].as_str().unwrap().len(), 16);
+    let rules = pol["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), mongoguard::policy::RULE_COUNT);
+    let w003 = rules.iter().find(|r| r["id"] == "W003").unwrap();
+    assert_eq!(w003["name"], "delete-many-without-filter");
+    assert_eq!(w003["action"], "block");
+    let (status, _, body) = http(admin, "POST", "/reload", None).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["ok"], false);
+
+    // The status page, wrong methods and unknown paths.
+    let (status, ct, page) = http(admin, "GET", "/", None).await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/html"), "{ct}");
+    assert!(page.contains("<html"));
+    assert_eq!(http(admin, "GET", "/reload", None).await.0, 405);
+    assert_eq!(http(admin, "GET", "/nope", None).await.0, 404);
+
+    drop(client);
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_token_is_required_except_for_healthz() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| c.admin.token = Some("s3cret".into())).await;
+    let admin = proxy.admin_addr().unwrap();
+    assert_eq!(http(admin, "GET", "/healthz", None).await.0, 200);
+    for path in [
+        "/metrics",
+        "/policy",
+        "/violations",
+        "/pool",
+        "/",
+        "/readyz",
+    ] {
+        assert_eq!(http(admin, "GET", path, None).await.0, 401, "{path}");
+        assert_eq!(
+            http(admin, "GET", path, Some("wrong")).await.0,
+            401,
+            "{path}"
+        );
+        assert_eq!(
+            http(admin, "GET", path, Some("s3cret")).await.0,
+            200,
+            "{path}"
+        );
+    }
+    assert_eq!(http(admin, "POST", "/reload", None).await.0, 401);
+    // The status page's form.
+    assert_eq!(http(admin, "GET", "/pool?token=s3cret", None).await.0, 200);
+    assert_eq!(http(admin, "GET", "/pool?token=s3cre", None).await.0, 401);
+    proxy.shutdown().await;
+
+    // token_file works the same; a non-loopback listener without a token refuses to start.
+    let file = temp_file("token");
+    std::fs::write(&file, "from-file\n").unwrap();
+    let proxy = start(&standin, |c| c.admin.token_file = Some(file.clone())).await;
+    let admin = proxy.admin_addr().unwrap();
+    assert_eq!(http(admin, "GET", "/pool", Some("from-file")).await.0, 200);
+    assert_eq!(http(admin, "GET", "/pool", None).await.0, 401);
+    proxy.shutdown().await;
+    let mut open = Config::for_upstream(&standin.uri()).unwrap();
+    open.admin.listen = Some("0.0.0.0:0".parse().unwrap());
+    assert!(open.validate().is_err());
+    standin.shutdown().await;
+}
+
+#[tokio::test]
+async fn reload_through_the_api_validates_then_swaps() {
+    let file = temp_file("policy.toml");
+    std::fs::write(&file, "extends = \"standard\"\n").unwrap();
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.policy.file = Some(file.clone());
+        c.policy.reload_poll = Duration::ZERO;
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let before = get_json(admin, "/policy").await;
+    assert_eq!(before["source"], format!("file:{}", file.display()));
+
+    std::fs::write(&file, "extends = \"standard\"\nmode = \"audit\"\n").unwrap();
+    let (status, _, body) = http(admin, "POST", "/reload", None).await;
+    assert_eq!(status, 200, "{body}");
+    let ok: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(ok["ok"], true);
+    let after = get_json(admin, "/policy").await;
+    assert_eq!(after["mode"], "audit");
+    assert_eq!(after["hash"], ok["hash"]);
+    assert_ne!(after["hash"], before["hash"]);
+
+    std::fs::write(&file, "extends = \"standard\"\n[rules]\nW999 = \"block\"\n").unwrap();
+    let (status, _, body) = http(admin, "POST", "/reload", None).await;
+    assert_eq!(status, 422, "{body}");
+    let bad: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(bad["ok"], false);
+    assert!(bad["error"].as_str().unwrap().contains("W999"), "{body}");
+    assert_eq!(
+        get_json(admin, "/policy").await["hash"],
+        after["hash"],
+        "old policy kept"
+    );
+
+    let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+    assert_eq!(sample(&m, "mongoguard_policy_reloads_total"), Some(1.0));
+    assert_eq!(
+        sample(&m, "mongoguard_policy_reload_failures_total"),
+        Some(1.0)
+    );
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+#[tokio::test]
+async fn readyz_is_503_when_the_upstream_is_down() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    standin.shutdown().await;
+    let (status, ct, body) = http(admin, "GET", "/readyz", None).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(ct, "application/json");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "unready");
+    assert!(!v["error"].as_str().unwrap().is_empty());
+    // The process itself is fine.
+    assert_eq!(http(admin, "GET", "/healthz", None).await.0, 200);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn application_labels_are_capped() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| c.admin.app_name_cap = 2).await;
+    let admin = proxy.admin_addr().unwrap();
+    for app in ["a1", "a2", "a3", "a4"] {
+        let client = support::client(&client_uri(&proxy, app)).await;
+        client
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await
+            .unwrap();
+    }
+    let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+    let apps: Vec<&str> = m
+        .lines()
+        .filter_map(|l| l.strip_prefix("mongoguard_requests_by_app_total{app=\""))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    assert_eq!(apps.len(), 3, "two named apps and other: {apps:?}");
+    assert!(apps.contains(&"a1") && apps.contains(&"a2") && apps.contains(&"other"));
+    let c = get_json(admin, "/clients").await;
+    let named: Vec<&str> = c["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["app"].as_str().unwrap())
+        .collect();
+    assert!(
+        named.iter().all(|a| ["a1", "a2", "other"].contains(a)),
+        "{named:?}"
+    );
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+#[tokio::test]
+async fn pool_state_in_pooled_mode() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.proxy.mode = mongoguard::config::Mode::Pooled;
+        c.auth.allow_unauthenticated = true;
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let client = support::client(&client_uri(&proxy, "pooled")).await;
+    let coll = client.database("db_p").collection::<Document>("t_p");
+    coll.insert_one(doc! {"a": 1}).await.unwrap();
+    assert_eq!(coll.count_documents(doc! {"a": 1}).await.unwrap(), 1);
+    assert!(
+        coll.delete_many(doc! {}).await.is_err(),
+        "W003 blocks in pooled mode too"
+    );
+
+    let p = get_json(admin, "/pool").await;
+    assert_eq!(p["mode"], "pooled");
+    let pools = p["pools"].as_array().unwrap();
+    let server = standin.addr().to_string();
+    let pool = pools
+        .iter()
+        .find(|r| r["server"] == server.as_str())
+        .unwrap_or_else(|| panic!("{pools:?}"));
+    assert_eq!(pool["identity"], "default");
+    let total = pool["total"].as_u64().unwrap();
+    assert!(total >= 1);
+    assert_eq!(pool["in_use"], 0, "no request in flight");
+    assert_eq!(pool["idle"].as_u64(), Some(total));
+    assert_eq!(pool["waiting"], 0);
+    assert!(pool["max_wait_ms"].is_u64());
+    assert_eq!(p["clients"]["active"], 0);
+    assert_eq!(p["clients"]["waiting"], 0);
+    for reason in ["exhaust", "transaction", "cursor", "legacy_write"] {
+        assert_eq!(p["pinned"][reason], 0, "{reason}");
+    }
+
+    let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+    let labels = format!(r#"{{server="{server}",identity="default"}}"#);
+    assert_eq!(
+        sample(&m, &format!("mongoguard_pool_servers_idle{labels}")),
+        Some(total as f64)
+    );
+    assert_eq!(
+        sample(&m, &format!("mongoguard_pool_servers_active{labels}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&m, &format!("mongoguard_pool_clients_waiting{labels}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &m,
+            &format!("mongoguard_pool_checkout_timeouts_total{labels}")
+        ),
+        Some(0.0)
+    );
+    assert!(sample(&m, &format!("mongoguard_pool_max_wait_seconds{labels}")).is_some());
+    assert_eq!(
+        sample(&m, r#"mongoguard_upstream_connections{state="idle"}"#),
+        Some(total as f64)
+    );
+    assert_eq!(sample(&m, "mongoguard_blocked_requests_total"), Some(1.0));
+    assert!(sample(&m, "mongoguard_upstream_roundtrip_seconds_count").unwrap() >= 2.0);
+    let sh = get_json(admin, "/shapes").await;
+    assert!(
+        sh["shapes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["command"] == "aggregate" && r["namespace"] == "db_p.t_p"),
+        "count_documents is an aggregate: {sh}"
+    );
+    drop(client);
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_draining_and_the_listener_stops_with_the_proxy() {
+    use mongoguard::wire::builder::MsgBuilder;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.proxy.drain_timeout = Duration::from_secs(20)
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    assert_eq!(get_json(admin, "/readyz").await["status"], "ready");
+
+    // One request in flight, held by the upstream.
+    standin.set_fault(mongoguard_standin::Fault::Delay(Duration::from_millis(
+        1500,
+    )));
+    let mut raw = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    let ping = MsgBuilder::new(bson::rawdoc! {"ping": 1, "$db": "admin"}).encode(1, 0);
+    raw.write_all(&ping).await.unwrap();
+    let in_flight = support::eventually(200, Duration::from_millis(10), || async {
+        let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+        sample(&m, r#"mongoguard_client_connections{state="active"}"#) == Some(1.0)
+    })
+    .await;
+    assert!(in_flight, "the ping is in flight");
+
+    let shutdown = tokio::spawn(proxy.shutdown());
+    let draining = support::eventually(200, Duration::from_millis(10), || async {
+        let (status, _, body) = http(admin, "GET", "/readyz", None).await;
+        status == 503 && body.contains("draining")
+    })
+    .await;
+    assert!(draining, "/readyz says 503 while the proxy drains");
+    assert_eq!(http(admin, "GET", "/healthz", None).await.0, 200);
+
+    // The in-flight reply arrives, the drain ends, and the admin listener goes with it.
+    let mut buf = vec![0u8; 1024];
+    assert!(raw.read(&mut buf).await.unwrap() > 0, "the reply");
+    tokio::time::timeout(Duration::from_secs(30), shutdown)
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+    match TcpStream::connect(admin).await {
+        Err(_) => {}
+        Ok(mut s) => assert_eq!(s.read(&mut buf).await.unwrap_or(0), 0),
+    }
+    standin.shutdown().await;
+}
+
+/// Every metric the Grafana dashboard queries is one a running proxy exposes.
+#[tokio::test]
+async fn grafana_dashboard_uses_only_exposed_metrics() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/integration/grafana/mongoguard-dashboard.json"
+    );
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("valid JSON");
+    let mut exprs = Vec::new();
+    collect_exprs(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 10, "{exprs:?}");
+
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    // Families with labels appear once they have a series: an application and a violation.
+    let client = support::client(&client_uri(&proxy, "grafana")).await;
+    let coll = client.database("db_g").collection::<Document>("t_g");
+    assert!(coll.delete_many(doc! {}).await.is_err());
+    let (_, _, m) = http(proxy.admin_addr().unwrap(), "GET", "/metrics", None).await;
+    let exposed = exposed_names(&m);
+    for expr in &exprs {
+        for name in metric_names(expr) {
+            assert!(exposed.contains(&name), "{name} (in {expr}) is not exposed");
+        }
+    }
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+fn collect_exprs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", Value::String(s)) => out.push(s.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// Every `mongoguard_*` identifier in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("mongoguard_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Sample names of a scrape, plus the names implied by each family's type (a counter
+/// `x` has samples `x_total`, a histogram `x_bucket`, `x_sum`, `x_count`), so families that
+/// have no sample in this mode (pool gauges in passthrough) still count as exposed.
+fn exposed_names(scrape: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in scrape.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let mut it = t.split(' ');
+            let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+                continue;
+            };
+            match kind {
+                "counter" => names.push(format!("{name}_total")),
+                "histogram" => {
+                    for s in ["_bucket", "_sum", "_count"] {
+                        names.push(format!("{name}{s}"));
+                    }
+                }
+                _ => names.push(name.to_owned()),
+            }
+        } else if !line.starts_with('#') {
+            if let Some(name) = line.split(['{', ' ']).next() {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    names
+}
