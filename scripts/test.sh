@@ -26,3 +26,7 @@ bash integration/run_pooled.sh
 
 step "the Node.js driver: passthrough, guard, pooled (integration/run_node.sh)"
 bash integration/run_node.sh
+
+step "status page in headless Chromium: mock states, then a live mongoguard under traffic"
+bash integration/status/run.sh
+bash integration/status/run_live.sh
