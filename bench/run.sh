@@ -157,7 +157,7 @@ wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PO
 
 # --- mongoguard --------------------------------------------------------------
 # shellcheck disable=SC2086 # MONGOGUARD_ARGS is a list of extra flags
-"$BIN/mongoguard" --listen "127.0.0.1:$PORT_B" --upstream "mongodb://127.0.0.1:$PORT_A" ${MONGOGUARD_ARGS:-} \
+"$BIN/mongoguard" --admin-listen off --listen "127.0.0.1:$PORT_B" --upstream "mongodb://127.0.0.1:$PORT_A" ${MONGOGUARD_ARGS:-} \
     >"$WORK/mongoguard.log" 2>&1 &
 MONGOGUARD_PID=$!
 PIDS+=("$MONGOGUARD_PID")

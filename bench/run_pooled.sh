@@ -178,7 +178,7 @@ wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PO
 
 # --- mongoguard, passthrough -------------------------------------------------
 # shellcheck disable=SC2086 # MONGOGUARD_ARGS is a list of extra flags
-"$BIN/mongoguard" --listen "127.0.0.1:$PORT_P" --upstream "mongodb://127.0.0.1:$PORT_S" ${MONGOGUARD_ARGS:-} \
+"$BIN/mongoguard" --admin-listen off --listen "127.0.0.1:$PORT_P" --upstream "mongodb://127.0.0.1:$PORT_S" ${MONGOGUARD_ARGS:-} \
     >"$WORK/passthrough.log" 2>&1 &
 PASSTHROUGH_PID=$!
 PIDS+=("$PASSTHROUGH_PID")
@@ -231,7 +231,7 @@ users_file = "$USERS"
 TOML
 if [[ $POOLED_OK == 1 ]]; then
     # shellcheck disable=SC2086
-    "$BIN/mongoguard" --config "$WORK/pooled.toml" ${MONGOGUARD_ARGS:-} >"$WORK/pooled.log" 2>&1 &
+    "$BIN/mongoguard" --admin-listen off --config "$WORK/pooled.toml" ${MONGOGUARD_ARGS:-} >"$WORK/pooled.log" 2>&1 &
     POOLED_PID=$!
     PIDS+=("$POOLED_PID")
     if ! wait_for_port "$PORT_Q" "$POOLED_PID" pooled; then

@@ -72,7 +72,7 @@ fi
 log "mongoguard-standin on 127.0.0.1:$standin_port (pid $standin_pid)"
 
 proxy_port="$(free_port)"
-"$bin_dir/mongoguard" --listen "127.0.0.1:$proxy_port" \
+"$bin_dir/mongoguard" --admin-listen off --listen "127.0.0.1:$proxy_port" \
     --upstream "mongodb://127.0.0.1:$standin_port" >"$work/mongoguard.log" 2>&1 &
 proxy_pid=$!
 if ! wait_tcp 127.0.0.1 "$proxy_port" 120 || ! kill -0 "$proxy_pid" 2>/dev/null; then
@@ -110,7 +110,7 @@ key_file = "$tls_dir/server.key"
 [audit]
 sink = "none"
 TOML
-"$bin_dir/mongoguard" --config "$tls_dir/mongoguard.toml" >"$work/mongoguard-tls.log" 2>&1 &
+"$bin_dir/mongoguard" --admin-listen off --config "$tls_dir/mongoguard.toml" >"$work/mongoguard-tls.log" 2>&1 &
 tls_pid=$!
 if ! wait_tcp 127.0.0.1 "$tls_port" 120 || ! kill -0 "$tls_pid" 2>/dev/null; then
     log "mongoguard (TLS) did not come up"

@@ -147,7 +147,7 @@ checkout_timeout = "5s"
 [auth]
 users_file = "$work/users.toml"
 TOML
-"$bin_dir/mongoguard" --config "$work/mongoguard.toml" >"$work/mongoguard.log" 2>&1 &
+"$bin_dir/mongoguard" --admin-listen off --config "$work/mongoguard.toml" >"$work/mongoguard.log" 2>&1 &
 proxy_pid=$!
 if ! wait_tcp 127.0.0.1 "$proxy_port" 120 || ! kill -0 "$proxy_pid" 2>/dev/null; then
     fail "mongoguard (pooled) did not come up"

@@ -145,6 +145,9 @@ struct RunArgs {
     /// Upstream mongod/mongos, e.g. mongodb://127.0.0.1:27018.
     #[arg(long, value_name = "URI")]
     upstream: Option<String>,
+    /// Admin HTTP listener (metrics, health, status page), e.g. 127.0.0.1:9216, or "off".
+    #[arg(long, value_name = "ADDR|off")]
+    admin_listen: Option<String>,
     /// Policy file (default: the built-in standard profile).
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
@@ -203,6 +206,12 @@ fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
     }
     if let Some(policy) = &args.policy {
         config.policy.file = Some(policy.clone());
+    }
+    if let Some(admin) = &args.admin_listen {
+        config.admin.listen = match admin.trim() {
+            "" | "off" => None,
+            a => Some(a.parse().context("--admin-listen")?),
+        };
     }
     if let Some(format) = args.log_format {
         config.log.format = format;
