@@ -38,6 +38,11 @@ async fn standin_on(listen: std::net::SocketAddr) -> StandIn {
 }
 
 fn users_file() -> PathBuf {
+    users_file_at().1
+}
+
+/// The users file and its path (for tests that change it).
+fn users_file_at() -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "mongoguard-pooled-{}-{}",
         std::process::id(),
@@ -46,7 +51,7 @@ fn users_file() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("users.toml");
     mongoguard::auth::users::add(&path, CLIENT_USER.0, CLIENT_USER.1, "admin").unwrap();
-    path
+    (dir, path)
 }
 
 fn rand_suffix() -> u64 {
@@ -413,6 +418,80 @@ async fn a_client_that_leaves_before_its_reply_does_not_cost_a_connection() {
     assert_eq!(standin.stats().authentications(), 1);
     let (pool, _) = proxy.pool_stats().unwrap();
     assert_eq!(pool.discards, 0, "{pool:?}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_users_file() {
+    let standin = standin().await;
+    let upstream = format!(
+        "mongodb://{}:{}@{}/?authSource=admin",
+        UPSTREAM_USER.0,
+        UPSTREAM_USER.1,
+        standin.addr()
+    );
+    let (_, users) = users_file_at();
+    let mut cfg = Config::for_upstream(&upstream).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.auth.users_file = Some(users.clone());
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let alice = client(&proxy, Some(CLIENT_USER)).await;
+    alice
+        .database("x")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    alice
+        .database("x")
+        .collection::<Document>("c")
+        .insert_one(doc! {"a": 1})
+        .await
+        .unwrap();
+    let bob = ("bob", "bobpw");
+    assert!(client(&proxy, Some(bob))
+        .await
+        .database("x")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .is_err());
+    // An invalid file is refused and the users in force stay.
+    let saved = std::fs::read_to_string(&users).unwrap();
+    std::fs::write(&users, "[[users]]\nname = \"broken\"\n").unwrap();
+    assert!(proxy.reload_users().is_err());
+    std::fs::write(&users, saved).unwrap();
+    // Bob is added; SIGHUP (what `systemctl reload` sends) makes him known.
+    mongoguard::auth::users::add(&users, bob.0, bob.1, "admin").unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut known = false;
+    for _ in 0..100 {
+        let c = client(&proxy, Some(bob)).await;
+        if c.database("x")
+            .collection::<Document>("c")
+            .find_one(doc! {})
+            .await
+            .is_ok()
+        {
+            known = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(known, "bob was not accepted after SIGHUP");
+    // Alice's connection authenticated before the reload still works.
+    alice
+        .database("x")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(proxy.reload_users().unwrap(), 2);
     proxy.shutdown().await;
 }
 

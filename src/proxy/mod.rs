@@ -278,6 +278,15 @@ impl ProxyHandle {
         Some((sum, &p.pinned))
     }
 
+    /// Pooled mode: reads the users file again (as SIGHUP does); the users in force stay if
+    /// it is invalid. Returns the number of users.
+    pub fn reload_users(&self) -> Result<usize, String> {
+        match &self.ctx.pooled {
+            Some(p) => p.reload_users(),
+            None => Err("not in pooled mode".into()),
+        }
+    }
+
     /// The violation log (counters, flush).
     pub fn audit(&self) -> Arc<AuditLog> {
         self.ctx.audit.clone()

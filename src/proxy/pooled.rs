@@ -90,7 +90,9 @@ const NOT_PRIMARY_CODES: [i32; 3] = [10107, 13435, 13436];
 
 /// The pooled-mode state shared by every session.
 pub(crate) struct Pooled {
-    users: Option<Users>,
+    /// The users file in force (replaced whole on SIGHUP).
+    users: std::sync::RwLock<Option<Arc<Users>>>,
+    users_file: Option<std::path::PathBuf>,
     identities: Identities,
     pub topology: Arc<Topology>,
     pub pool: Pool<MongoConnector>,
@@ -108,27 +110,14 @@ impl Pooled {
         config: &Config,
         upstream_tls: Option<crate::tls::UpstreamTls>,
     ) -> Result<Arc<Pooled>, ProxyError> {
-        let users = match &config.auth.users_file {
-            Some(path) => Some(Users::load(path).map_err(|e| ProxyError::Pooled(e.to_string()))?),
-            None => None,
-        };
         let identities = Identities::from_config(&config.upstream)
             .map_err(|e| ProxyError::Pooled(e.to_string()))?;
-        if let Some(users) = &users {
-            for user in users.iter() {
-                let id = user
-                    .upstream
-                    .as_deref()
-                    .unwrap_or(crate::upstream::DEFAULT_IDENTITY);
-                if identities.get(id).is_none() {
-                    return Err(ProxyError::Pooled(format!(
-                        "users file: user {:?} maps to upstream identity {id:?}, which is not \
-                         configured under [upstream.identities]",
-                        user.name
-                    )));
-                }
-            }
-        }
+        let users = match &config.auth.users_file {
+            Some(path) => Some(Arc::new(
+                load_users(path, &identities).map_err(ProxyError::Pooled)?,
+            )),
+            None => None,
+        };
         let topology = Topology::from_uri(&config.upstream.uri);
         let connector = MongoConnector::new(
             identities.clone(),
@@ -159,7 +148,8 @@ impl Pooled {
             }
         }
         let pooled = Arc::new(Pooled {
-            users,
+            users: std::sync::RwLock::new(users),
+            users_file: config.auth.users_file.clone(),
             identities,
             topology,
             pool,
@@ -170,7 +160,31 @@ impl Pooled {
             cancel,
         });
         tokio::spawn(maintain(pooled.clone()));
+        if pooled.users_file.is_some() {
+            tokio::spawn(reload_users_on_hangup(pooled.clone()));
+        }
         Ok(pooled)
+    }
+
+    /// The users file in force.
+    fn users(&self) -> Option<Arc<Users>> {
+        self.users
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads the users file again and swaps it in if it is valid (every user mapping to a
+    /// configured identity); otherwise the users in force stay. Connections already
+    /// authenticated keep their user. Returns the number of users.
+    pub(crate) fn reload_users(&self) -> Result<usize, String> {
+        let Some(path) = &self.users_file else {
+            return Err("no auth.users_file configured".into());
+        };
+        let users = load_users(path, &self.identities)?;
+        let n = users.len();
+        *self.users.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(users));
+        Ok(n)
     }
 
     /// Stops monitors and maintenance and closes the pools.
@@ -247,6 +261,48 @@ impl Pooled {
         txns.retain(|_, (_, _, seen)| now.duration_since(*seen) < TXN_TTL);
         self.pinned.transaction.set(txns.len() as u64);
     }
+}
+
+/// Reads and checks a users file: every user must map to a configured upstream identity.
+fn load_users(path: &std::path::Path, identities: &Identities) -> Result<Users, String> {
+    let users = Users::load(path).map_err(|e| e.to_string())?;
+    for user in users.iter() {
+        let id = user
+            .upstream
+            .as_deref()
+            .unwrap_or(crate::upstream::DEFAULT_IDENTITY);
+        if identities.get(id).is_none() {
+            return Err(format!(
+                "users file: user {:?} maps to upstream identity {id:?}, which is not \
+                 configured under [upstream.identities]",
+                user.name
+            ));
+        }
+    }
+    Ok(users)
+}
+
+/// SIGHUP (`systemctl reload`) reloads the users file, beside the policy.
+async fn reload_users_on_hangup(pooled: Arc<Pooled>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = pooled.cancel.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            match pooled.reload_users() {
+                Ok(n) => info!(users = n, "users file reloaded"),
+                Err(e) => warn!(error = %e, "users file reload failed; keeping the previous users"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = pooled;
 }
 
 /// Every second: close expired idle connections, open up to `min_idle`, expire pins.
@@ -473,7 +529,7 @@ impl Session {
             return self.reply(request, &doc).await;
         };
         let mut auth = HelloAuth::default();
-        if let Some(users) = &self.pooled.users {
+        if let Some(users) = self.pooled.users().as_deref() {
             if let Ok(Some(bson::RawBsonRef::String(who))) = cmd.get("saslSupportedMechs") {
                 auth.mechanisms = Some(sasl::supported_mechs(users, who));
             }
@@ -529,7 +585,8 @@ impl Session {
             )
         } else if class == Class::OtherAuth {
             refuse("mongoguard pooled mode supports SCRAM-SHA-256 and SCRAM-SHA-1 (saslStart) only")
-        } else if let Some(users) = &self.pooled.users {
+        } else if let Some(users) = self.pooled.users() {
+            let users = &*users;
             let cmd = self.body(frame)?;
             if class == Class::SaslStart {
                 self.sasl.sasl_start(users, &cmd)
@@ -561,7 +618,7 @@ impl Session {
         let Some(user) = self.sasl.authenticated() else {
             return;
         };
-        let Some(users) = &self.pooled.users else {
+        let Some(users) = self.pooled.users() else {
             return;
         };
         let mapped = users
