@@ -6,14 +6,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bson::RawBsonRef;
 use prometheus_client::metrics::counter::Counter;
 
 use super::{hello::ClientMetadata, inspect::Request, pooled::Pooled, Context, ProxyStats};
 use crate::{
     audit::ViolationRecord,
     metrics::{commands, ClientEntry, Metrics, Pinned, PoolRow, Scrape, ShapeScratch, Snapshot},
-    wire::{Frame, Message, OpCode, OpMsg, OpReply},
+    wire::{Frame, Message},
 };
 
 /// Reads the proxy's own counters at scrape time.
@@ -187,6 +186,18 @@ impl SessionObs {
         }
     }
 
+    /// Whether [`SessionObs::first_reply`] would read the reply (a tracked query shape).
+    pub(crate) fn wants_first_reply(&self) -> bool {
+        self.scratch.active
+    }
+
+    /// The first reply's error status, when the caller already read it.
+    pub(crate) fn first_reply_error(&mut self, error: bool) {
+        if self.scratch.active {
+            self.reply_error = error;
+        }
+    }
+
     /// The request was forwarded and its last reply relayed after `round_trip`.
     pub(crate) fn forwarded(&mut self, round_trip: Duration) {
         if self.hello {
@@ -257,22 +268,5 @@ pub(crate) fn command_label(msg: &Message<'_>, name: Option<&str>) -> usize {
 /// True when a reply's document says `ok: 0` (an OP_MSG body or the first OP_REPLY
 /// document; compressed replies are not opened for this).
 pub(crate) fn reply_is_error(reply: &Frame) -> bool {
-    match reply.op_code() {
-        Some(OpCode::Msg) => OpMsg::parse(reply.bytes()).is_ok_and(|m| says_not_ok(m.body())),
-        Some(OpCode::Reply) => OpReply::parse(reply.bytes())
-            .ok()
-            .and_then(|r| r.documents().next())
-            .is_some_and(says_not_ok),
-        _ => false,
-    }
-}
-
-fn says_not_ok(doc: &bson::RawDocument) -> bool {
-    match doc.get("ok") {
-        Ok(Some(RawBsonRef::Double(v))) => v == 0.0,
-        Ok(Some(RawBsonRef::Int32(v))) => v == 0,
-        Ok(Some(RawBsonRef::Int64(v))) => v == 0,
-        Ok(Some(RawBsonRef::Boolean(v))) => !v,
-        _ => false,
-    }
+    super::routing::ReplyFacts::read(reply).error
 }

@@ -32,7 +32,8 @@ use super::{
     observe::SessionObs,
     routing::{self, Class, CursorReply, Routing},
     session::{
-        client_error, reply_more_to_come, send_document, sleep_unless_zero, upstream_error, End,
+        client_error, reply_more_to_come, send_document, sleep_unless_zero, upstream_error,
+        wait_for_request, End, Reader,
     },
     Context, Counter, ProxyError,
 };
@@ -320,8 +321,6 @@ async fn maintain(pooled: Arc<Pooled>) {
         pooled.expire_pins();
     }
 }
-
-type Reader = FramedRead<crate::net::ClientRead, MessageCodec>;
 
 struct Session {
     ctx: Arc<Context>,
@@ -839,23 +838,26 @@ impl Session {
                 Ok(m) => m,
                 Err(e) => break Err(SessionError::UpstreamProtocol(e)),
             };
-            if first && !more && retry_not_primary && !request.is_hello {
-                if let Some(code) = routing::error_code(&reply) {
-                    if NOT_PRIMARY_CODES.contains(&code) {
-                        break Ok(Trip::NotPrimary);
-                    }
+            // One parse of the reply serves every reader: the not-primary retry (first
+            // reply of a replica-set request), the metrics and the cursor pins.
+            let check_primary = first && !more && retry_not_primary && !request.is_hello;
+            let facts = (check_primary || multi || (first && self.obs.wants_first_reply()))
+                .then(|| routing::ReplyFacts::read(&reply));
+            if let Some(facts) = &facts {
+                if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
+                    break Ok(Trip::NotPrimary);
                 }
-            }
-            if first {
-                self.obs.first_reply(&reply);
+                if first {
+                    self.obs.first_reply_error(facts.error);
+                }
             }
             first = false;
             if more && !streaming {
                 streaming = true;
                 self.pooled.pinned.exhaust.inc();
             }
-            if multi {
-                match routing::cursor_of_reply(&reply) {
+            if let (true, Some(facts)) = (multi, &facts) {
+                match &facts.cursor {
                     CursorReply::Open(c) if routing.may_open_cursor => {
                         self.pooled.pin_cursor(c.id, &host)
                     }
@@ -972,22 +974,15 @@ impl Session {
     }
 
     async fn next_request(&mut self) -> Result<Result<Frame, End>, SessionError> {
+        // Between requests a pooled session holds no upstream connection to watch.
         let idle = self.ctx.config.proxy.client_idle_timeout;
-        let idle_timer = sleep_unless_zero(idle);
-        tokio::pin!(idle_timer);
-        tokio::select! {
-            biased;
-            _ = self.drain.cancelled() => Ok(Err(End::Drained)),
-            next = self.client_in.next() => match next {
-                None => Ok(Err(End::ClientClosed)),
-                Some(Ok(frame)) => Ok(Ok(frame)),
-                Some(Err(e)) => Err(client_error(e)),
-            },
-            _ = &mut idle_timer => {
-                info!(timeout = ?idle, "closing idle client connection");
-                Ok(Err(End::Idle))
-            }
-        }
+        wait_for_request(
+            &mut self.client_in,
+            &self.drain,
+            idle,
+            std::future::pending(),
+        )
+        .await
     }
 }
 

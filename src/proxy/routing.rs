@@ -227,59 +227,84 @@ pub(crate) enum CursorReply {
     None,
 }
 
-/// Reads the cursor of an uncompressed reply (compressed replies: [`CursorReply::None`]).
-pub(crate) fn cursor_of_reply(reply: &Frame) -> CursorReply {
-    match reply.op_code() {
-        Some(OpCode::Msg) => {
-            let Ok(m) = OpMsg::parse(reply.bytes()) else {
-                return CursorReply::None;
-            };
-            let Ok(Some(RawBsonRef::Document(c))) = m.body().get("cursor") else {
-                return CursorReply::None;
-            };
-            match c.get("id").ok().flatten().and_then(int64) {
-                Some(0) => CursorReply::Closed,
-                Some(id) => match str_of(c, "ns") {
-                    Some(ns) => CursorReply::Open(CursorKey {
-                        id,
-                        ns: ns.to_owned(),
-                    }),
-                    None => CursorReply::None,
+/// What mongoguard reads off an upstream reply, in one parse: whether it is an error
+/// (`ok: 0`), its code, and its cursor. Compressed replies are not opened (all unknown).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ReplyFacts {
+    pub error: bool,
+    pub code: Option<i32>,
+    pub cursor: CursorReply,
+}
+
+impl ReplyFacts {
+    /// Reads an uncompressed OP_MSG or OP_REPLY reply.
+    pub(crate) fn read(reply: &Frame) -> ReplyFacts {
+        let unknown = ReplyFacts {
+            error: false,
+            code: None,
+            cursor: CursorReply::None,
+        };
+        let (body, legacy_cursor) = match reply.op_code() {
+            Some(OpCode::Msg) => match OpMsg::parse(reply.bytes()) {
+                Ok(m) => (m.body(), None),
+                Err(_) => return unknown,
+            },
+            Some(OpCode::Reply) => match OpReply::parse(reply.bytes()) {
+                Ok(r) => match r.documents().next() {
+                    Some(doc) => (doc, Some(r.cursor_id)),
+                    None => return unknown,
                 },
-                None => CursorReply::None,
-            }
-        }
-        Some(OpCode::Reply) => match OpReply::parse(reply.bytes()) {
-            Ok(r) if r.cursor_id != 0 => CursorReply::Open(CursorKey {
-                id: r.cursor_id,
+                Err(_) => return unknown,
+            },
+            _ => return unknown,
+        };
+        let error = says_not_ok(body);
+        let code = match body.get("code") {
+            Ok(Some(RawBsonRef::Int32(c))) if error => Some(c),
+            _ => None,
+        };
+        let cursor = match legacy_cursor {
+            Some(0) => CursorReply::Closed,
+            Some(id) => CursorReply::Open(CursorKey {
+                id,
                 ns: String::new(),
             }),
-            Ok(_) => CursorReply::Closed,
-            Err(_) => CursorReply::None,
-        },
-        _ => CursorReply::None,
+            None => command_cursor(body),
+        };
+        ReplyFacts {
+            error,
+            code,
+            cursor,
+        }
     }
 }
 
-/// The error code of an uncompressed OP_MSG error reply (`ok: 0`), if it is one.
-pub(crate) fn error_code(reply: &Frame) -> Option<i32> {
-    if reply.op_code() != Some(OpCode::Msg) {
-        return None;
+/// `cursor: {id, ns}` of a command reply.
+fn command_cursor(body: &RawDocument) -> CursorReply {
+    let Ok(Some(RawBsonRef::Document(c))) = body.get("cursor") else {
+        return CursorReply::None;
+    };
+    match c.get("id").ok().flatten().and_then(int64) {
+        Some(0) => CursorReply::Closed,
+        Some(id) => match str_of(c, "ns") {
+            Some(ns) => CursorReply::Open(CursorKey {
+                id,
+                ns: ns.to_owned(),
+            }),
+            None => CursorReply::None,
+        },
+        None => CursorReply::None,
     }
-    let m = OpMsg::parse(reply.bytes()).ok()?;
-    let body = m.body();
-    let ok = body.get("ok").ok().flatten().and_then(|v| match v {
-        RawBsonRef::Double(d) => Some(d),
-        RawBsonRef::Int32(i) => Some(f64::from(i)),
-        RawBsonRef::Int64(i) => Some(i as f64),
-        _ => None,
-    })?;
-    if ok != 0.0 {
-        return None;
-    }
-    match body.get("code") {
-        Ok(Some(RawBsonRef::Int32(c))) => Some(c),
-        _ => None,
+}
+
+/// `ok` is 0 (or false).
+fn says_not_ok(doc: &RawDocument) -> bool {
+    match doc.get("ok") {
+        Ok(Some(RawBsonRef::Double(v))) => v == 0.0,
+        Ok(Some(RawBsonRef::Int32(v))) => v == 0,
+        Ok(Some(RawBsonRef::Int64(v))) => v == 0,
+        Ok(Some(RawBsonRef::Boolean(v))) => !v,
+        _ => false,
     }
 }
 
@@ -347,7 +372,7 @@ mod tests {
         );
         let f = Frame::from_bytes(open).unwrap();
         assert_eq!(
-            cursor_of_reply(&f),
+            ReplyFacts::read(&f).cursor,
             CursorReply::Open(CursorKey {
                 id: 42,
                 ns: "d.c".into()
@@ -359,7 +384,7 @@ mod tests {
             &rawdoc! {"cursor": {"id": 0i64, "ns": "d.c", "nextBatch": []}, "ok": 1.0},
         );
         assert_eq!(
-            cursor_of_reply(&Frame::from_bytes(done).unwrap()),
+            ReplyFacts::read(&Frame::from_bytes(done).unwrap()).cursor,
             CursorReply::Closed
         );
         let err = encode_msg_reply(
@@ -367,7 +392,22 @@ mod tests {
             1,
             &rawdoc! {"ok": 0.0, "code": 10107, "errmsg": "not primary"},
         );
-        assert_eq!(error_code(&Frame::from_bytes(err).unwrap()), Some(10107));
-        assert_eq!(error_code(&f), None);
+        let facts = ReplyFacts::read(&Frame::from_bytes(err).unwrap());
+        assert!(facts.error);
+        assert_eq!(facts.code, Some(10107));
+        let ok = ReplyFacts::read(&f);
+        assert!(!ok.error);
+        assert_eq!(ok.code, None);
+        // A legacy OP_REPLY: the cursor comes from the header, the error from the document.
+        let legacy = crate::wire::builder::encode_reply(1, 1, 0, 77, 0, &[&rawdoc! {"ok": 0.0}]);
+        let facts = ReplyFacts::read(&Frame::from_bytes(legacy).unwrap());
+        assert!(facts.error);
+        assert_eq!(
+            facts.cursor,
+            CursorReply::Open(CursorKey {
+                id: 77,
+                ns: String::new()
+            })
+        );
     }
 }

@@ -35,7 +35,7 @@ use crate::{
     },
 };
 
-type Reader = FramedRead<ClientRead, MessageCodec>;
+pub(crate) type Reader = FramedRead<ClientRead, MessageCodec>;
 type UpReader = FramedRead<UpstreamRead, MessageCodec>;
 
 /// How a session ended without an error.
@@ -236,32 +236,20 @@ impl Session {
         &mut self,
         upstream_in: &mut UpReader,
     ) -> Result<Result<Frame, End>, SessionError> {
-        let idle = self.ctx.config.proxy.client_idle_timeout;
-        let idle_timer = sleep_unless_zero(idle);
-        tokio::pin!(idle_timer);
-        tokio::select! {
-            biased;
-            _ = self.drain.cancelled() => Ok(Err(End::Drained)),
-            next = self.client_in.next() => match next {
-                None => Ok(Err(End::ClientClosed)),
-                Some(Ok(frame)) => Ok(Ok(frame)),
-                Some(Err(e)) => Err(client_error(e)),
-            },
-            // Between requests the upstream has nothing to say: data or EOF here means it
-            // closed or misbehaved; end the session rather than let the next request fail.
-            unexpected = upstream_in.next() => Err(match unexpected {
+        // Between requests the upstream has nothing to say: data or EOF here means it
+        // closed or misbehaved; end the session rather than let the next request fail.
+        let upstream_failure = async {
+            match upstream_in.next().await {
                 None => SessionError::UpstreamClosed,
                 Some(Err(e)) => upstream_error(e),
                 Some(Ok(_)) => SessionError::UpstreamProtocol(WireError::bad_doc(
                     "upstream",
                     "unsolicited message between requests",
                 )),
-            }),
-            _ = &mut idle_timer => {
-                info!(timeout = ?idle, "closing idle client connection");
-                Ok(Err(End::Idle))
             }
-        }
+        };
+        let idle = self.ctx.config.proxy.client_idle_timeout;
+        wait_for_request(&mut self.client_in, &self.drain, idle, upstream_failure).await
     }
 
     /// Relays the reply, or every reply of an exhaust stream, to the client.
@@ -353,6 +341,33 @@ impl Session {
         let our_id = self.ctx.request_ids.next();
         if let Some(bytes) = reply_for(request.op, request.request_id, our_id, &doc) {
             let _ = crate::net::send(&mut self.client_out, &bytes).await;
+        }
+    }
+}
+
+/// Waits for a client's next request, in both modes: `Ok(Err(end))` when the session ends
+/// normally (client closed, idle for `idle`, drain), an error when the client sends garbage
+/// or `failure` (something the session also watches, e.g. its upstream) completes first.
+pub(crate) async fn wait_for_request(
+    client_in: &mut Reader,
+    drain: &tokio_util::sync::CancellationToken,
+    idle: Duration,
+    failure: impl std::future::Future<Output = SessionError>,
+) -> Result<Result<Frame, End>, SessionError> {
+    let idle_timer = sleep_unless_zero(idle);
+    tokio::pin!(idle_timer);
+    tokio::select! {
+        biased;
+        _ = drain.cancelled() => Ok(Err(End::Drained)),
+        next = client_in.next() => match next {
+            None => Ok(Err(End::ClientClosed)),
+            Some(Ok(frame)) => Ok(Ok(frame)),
+            Some(Err(e)) => Err(client_error(e)),
+        },
+        e = failure => Err(e),
+        _ = &mut idle_timer => {
+            info!(timeout = ?idle, "closing idle client connection");
+            Ok(Err(End::Idle))
         }
     }
 }
