@@ -85,3 +85,23 @@ cargo_target_dir() {
         python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null ||
         echo "${CARGO_TARGET_DIR:-$REPO_DIR/target}"
 }
+
+# build_binaries: builds mongoguard and mongoguard-standin with CARGO_PROFILE (default debug)
+# and sets bin_dir to where they are; MONGOGUARD_BIN_DIR uses prebuilt ones instead.
+build_binaries() {
+    if [ -n "${MONGOGUARD_BIN_DIR:-}" ]; then
+        bin_dir="$MONGOGUARD_BIN_DIR"
+        log "using prebuilt binaries in $bin_dir"
+        return
+    fi
+    local profile="${CARGO_PROFILE:-debug}" profile_dir
+    local -a profile_args
+    case "$profile" in
+        debug | dev) profile_args=(--profile dev) profile_dir=debug ;;
+        *) profile_args=(--profile "$profile") profile_dir="$profile" ;;
+    esac
+    log "building mongoguard and mongoguard-standin ($profile_dir)"
+    (cd "$REPO_DIR" && cargo build "${profile_args[@]}" -p mongoguard --bin mongoguard \
+        -p mongoguard-standin --bin mongoguard-standin)
+    bin_dir="$(cargo_target_dir)/$profile_dir"
+}

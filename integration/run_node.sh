@@ -48,20 +48,7 @@ fi
 log "node $(node --version), mongodb driver $(node -p "require('$NODE_DIR/node_modules/mongodb/package.json').version")"
 
 # ---- binaries --------------------------------------------------------------------------
-profile="${CARGO_PROFILE:-debug}"
-case "$profile" in
-    debug | dev) profile_args=(--profile dev) profile_dir=debug ;;
-    *) profile_args=(--profile "$profile") profile_dir="$profile" ;;
-esac
-if [ -n "${MONGOGUARD_BIN_DIR:-}" ]; then
-    bin_dir="$MONGOGUARD_BIN_DIR"
-    log "using prebuilt binaries in $bin_dir"
-else
-    log "building mongoguard and mongoguard-standin ($profile_dir)"
-    (cd "$REPO_DIR" && cargo build "${profile_args[@]}" -p mongoguard --bin mongoguard \
-        -p mongoguard-standin --bin mongoguard-standin)
-    bin_dir="$(cargo_target_dir)/$profile_dir"
-fi
+build_binaries
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/mongoguard-node.XXXXXX")"
 pids=()

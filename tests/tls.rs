@@ -253,6 +253,18 @@ async fn client_certificates_when_required() {
     proxy.shutdown().await;
 }
 
+/// Whether a client's CRUD works through a passthrough mongoguard whose upstream URI is `uri`.
+async fn through_front(uri: &str) -> bool {
+    let mut cfg = Config::for_upstream(uri).unwrap();
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    let front = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let ok = works(&format!("mongodb://{}", front.local_addr()))
+        .await
+        .is_ok();
+    front.shutdown().await;
+    ok
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_tls_verifies_the_server() {
     let pki = Pki::new();
@@ -265,57 +277,18 @@ async fn upstream_tls_verifies_the_server() {
     let upstream = tls_proxy(&standin.uri(), &cert, &key, None).await;
     let up_port = upstream.local_addr().port();
 
-    let front = |uri: String| async move {
-        let mut cfg = Config::for_upstream(&uri).unwrap();
-        cfg.audit.sink = mongoguard::audit::SinkSpec::None;
-        Proxy::start(Arc::new(cfg)).await
-    };
+    let ca = ca_path.display();
     // Verified chain and name: works, end to end.
-    let good = front(format!(
-        "mongodb://localhost:{up_port}/?tls=true&tlsCAFile={}",
-        ca_path.display()
-    ))
-    .await
-    .unwrap();
-    works(&format!("mongodb://{}", good.local_addr()))
-        .await
-        .unwrap();
-    good.shutdown().await;
-
+    let base = format!("tls=true&tlsCAFile={ca}");
+    assert!(through_front(&format!("mongodb://localhost:{up_port}/?{base}")).await);
     // Wrong CA: mongoguard refuses the upstream; the client gets HostUnreachable.
-    let bad = front(format!(
-        "mongodb://localhost:{up_port}/?tls=true&tlsCAFile={}",
-        other_ca_path.display()
-    ))
-    .await
-    .unwrap();
-    assert!(works(&format!("mongodb://{}", bad.local_addr()))
-        .await
-        .is_err());
-    bad.shutdown().await;
-
+    let other = format!("tls=true&tlsCAFile={}", other_ca_path.display());
+    assert!(!through_front(&format!("mongodb://localhost:{up_port}/?{other}")).await);
     // The certificate names "localhost", not 127.0.0.1: refused by default...
-    let by_ip = front(format!(
-        "mongodb://127.0.0.1:{up_port}/?tls=true&tlsCAFile={}",
-        ca_path.display()
-    ))
-    .await
-    .unwrap();
-    assert!(works(&format!("mongodb://{}", by_ip.local_addr()))
-        .await
-        .is_err());
-    by_ip.shutdown().await;
+    assert!(!through_front(&format!("mongodb://127.0.0.1:{up_port}/?{base}")).await);
     // ...and accepted only with the explicit (logged) tlsAllowInvalidHostnames.
-    let lax = front(format!(
-        "mongodb://127.0.0.1:{up_port}/?tls=true&tlsCAFile={}&tlsAllowInvalidHostnames=true",
-        ca_path.display()
-    ))
-    .await
-    .unwrap();
-    works(&format!("mongodb://{}", lax.local_addr()))
-        .await
-        .unwrap();
-    lax.shutdown().await;
+    let lax = format!("mongodb://127.0.0.1:{up_port}/?{base}&tlsAllowInvalidHostnames=true");
+    assert!(through_front(&lax).await);
 
     // Pooled mode over upstream TLS.
     let mut cfg = Config::for_upstream(&format!(

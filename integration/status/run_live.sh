@@ -11,15 +11,7 @@ set -euo pipefail
 # shellcheck source=integration/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-profile="${CARGO_PROFILE:-debug}"
-case "$profile" in
-    debug | dev) profile_args=(--profile dev) profile_dir=debug ;;
-    *) profile_args=(--profile "$profile") profile_dir="$profile" ;;
-esac
-log "building mongoguard and mongoguard-standin ($profile_dir)"
-(cd "$REPO_DIR" && cargo build "${profile_args[@]}" -p mongoguard --bin mongoguard \
-    -p mongoguard-standin --bin mongoguard-standin)
-bin_dir="$(cargo_target_dir)/$profile_dir"
+build_binaries
 setup_python
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/mongoguard-status.XXXXXX")"
