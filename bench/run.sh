@@ -42,87 +42,9 @@ shell_words() {
 INVOCATION="$(shell_words "DURATION=$DURATION" "WARMUP=$WARMUP" "OPS=$OPS" \
     "CONCURRENCY=$CONCURRENCY" "DOCS=$DOCS" bench/run.sh "$@")"
 
-WORK="$(mktemp -d -t mongoguard-bench.XXXXXX)"
-PIDS=()
-
-log() { printf '[run.sh] %s\n' "$*" >&2; }
-
-cleanup() {
-    local rc=$?
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    if [[ $rc -ne 0 ]]; then
-        log "failed (exit $rc); logs kept in $WORK"
-        local f
-        for f in "$WORK"/*.log; do
-            [[ -f "$f" ]] || continue
-            log "--- tail of $f"
-            tail -n 20 "$f" >&2 || true
-        done
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-die() {
-    log "error: $*"
-    exit 1
-}
-
-# True if something accepts TCP connections on 127.0.0.1:$1.
-port_in_use() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-# pick_port ENV_VALUE DEFAULT: an explicit port must be free; a default may slide up.
-PICKED=()
-pick_port() {
-    local explicit="$1" p="$2" tries=0
-    if [[ -n "$explicit" ]]; then
-        port_in_use "$explicit" && die "port $explicit is already in use"
-        PICKED+=("$explicit")
-        echo "$explicit"
-        return
-    fi
-    while port_in_use "$p" || [[ " ${PICKED[*]} " == *" $p "* ]]; do
-        p=$((p + 1))
-        tries=$((tries + 1))
-        [[ $tries -lt 200 ]] || die "no free port near $2"
-    done
-    PICKED+=("$p")
-    echo "$p"
-}
-
-# wait_for_port PORT PID NAME: until the port accepts connections (30 s max).
-wait_for_port() {
-    local port="$1" pid="$2" name="$3" i
-    for ((i = 0; i < 300; i++)); do
-        kill -0 "$pid" 2>/dev/null || die "$name exited before listening (see $WORK/$name.log)"
-        port_in_use "$port" && return 0
-        sleep 0.1
-    done
-    die "$name did not listen on 127.0.0.1:$port within 30 s"
-}
-
-# wait_for_line FILE TEXT PID NAME: until FILE contains the exact line TEXT (30 s max).
-wait_for_line() {
-    local file="$1" text="$2" pid="$3" name="$4" i
-    for ((i = 0; i < 300; i++)); do
-        grep -qxF "$text" "$file" 2>/dev/null && return 0
-        kill -0 "$pid" 2>/dev/null || die "$name exited before printing '$text'"
-        sleep 0.1
-    done
-    die "$name did not print '$text' within 30 s"
-}
+BENCH_NAME=run.sh
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 
 # --- prerequisites -----------------------------------------------------------
 if ! command -v haproxy >/dev/null 2>&1; then
@@ -161,7 +83,7 @@ wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PO
     >"$WORK/mongoguard.log" 2>&1 &
 MONGOGUARD_PID=$!
 PIDS+=("$MONGOGUARD_PID")
-wait_for_port "$PORT_B" "$MONGOGUARD_PID" mongoguard
+wait_for_port "$PORT_B" "$MONGOGUARD_PID" mongoguard || die "mongoguard did not start"
 
 # --- haproxy (plain TCP relay) -----------------------------------------------
 # HAProxy 2.6 has no "option tcp-nodelay": it sets TCP_NODELAY on its sockets
@@ -188,7 +110,7 @@ haproxy -c -q -f "$HAPROXY_CFG" || die "invalid haproxy config $HAPROXY_CFG"
 haproxy -db -f "$HAPROXY_CFG" >"$WORK/haproxy.log" 2>&1 &
 HAPROXY_PID=$!
 PIDS+=("$HAPROXY_PID")
-wait_for_port "$PORT_C" "$HAPROXY_PID" haproxy
+wait_for_port "$PORT_C" "$HAPROXY_PID" haproxy || die "haproxy did not start"
 
 # --- measure -----------------------------------------------------------------
 LOADGEN_ARGS=(

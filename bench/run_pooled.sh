@@ -67,89 +67,9 @@ INVOCATION+=" STEADY_CONCURRENCY=$STEADY_CONCURRENCY POOL_SIZE=$POOL_SIZE"
 [[ -z "${USERS_ITERATIONS:-}" ]] || INVOCATION+=" USERS_ITERATIONS=$USERS_ITERATIONS"
 INVOCATION+=" bench/run_pooled.sh"
 
-WORK="$(mktemp -d -t mongoguard-bench-pooled.XXXXXX)"
-PIDS=()
-
-log() { printf '[run_pooled.sh] %s\n' "$*" >&2; }
-
-cleanup() {
-    local rc=$?
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    if [[ $rc -ne 0 ]]; then
-        log "failed (exit $rc); logs kept in $WORK"
-        local f
-        for f in "$WORK"/*.log; do
-            [[ -f "$f" ]] || continue
-            log "--- tail of $f"
-            tail -n 20 "$f" >&2 || true
-        done
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-die() {
-    log "error: $*"
-    exit 1
-}
-
-# True if something accepts TCP connections on 127.0.0.1:$1.
-port_in_use() {
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-# pick_port ENV_VALUE DEFAULT: an explicit port must be free; a default may slide up.
-PICKED=()
-pick_port() {
-    local explicit="$1" p="$2" tries=0
-    if [[ -n "$explicit" ]]; then
-        port_in_use "$explicit" && die "port $explicit is already in use"
-        echo "$explicit"
-        return
-    fi
-    while port_in_use "$p" || [[ " ${PICKED[*]} " == *" $p "* ]]; do
-        p=$((p + 1))
-        tries=$((tries + 1))
-        [[ $tries -lt 200 ]] || die "no free port near $2"
-    done
-    echo "$p"
-}
-
-# wait_for_port PORT PID NAME: until the port accepts connections (30 s max); 1 if NAME died.
-wait_for_port() {
-    local port="$1" pid="$2" name="$3" i
-    for ((i = 0; i < 300; i++)); do
-        kill -0 "$pid" 2>/dev/null || {
-            log "$name exited before listening (see $WORK/$name.log)"
-            return 1
-        }
-        port_in_use "$port" && return 0
-        sleep 0.1
-    done
-    log "$name did not listen on 127.0.0.1:$port within 30 s"
-    return 1
-}
-
-# wait_for_line FILE TEXT PID NAME: until FILE contains the exact line TEXT (30 s max).
-wait_for_line() {
-    local file="$1" text="$2" pid="$3" name="$4" i
-    for ((i = 0; i < 300; i++)); do
-        grep -qxF "$text" "$file" 2>/dev/null && return 0
-        kill -0 "$pid" 2>/dev/null || die "$name exited before printing '$text'"
-        sleep 0.1
-    done
-    die "$name did not print '$text' within 30 s"
-}
+BENCH_NAME=run_pooled.sh
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 
 # --- build -------------------------------------------------------------------
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
