@@ -645,8 +645,8 @@ impl Session {
     async fn choose_server(&self, request: &Request, routing: &Routing) -> Result<Host, String> {
         let p = &self.pooled;
         if p.topology.is_multi_server() {
-            if let Some(c) = &routing.cursor {
-                if let Some(h) = p.cursor_server(c.id) {
+            if let Some(id) = routing.cursor {
+                if let Some(h) = p.cursor_server(id) {
                     return Ok(h);
                 }
             }
@@ -858,12 +858,12 @@ impl Session {
             }
             if let (true, Some(facts)) = (multi, &facts) {
                 match &facts.cursor {
-                    CursorReply::Open(c) if routing.may_open_cursor => {
-                        self.pooled.pin_cursor(c.id, &host)
+                    CursorReply::Open(id) if routing.may_open_cursor => {
+                        self.pooled.pin_cursor(*id, &host)
                     }
                     CursorReply::Closed => {
-                        if let Some(c) = &routing.cursor {
-                            self.pooled.unpin_cursor(c.id);
+                        if let Some(id) = routing.cursor {
+                            self.pooled.unpin_cursor(id);
                         }
                     }
                     _ => {}
@@ -890,8 +890,8 @@ impl Session {
             Ok(trip) => {
                 // Killing a cursor ends its pin even when the reply lists it as killed.
                 if multi && routing.kills_cursor {
-                    if let Some(c) = &routing.cursor {
-                        self.pooled.unpin_cursor(c.id);
+                    if let Some(id) = routing.cursor {
+                        self.pooled.unpin_cursor(id);
                     }
                 }
                 if routing.ends_txn {

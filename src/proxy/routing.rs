@@ -36,15 +36,6 @@ pub(crate) struct TxnKey {
     pub txn_number: i64,
 }
 
-/// A cursor, named like the server names it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct CursorKey {
-    /// The cursor id.
-    pub id: i64,
-    /// `db.collection`.
-    pub ns: String,
-}
-
 /// Where a request may go.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Routing {
@@ -56,8 +47,9 @@ pub(crate) struct Routing {
     pub starts_txn: bool,
     /// commitTransaction / abortTransaction.
     pub ends_txn: bool,
-    /// getMore / killCursors / OP_GET_MORE / OP_KILL_CURSORS: the cursor it continues.
-    pub cursor: Option<CursorKey>,
+    /// getMore / killCursors / OP_GET_MORE / OP_KILL_CURSORS: the id of the cursor it
+    /// continues (ids are random 64-bit numbers; the id alone finds the server).
+    pub cursor: Option<i64>,
     /// killCursors / OP_KILL_CURSORS: the cursor's pin ends with the reply.
     pub kills_cursor: bool,
     /// Whether the reply may open a cursor worth remembering (find, aggregate, list*...).
@@ -106,8 +98,8 @@ fn read_pref(doc: &RawDocument) -> Option<ReadPref> {
     }
 }
 
-/// Reads the routing facts of a command body sent to database `db`.
-fn of_command(body: &RawDocument, db: &str, outer: Option<&RawDocument>) -> Routing {
+/// Reads the routing facts of a command body.
+fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
     let mut r = Routing::default();
     let Some(name) = first_key(body) else {
         return r;
@@ -138,12 +130,7 @@ fn of_command(body: &RawDocument, db: &str, outer: Option<&RawDocument>) -> Rout
     match name {
         "getMore" => {
             let id = body.get("getMore").ok().flatten().and_then(int64);
-            if let (Some(id), Some(coll)) = (id, str_of(body, "collection")) {
-                r.cursor = Some(CursorKey {
-                    id,
-                    ns: format!("{db}.{coll}"),
-                });
-            }
+            r.cursor = id;
         }
         "killCursors" => {
             let first = match body.get("cursors") {
@@ -151,12 +138,7 @@ fn of_command(body: &RawDocument, db: &str, outer: Option<&RawDocument>) -> Rout
                 _ => None,
             };
             r.kills_cursor = true;
-            if let (Some(id), Some(coll)) = (first, str_of(body, "killCursors")) {
-                r.cursor = Some(CursorKey {
-                    id,
-                    ns: format!("{db}.{coll}"),
-                });
-            }
+            r.cursor = first;
         }
         "find" | "aggregate" | "listCollections" | "listIndexes" | "listSearchIndexes"
         | "changeStream" => r.may_open_cursor = true,
@@ -170,11 +152,10 @@ pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
     match msg {
         Message::Msg(m) => {
             let body = m.body();
-            let db = str_of(body, "$db").unwrap_or("admin");
-            of_command(body, db, None)
+            of_command(body, None)
         }
         Message::Query(q) if q.is_command() => {
-            let mut r = of_command(q.command(), q.database(), Some(q.query));
+            let mut r = of_command(q.command(), Some(q.query));
             // secondaryOk (bit 2) without an explicit preference: a secondary is acceptable.
             if q.flags & 4 != 0 && r.read_pref == ReadPref::Primary && read_pref(q.query).is_none()
             {
@@ -198,19 +179,12 @@ pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
         },
         Message::GetMore(g) => Routing {
             class: Some(Class::Other),
-            cursor: Some(CursorKey {
-                id: g.cursor_id,
-                ns: g.full_collection_name.to_owned(),
-            }),
+            cursor: Some(g.cursor_id),
             ..Routing::default()
         },
         Message::KillCursors(k) => Routing {
             class: Some(Class::Other),
-            cursor: k.cursor_ids().next().map(|id| CursorKey {
-                id,
-                // OP_KILL_CURSORS names no namespace; the id alone routes it.
-                ns: String::new(),
-            }),
+            cursor: k.cursor_ids().next(),
             kills_cursor: true,
             ..Routing::default()
         },
@@ -218,11 +192,11 @@ pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
     }
 }
 
-/// What a reply says about a cursor: `(id, ns)` of an open cursor (`cursor.id != 0`), or the
-/// id of one that is finished. Legacy OP_REPLY cursors get an empty namespace.
+/// What a reply says about a cursor: the id of an open cursor (`cursor.id != 0`), or that it
+/// is finished.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum CursorReply {
-    Open(CursorKey),
+    Open(i64),
     Closed,
     None,
 }
@@ -265,10 +239,7 @@ impl ReplyFacts {
         };
         let cursor = match legacy_cursor {
             Some(0) => CursorReply::Closed,
-            Some(id) => CursorReply::Open(CursorKey {
-                id,
-                ns: String::new(),
-            }),
+            Some(id) => CursorReply::Open(id),
             None => command_cursor(body),
         };
         ReplyFacts {
@@ -286,13 +257,7 @@ fn command_cursor(body: &RawDocument) -> CursorReply {
     };
     match c.get("id").ok().flatten().and_then(int64) {
         Some(0) => CursorReply::Closed,
-        Some(id) => match str_of(c, "ns") {
-            Some(ns) => CursorReply::Open(CursorKey {
-                id,
-                ns: ns.to_owned(),
-            }),
-            None => CursorReply::None,
-        },
+        Some(id) => CursorReply::Open(id),
         None => CursorReply::None,
     }
 }
@@ -346,21 +311,9 @@ mod tests {
         let r = route(rawdoc! {"insert": "c", "lsid": lsid, "txnNumber": 4i64, "$db": "d"});
         assert!(r.txn.is_none());
         let r = route(rawdoc! {"getMore": 99i64, "collection": "c", "$db": "d"});
-        assert_eq!(
-            r.cursor,
-            Some(CursorKey {
-                id: 99,
-                ns: "d.c".into()
-            })
-        );
+        assert_eq!(r.cursor, Some(99));
         let r = route(rawdoc! {"killCursors": "c", "cursors": [5i64], "$db": "d"});
-        assert_eq!(
-            r.cursor,
-            Some(CursorKey {
-                id: 5,
-                ns: "d.c".into()
-            })
-        );
+        assert_eq!(r.cursor, Some(5));
     }
 
     #[test]
@@ -371,13 +324,7 @@ mod tests {
             &rawdoc! {"cursor": {"id": 42i64, "ns": "d.c", "firstBatch": []}, "ok": 1.0},
         );
         let f = Frame::from_bytes(open).unwrap();
-        assert_eq!(
-            ReplyFacts::read(&f).cursor,
-            CursorReply::Open(CursorKey {
-                id: 42,
-                ns: "d.c".into()
-            })
-        );
+        assert_eq!(ReplyFacts::read(&f).cursor, CursorReply::Open(42));
         let done = encode_msg_reply(
             1,
             1,
@@ -402,12 +349,6 @@ mod tests {
         let legacy = crate::wire::builder::encode_reply(1, 1, 0, 77, 0, &[&rawdoc! {"ok": 0.0}]);
         let facts = ReplyFacts::read(&Frame::from_bytes(legacy).unwrap());
         assert!(facts.error);
-        assert_eq!(
-            facts.cursor,
-            CursorReply::Open(CursorKey {
-                id: 77,
-                ns: String::new()
-            })
-        );
+        assert_eq!(facts.cursor, CursorReply::Open(77));
     }
 }
