@@ -25,6 +25,18 @@
 //! - `admin`: the admin HTTP listener (health, readiness, metrics, policy and reload, the
 //!   tables, the status page).
 #![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing
+    )
+)]
 #![warn(missing_docs)]
 
 mod admin;
@@ -37,6 +49,7 @@ pub mod metrics;
 pub mod net;
 pub mod policy;
 pub mod proxy;
+pub mod text;
 pub mod tls;
 pub mod upstream;
 pub mod wire;

@@ -29,7 +29,9 @@ impl Readiness {
             .as_ref()
             .is_some_and(|(at, _)| at.elapsed() < CACHE_FOR);
         if !fresh {
-            let host = ctx.config.upstream.uri.primary_seed().clone();
+            let Some(host) = ctx.config.upstream.uri.primary_seed().cloned() else {
+                return unready("no upstream host configured");
+            };
             let outcome = UpstreamConn::probe(
                 &host,
                 BUDGET,

@@ -88,10 +88,9 @@ pub struct StatementRef<'a> {
 
 /// `{}`: the filter of a findAndModify without `query`.
 fn empty_doc() -> &'static RawDocument {
-    match RawDocument::from_bytes(&[5, 0, 0, 0, 0]) {
-        Ok(d) => d,
-        Err(_) => unreachable!("a five-byte empty document is valid BSON"),
-    }
+    static EMPTY: std::sync::LazyLock<bson::RawDocumentBuf> =
+        std::sync::LazyLock::new(bson::RawDocumentBuf::new);
+    &EMPTY
 }
 
 type Sink<'s, 'a> = &'s mut dyn FnMut(StatementRef<'a>) -> ControlFlow<()>;

@@ -88,7 +88,10 @@ impl ShapeScratch {
             self.ns.push('.');
             self.ns.push_str(c);
         }
-        self.command = super::commands::COMMANDS[super::commands::index_of(view.name())];
+        self.command = super::commands::COMMANDS
+            .get(super::commands::index_of(view.name()))
+            .copied()
+            .unwrap_or("other");
         self.key = fnv(&[
             self.ns.as_bytes(),
             self.command.as_bytes(),

@@ -59,15 +59,17 @@ impl ViolationLog {
         let minute = minute_of(rec.time);
         {
             let mut minutes = self.minutes.lock().unwrap_or_else(PoisonError::into_inner);
-            let b = &mut minutes[(minute % WINDOW_MINUTES) as usize];
-            if b.minute != minute {
-                *b = Bucket {
-                    minute,
-                    ..Bucket::default()
-                };
+            // The ring has WINDOW_MINUTES buckets, so the slot always exists.
+            if let Some(b) = minutes.get_mut((minute % WINDOW_MINUTES) as usize) {
+                if b.minute != minute {
+                    *b = Bucket {
+                        minute,
+                        ..Bucket::default()
+                    };
+                }
+                *b.by_rule.entry(rec.rule_id).or_default() += 1;
+                *b.by_app.entry(app).or_default() += 1;
             }
-            *b.by_rule.entry(rec.rule_id).or_default() += 1;
-            *b.by_app.entry(app).or_default() += 1;
         }
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         if recent.len() >= self.capacity {
@@ -98,8 +100,8 @@ impl ViolationLog {
         };
         let first = now_minute.saturating_sub(WINDOW_MINUTES - 1);
         for m in first..=now_minute {
-            let b = &minutes[(m % WINDOW_MINUTES) as usize];
-            let by_rule = if b.minute == m {
+            let slot = minutes.get((m % WINDOW_MINUTES) as usize);
+            let by_rule = if let Some(b) = slot.filter(|b| b.minute == m) {
                 for (rule, n) in &b.by_rule {
                     *out.by_rule.entry(rule).or_default() += n;
                 }

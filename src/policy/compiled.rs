@@ -59,7 +59,7 @@ impl Glob {
                     star = Some((pi, ti));
                     pi += 1;
                 }
-                Some(&c) if c == b'?' || c == t[ti] => {
+                Some(&c) if c == b'?' || t.get(ti) == Some(&c) => {
                     pi += 1;
                     ti += 1;
                 }
@@ -73,7 +73,7 @@ impl Glob {
                 },
             }
         }
-        p[pi..].iter().all(|&c| c == b'*')
+        p.iter().skip(pi).all(|&c| c == b'*')
     }
 }
 
@@ -184,12 +184,32 @@ fn glob_match_parts(g: &Glob, db: &str, coll: &str) -> bool {
     if len > buf.len() {
         return g.matches(&format!("{db}.{coll}"));
     }
-    buf[..db.len()].copy_from_slice(db.as_bytes());
-    buf[db.len()] = b'.';
-    buf[db.len() + 1..len].copy_from_slice(coll.as_bytes());
-    match std::str::from_utf8(&buf[..len]) {
-        Ok(s) => g.matches(s),
-        Err(_) => false,
+    let (head, tail) = buf.split_at_mut(db.len());
+    head.copy_from_slice(db.as_bytes());
+    let Some((dot, rest)) = tail.split_first_mut() else {
+        return false;
+    };
+    *dot = b'.';
+    let Some(c) = rest.get_mut(..coll.len()) else {
+        return false;
+    };
+    c.copy_from_slice(coll.as_bytes());
+    match buf.get(..len).map(std::str::from_utf8) {
+        Some(Ok(s)) => g.matches(s),
+        _ => false,
+    }
+}
+
+/// The action of `rule` in a rule-indexed table. Every `RuleId` is below `RULE_COUNT` (the
+/// table's length) by construction; were it not, the answer is `block` (fail closed).
+pub(crate) fn action_in(actions: &[Action; RULE_COUNT], rule: super::RuleId) -> Action {
+    actions.get(rule as usize).copied().unwrap_or(Action::Block)
+}
+
+/// Sets the action of `rule` in a rule-indexed table (see [`action_in`]).
+pub(crate) fn set_action<T>(table: &mut [T; RULE_COUNT], rule: super::RuleId, value: T) {
+    if let Some(slot) = table.get_mut(rule as usize) {
+        *slot = value;
     }
 }
 
@@ -210,13 +230,31 @@ pub(crate) struct Effective {
     pub mode: Mode,
 }
 
+impl Effective {
+    /// The action in force for `rule`.
+    pub fn action(&self, rule: super::RuleId) -> Action {
+        action_in(&self.actions, rule)
+    }
+}
+
 impl Policy {
     pub(crate) fn empty() -> Policy {
         let mut actions = [Action::Off; RULE_COUNT];
-        actions[super::RuleId::G001 as usize] = Action::Block;
+        set_action(&mut actions, super::RuleId::G001, Action::Block);
         Policy {
             mode: Mode::Enforce,
             actions,
+            params: Params::default(),
+            overrides: Vec::new(),
+            hash: 0,
+        }
+    }
+
+    /// Every rule blocks: what a policy falls back to when nothing else can be trusted.
+    pub(crate) fn all_block() -> Policy {
+        Policy {
+            mode: Mode::Enforce,
+            actions: [Action::Block; RULE_COUNT],
             params: Params::default(),
             overrides: Vec::new(),
             hash: 0,
@@ -230,7 +268,7 @@ impl Policy {
 
     /// The configured action of a rule (before overrides and mode).
     pub fn action(&self, rule: super::RuleId) -> Action {
-        self.actions[rule as usize]
+        action_in(&self.actions, rule)
     }
 
     /// The thresholds.

@@ -22,7 +22,7 @@ pub(crate) struct Emitter<'e, 'a> {
 impl<'a> Emitter<'_, 'a> {
     /// True when the rule is checked for this request (skip the work otherwise).
     pub fn on(&self, rule: RuleId) -> bool {
-        self.eff.actions[rule as usize] != Action::Off && rule.info().implemented
+        self.eff.action(rule) != Action::Off && rule.info().implemented
     }
 
     /// True when every given rule is off (skip a whole walk).
@@ -49,7 +49,7 @@ impl<'a> Emitter<'_, 'a> {
         }
         self.out.push(Violation {
             rule,
-            action: self.eff.actions[rule as usize],
+            action: self.eff.action(rule),
             statement,
             filter,
             detail: None,
@@ -88,7 +88,7 @@ pub(crate) fn evaluate<'a>(
         violations.push(Violation {
             rule: RuleId::G001,
             // G001 always blocks in enforce mode (load-time validated); audit mode warns.
-            action: eff.actions[RuleId::G001 as usize],
+            action: eff.action(RuleId::G001),
             statement: None,
             filter: None,
             detail: Some(error_detail(&e)),

@@ -114,10 +114,26 @@ pub static RULES: [RuleInfo; RULE_COUNT] = [
     rule!(G001, "unreadable-command", "mongoguard cannot tell what this command does, so it refuses it (fail closed)", B, B),
 ];
 
+/// Never used while RULES is complete (a unit test checks it); it keeps `info()` total.
+static UNKNOWN_RULE: RuleInfo = RuleInfo {
+    id: RuleId::G001,
+    code: "G001",
+    name: "unreadable-command",
+    reason: "mongoguard cannot tell what this command does, so it refuses it (fail closed)",
+    standard: Action::Block,
+    strict: Action::Block,
+    implemented: true,
+};
+
 impl RuleId {
     /// Static facts.
     pub fn info(self) -> &'static RuleInfo {
-        &RULES[self as usize]
+        // RULES is `[RuleInfo; RULE_COUNT]` and RULE_COUNT is the last id plus one, so every id
+        // has an entry (the unit test `registry_is_in_id_order_and_codes_are_unique` checks the order).
+        match RULES.get(self as usize) {
+            Some(info) => info,
+            None => &UNKNOWN_RULE,
+        }
     }
 
     /// `"W001"`.

@@ -66,9 +66,24 @@ pub struct Identity {
     pub credentials: Option<Credentials>,
 }
 
-/// Every upstream identity, by name.
-#[derive(Debug, Clone, Default)]
-pub struct Identities(HashMap<String, Arc<Identity>>);
+/// Every upstream identity, by name; `default` is always among them.
+#[derive(Debug, Clone)]
+pub struct Identities {
+    map: HashMap<String, Arc<Identity>>,
+    default: Arc<Identity>,
+}
+
+impl Default for Identities {
+    /// Only `default`, without credentials.
+    fn default() -> Self {
+        let default = Arc::new(Identity {
+            name: DEFAULT_IDENTITY.to_owned(),
+            credentials: None,
+        });
+        let map = HashMap::from([(DEFAULT_IDENTITY.to_owned(), default.clone())]);
+        Identities { map, default }
+    }
+}
 
 fn mechanism(value: Option<&str>, what: &str) -> Result<Option<Mechanism>, ConfigError> {
     match value {
@@ -99,13 +114,11 @@ impl Identities {
                 mechanism(uri.option("authMechanism"), "upstream.uri authMechanism")?,
             )),
         };
-        map.insert(
-            DEFAULT_IDENTITY.to_owned(),
-            Arc::new(Identity {
-                name: DEFAULT_IDENTITY.to_owned(),
-                credentials: default,
-            }),
-        );
+        let default = Arc::new(Identity {
+            name: DEFAULT_IDENTITY.to_owned(),
+            credentials: default,
+        });
+        map.insert(DEFAULT_IDENTITY.to_owned(), default.clone());
         for (name, ic) in &cfg.identities {
             let what = format!("upstream.identities.{name}");
             let sources = [
@@ -125,7 +138,11 @@ impl Identities {
                     ConfigError::Invalid(format!("{what}: environment variable {var} is not set"))
                 })?
             } else {
-                let path = ic.password_file.as_ref().expect("one source is set");
+                let Some(path) = ic.password_file.as_ref() else {
+                    return Err(ConfigError::Invalid(format!(
+                        "{what}: set exactly one of password, password_env, password_file"
+                    )));
+                };
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     ConfigError::Invalid(format!("{what}: cannot read {}: {e}", path.display()))
                 })?;
@@ -145,19 +162,19 @@ impl Identities {
                 }),
             );
         }
-        Ok(Identities(map))
+        // A configured identity named `default` replaces the URI's.
+        let default = map.get(DEFAULT_IDENTITY).cloned().unwrap_or(default);
+        Ok(Identities { map, default })
     }
 
     /// The identity called `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<Identity>> {
-        self.0.get(name)
+        self.map.get(name)
     }
 
     /// The `default` identity.
     pub fn default_identity(&self) -> &Arc<Identity> {
-        self.0
-            .get(DEFAULT_IDENTITY)
-            .expect("from_config always defines default")
+        &self.default
     }
 }
 

@@ -54,10 +54,9 @@ impl UpstreamUri {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The host a passthrough connection goes to: the first seed.
-    pub fn primary_seed(&self) -> &Host {
-        // parse() guarantees at least one host.
-        &self.hosts[0]
+    /// The first seed (`None` only for a hand-built URI without hosts: parse() refuses one).
+    pub fn primary_seed(&self) -> Option<&Host> {
+        self.hosts.first()
     }
 }
 
@@ -80,8 +79,8 @@ fn percent_decode(s: &str) -> Result<String, ConfigError> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
             let hex = s
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
@@ -89,7 +88,7 @@ fn percent_decode(s: &str) -> Result<String, ConfigError> {
             out.push(hex);
             i += 3;
         } else {
-            out.push(bytes[i]);
+            out.push(b);
             i += 1;
         }
     }

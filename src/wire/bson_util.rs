@@ -21,15 +21,15 @@ pub fn check_duplicate_keys(doc: &RawDocument) -> Result<(), WireError> {
         let key = elem.key().as_str();
         if let Some(set) = spill.as_mut() {
             if !set.insert(key) {
-                return Err(WireError::DuplicateKey(key.to_owned()));
+                return Err(WireError::DuplicateKey(crate::text::client(key)));
             }
             continue;
         }
-        if inline[..count].contains(&key) {
-            return Err(WireError::DuplicateKey(key.to_owned()));
+        if inline.iter().take(count).any(|k| *k == key) {
+            return Err(WireError::DuplicateKey(crate::text::client(key)));
         }
-        if count < INLINE_KEYS {
-            inline[count] = key;
+        if let Some(slot) = inline.get_mut(count) {
+            *slot = key;
             count += 1;
         } else {
             let mut set: HashSet<&str> = inline.iter().copied().collect();

@@ -103,7 +103,10 @@ fn write_header(out: &mut BytesMut, total: usize, request_id: i32, response_to: 
         response_to,
         op_code: op as i32,
     };
-    out[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+    // Every caller reserved the header first; a shorter buffer would be a bug caught by tests.
+    if let Some(h) = out.get_mut(..HEADER_LEN) {
+        h.copy_from_slice(&header.to_bytes());
+    }
 }
 
 fn start() -> BytesMut {

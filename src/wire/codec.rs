@@ -71,10 +71,10 @@ impl Decoder for MessageCodec {
     type Error = CodecError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, CodecError> {
-        let Some(prefix) = src.get(..4) else {
+        let Some(declared) = super::le_u32(src) else {
             return Ok(None);
         };
-        let declared = i32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        let declared = declared as i32;
         let len = self.check_length(declared)?;
         if src.len() < len {
             return Ok(None);
@@ -91,10 +91,8 @@ impl Decoder for MessageCodec {
             // A clean EOF between frames is not an error.
             return Ok(None);
         }
-        let expected = src
-            .get(..4)
-            .map(|p| i32::from_le_bytes([p[0], p[1], p[2], p[3]]))
-            .and_then(|l| usize::try_from(l).ok())
+        let expected = super::le_u32(src)
+            .and_then(|l| usize::try_from(l as i32).ok())
             .unwrap_or(0);
         let buffered = src.len();
         src.advance(buffered);

@@ -98,9 +98,13 @@ pub enum WireError {
 
 impl WireError {
     pub(crate) fn bad_doc(context: &'static str, err: impl std::fmt::Display) -> Self {
-        WireError::BadDocument {
-            context,
-            reason: err.to_string(),
-        }
+        // The reason may quote client-chosen keys or values: keep it short for logs and
+        // error replies.
+        let reason = err.to_string();
+        let reason = match crate::text::clip(&reason, 4 * crate::text::CLIENT_TEXT_MAX) {
+            std::borrow::Cow::Borrowed(_) => reason,
+            std::borrow::Cow::Owned(short) => short,
+        };
+        WireError::BadDocument { context, reason }
     }
 }

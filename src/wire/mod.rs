@@ -122,6 +122,12 @@ pub struct Header {
     pub op_code: i32,
 }
 
+/// The little-endian `u32` in the first four bytes of `b` (`None` when shorter).
+pub(crate) fn le_u32(b: &[u8]) -> Option<u32> {
+    let bytes: [u8; 4] = b.get(..4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(bytes))
+}
+
 impl Header {
     /// Reads a header from the first 16 bytes of `buf`, if present.
     pub fn parse(buf: &[u8]) -> Option<Header> {

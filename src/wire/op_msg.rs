@@ -89,7 +89,7 @@ impl<'a> OpMsg<'a> {
                 .checked_sub(4)
                 .ok_or(WireError::ShortField("OP_MSG checksum"))?;
             let (body, crc) = sections.split_at(split);
-            let declared = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+            let declared = super::le_u32(crc).ok_or(WireError::ShortField("OP_MSG checksum"))?;
             let covered = message.len().saturating_sub(4);
             let computed = crc32c::crc32c(message.get(..covered).unwrap_or_default());
             if declared != computed {
@@ -191,13 +191,13 @@ fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
                 body = Some(doc);
             }
             Section::Sequence(seq) => {
-                if ids[..n_ids].contains(&seq.identifier) {
-                    return Err(WireError::DuplicateSequence(seq.identifier.to_owned()));
+                if ids.iter().take(n_ids).any(|id| *id == seq.identifier) {
+                    return Err(WireError::DuplicateSequence(crate::text::client(seq.identifier)));
                 }
-                if n_ids == MAX_SEQUENCES {
+                let Some(slot) = ids.get_mut(n_ids) else {
                     return Err(WireError::TooManySequences(n_ids + 1));
-                }
-                ids[n_ids] = seq.identifier;
+                };
+                *slot = seq.identifier;
                 n_ids += 1;
             }
         }
@@ -206,9 +206,9 @@ fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
         (1, Some(doc)) => doc,
         (n, _) => return Err(WireError::BodySectionCount(n)),
     };
-    for id in &ids[..n_ids] {
+    for id in ids.iter().take(n_ids) {
         if body.get(id).ok().flatten().is_some() {
-            return Err(WireError::SequenceShadowsBody((*id).to_owned()));
+            return Err(WireError::SequenceShadowsBody(crate::text::client(id)));
         }
     }
     Ok(body)
