@@ -27,6 +27,9 @@ pub enum CloseReason {
     UpstreamError,
     /// The connection was refused at accept (`max_client_connections`).
     Rejected,
+    /// The session's task ended without a result (a bug in mongoguard): it is still
+    /// accounted for and closed.
+    Internal,
 }
 
 impl CloseReason {
@@ -39,6 +42,7 @@ impl CloseReason {
             CloseReason::ClientError => "client_error",
             CloseReason::UpstreamError => "upstream_error",
             CloseReason::Rejected => "rejected",
+            CloseReason::Internal => "internal_error",
         }
     }
 }

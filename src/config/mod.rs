@@ -319,6 +319,24 @@ pub struct ProxyConfig {
     /// A client that sends nothing for this long is disconnected (`"0"`: never).
     #[serde(deserialize_with = "duration::deserialize")]
     pub client_idle_timeout: Duration,
+    /// A client that does not take a reply within this long is closed and its buffers freed
+    /// (`"0"`: never; not recommended: a client that never reads then holds its reply).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub client_write_timeout: Duration,
+    /// Once the first byte of a message has arrived, the whole message must arrive within
+    /// this long (slowloris), else the connection is closed. Separate from the idle timeout,
+    /// which runs between messages (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub client_read_timeout: Duration,
+    /// Process-wide budget of client message bytes in flight: buffered large messages and
+    /// their decompressed form. A request that finds it spent waits up to
+    /// `memory_budget_wait`, then is refused with code 65003 (MongoguardMemoryBudget); a
+    /// message larger than the whole budget is always refused.
+    #[serde(deserialize_with = "size::deserialize")]
+    pub memory_budget: u64,
+    /// How long a request waits for `memory_budget` before it is refused.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub memory_budget_wait: Duration,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
     #[serde(deserialize_with = "duration::deserialize")]
     pub drain_timeout: Duration,
@@ -337,6 +355,10 @@ impl Default for ProxyConfig {
             max_client_connections: 10_000,
             client_idle_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
+            client_write_timeout: Duration::from_secs(30),
+            client_read_timeout: Duration::from_secs(30),
+            memory_budget: 1 << 30,
+            memory_budget_wait: Duration::from_secs(1),
             max_message_size: crate::wire::DEFAULT_MAX_MESSAGE_SIZE,
             allow_insecure_listener: false,
         }
@@ -476,6 +498,13 @@ impl Config {
         if self.proxy.max_client_connections == 0 {
             return Err(ConfigError::Invalid(
                 "proxy.max_client_connections must be at least 1".into(),
+            ));
+        }
+        if self.proxy.memory_budget == 0 {
+            return Err(ConfigError::Invalid(
+                "proxy.memory_budget must be above 0 (a message larger than the budget is \
+                 always refused)"
+                    .into(),
             ));
         }
         if self.proxy.max_message_size < crate::wire::HEADER_LEN

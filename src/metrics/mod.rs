@@ -89,6 +89,8 @@ pub struct Snapshot {
     pub pools: Option<Vec<PoolRow>>,
     /// Pinned counts (zeros in passthrough mode).
     pub pinned: Pinned,
+    /// Bytes of client messages held from the memory budget now, and the budget.
+    pub memory_budget: (u64, u64),
 }
 
 /// Where scrape-time values come from (the proxy).
@@ -375,6 +377,10 @@ fn pool_metrics(
     )
 }
 
+fn to_i64_u(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
 impl Collector for ScrapeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = self.source.snapshot();
@@ -426,6 +432,14 @@ impl Collector for ScrapeCollector {
                 ("idle", upstream[1]),
                 ("connecting", upstream[2]),
             ],
+        )?;
+        let (in_use, limit) = s.memory_budget;
+        gauge(
+            &mut encoder,
+            "mongoguard_memory_budget_bytes",
+            "Client message bytes held from proxy.memory_budget (in_use) and the budget (limit)",
+            "state",
+            &[("in_use", to_i64_u(in_use)), ("limit", to_i64_u(limit))],
         )?;
         counter(
             &mut encoder,

@@ -44,6 +44,16 @@ pub enum SessionError {
     /// The client's socket failed.
     #[error("client connection failed: {0}")]
     ClientIo(std::io::Error),
+    /// The client did not take its reply within `client_write_timeout`.
+    #[error("client did not read its reply within {0:?}")]
+    ClientWriteTimeout(Duration),
+    /// A message the client started did not arrive whole within `client_read_timeout`.
+    #[error("client did not finish sending its message within {0:?}")]
+    ClientReadTimeout(Duration),
+    /// The upstream server this session is attached to stopped being the primary (or went
+    /// down): the client reconnects and lands on the new primary.
+    #[error("the upstream server {0} is no longer the primary")]
+    PrimaryChanged(String),
     /// The client left while its request was in flight.
     #[error("client disconnected with a request in flight")]
     ClientGone,
@@ -77,6 +87,7 @@ impl SessionError {
                 | SessionError::UpstreamProtocol(_)
                 | SessionError::UpstreamClosed
                 | SessionError::ReplyTimeout(_)
+                | SessionError::PrimaryChanged(_)
         )
     }
 }

@@ -128,9 +128,11 @@ pub(crate) fn judge(
             observe::violation(ctx, record(&v, policy.mode(), None, who, request_id));
             return match action {
                 Action::Block => Judgement::Block {
-                    errmsg: format!(
-                        "mongoguard blocked this command: G001 unreadable-command: {e}"
-                    ),
+                    errmsg: crate::text::clip(
+                        &format!("mongoguard blocked this command: G001 unreadable-command: {e}"),
+                        ERRMSG_MAX,
+                    )
+                    .into_owned(),
                     abort: None,
                 },
                 _ => Judgement::Forward,
@@ -198,9 +200,18 @@ pub(crate) fn blocked_message(decision: &Decision<'_>) -> String {
         }
         out.push_str(": ");
         out.push_str(v.detail.unwrap_or(info.reason));
+        if out.len() > ERRMSG_MAX {
+            break;
+        }
     }
-    out
+    match crate::text::clip(&out, ERRMSG_MAX) {
+        std::borrow::Cow::Borrowed(_) => out,
+        std::borrow::Cow::Owned(short) => short,
+    }
 }
+
+/// The longest errmsg mongoguard sends: client-chosen names it quotes stay short.
+const ERRMSG_MAX: usize = 1024;
 
 /// The error document for a blocked command, in the request's family: a command error for
 /// OP_MSG and `$cmd` queries, a `$err` document for a legacy OP_QUERY find.

@@ -39,8 +39,21 @@ pub(crate) struct Request {
 
 /// Parses and validates a client message, and asks `judge` (the policy) about it while the
 /// (possibly decompressed) view is alive.
+#[cfg(test)]
 pub(crate) fn inspect(
     frame: &Frame,
+    max_message_size: usize,
+    want_metadata: bool,
+    judge: impl FnOnce(&Message<'_>) -> Judgement,
+) -> Result<Request, WireError> {
+    inspect_with(frame, None, max_message_size, want_metadata, judge)
+}
+
+/// [`inspect`], with the decompressed form of an OP_COMPRESSED `frame` already at hand
+/// (see [`decompress_off_thread`]).
+pub(crate) fn inspect_with(
+    frame: &Frame,
+    inner: Option<&Frame>,
     max_message_size: usize,
     want_metadata: bool,
     judge: impl FnOnce(&Message<'_>) -> Judgement,
@@ -48,12 +61,77 @@ pub(crate) fn inspect(
     let request_id = frame.header().request_id;
     match Message::parse(frame.bytes(), max_message_size)? {
         Message::Compressed(c) => {
-            let inner = c.decompress()?;
+            let owned;
+            let inner = match inner {
+                Some(f) => f,
+                None => {
+                    owned = c.decompress()?;
+                    &owned
+                }
+            };
             let msg = Message::parse(inner.bytes(), max_message_size)?;
+            if matches!(msg, Message::Compressed(_)) {
+                return Err(WireError::NestedCompression);
+            }
             describe(&msg, request_id, want_metadata, judge)
         }
         msg => describe(&msg, request_id, want_metadata, judge),
     }
+}
+
+/// Decompressed messages above this size are decompressed on the blocking pool, so a burst
+/// of compression bombs never stalls the runtime threads that serve everyone else.
+const INLINE_DECOMPRESS_MAX: usize = 64 * 1024;
+
+/// What decompressing a client message gave.
+pub(crate) enum Decompressed {
+    /// Not compressed.
+    Plain,
+    /// The inner frame, and the memory budget it holds (large ones only).
+    Inner(Frame, Option<super::client_io::BudgetPermit>),
+    /// The budget for its declared size stayed spent: refuse it (65003).
+    OverBudget,
+}
+
+/// Decompresses an OP_COMPRESSED client message before inspection: its declared size is
+/// taken from the memory budget first, and large ones are decompressed off the runtime
+/// threads. Errors are the client's (a bad frame).
+pub(crate) async fn decompress_off_thread(
+    frame: &Frame,
+    max_message_size: usize,
+    budget: &super::client_io::MemoryBudget,
+    wait: std::time::Duration,
+    kill: &tokio_util::sync::CancellationToken,
+) -> Result<Decompressed, WireError> {
+    if frame.op_code() != Some(OpCode::Compressed) {
+        return Ok(Decompressed::Plain);
+    }
+    let size = match Message::parse(frame.bytes(), max_message_size)? {
+        Message::Compressed(c) => c.uncompressed_size,
+        _ => return Ok(Decompressed::Plain),
+    };
+    let permit = if size > super::client_io::BUDGET_FREE_BELOW {
+        match budget.take(size, wait, kill).await {
+            Some(p) => Some(p),
+            None => return Ok(Decompressed::OverBudget),
+        }
+    } else {
+        None
+    };
+    let decompress = move |bytes: bytes::Bytes| match Message::parse(&bytes, max_message_size)? {
+        Message::Compressed(c) => c.decompress(),
+        other => Err(WireError::UnknownOpCode(other.op_code() as i32)),
+    };
+    let inner = if size <= INLINE_DECOMPRESS_MAX {
+        decompress(frame.bytes().clone())?
+    } else {
+        let bytes = frame.bytes().clone();
+        match tokio::task::spawn_blocking(move || decompress(bytes)).await {
+            Ok(r) => r?,
+            Err(e) => return Err(WireError::Decompression(e.to_string())),
+        }
+    };
+    Ok(Decompressed::Inner(inner, permit))
 }
 
 fn describe(

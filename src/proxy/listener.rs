@@ -76,7 +76,7 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                         }
                     },
                 };
-                task_ctx.stats.active.inc();
+                let mut accounting = Accounting::open(task_ctx.clone(), peer, opened, permit);
                 let result = match task_ctx.config.proxy.mode {
                     crate::config::Mode::Passthrough => {
                         session::run(task_ctx.clone(), socket, peer).await
@@ -85,21 +85,67 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                         super::pooled::run(task_ctx.clone(), socket, peer).await
                     }
                 };
-                match &result {
-                    Err(e) if e.is_upstream() => task_ctx.stats.upstream_errors.inc(),
-                    Err(super::SessionError::ClientProtocol(_)) => {
-                        task_ctx.stats.client_protocol_errors.inc()
-                    }
-                    _ => {}
-                }
-                session::log_end(&result);
-                task_ctx
-                    .audit
-                    .event(super::close_event(peer, opened.elapsed(), Some(&result)));
-                task_ctx.stats.active.dec();
-                drop(permit);
+                accounting.result = Some(result);
             }
             .instrument(span),
         );
+    }
+}
+
+/// A session's accounting: counted active while it lives, and on drop — whatever ended the
+/// task, a result, a panic unwinding it or its cancellation — uncounted, its end logged and
+/// its close event written.
+struct Accounting {
+    ctx: Arc<super::Context>,
+    peer: std::net::SocketAddr,
+    opened: std::time::Instant,
+    result: Option<Result<session::End, super::SessionError>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Accounting {
+    fn open(
+        ctx: Arc<super::Context>,
+        peer: std::net::SocketAddr,
+        opened: std::time::Instant,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Accounting {
+        ctx.stats.active.inc();
+        Accounting {
+            ctx,
+            peer,
+            opened,
+            result: None,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Accounting {
+    fn drop(&mut self) {
+        let ctx = &self.ctx;
+        match &self.result {
+            Some(result) => {
+                match result {
+                    Err(e) if e.is_upstream() => ctx.stats.upstream_errors.inc(),
+                    Err(super::SessionError::ClientProtocol(_)) => {
+                        ctx.stats.client_protocol_errors.inc()
+                    }
+                    _ => {}
+                }
+                session::log_end(result);
+                ctx.audit
+                    .event(super::close_event(self.peer, self.opened.elapsed(), Some(result)));
+            }
+            None => {
+                error!(peer = %self.peer, "client session ended without a result (internal error); connection closed");
+                ctx.audit.event(crate::audit::Event::ConnectionClosed {
+                    client: self.peer,
+                    duration: self.opened.elapsed(),
+                    reason: crate::audit::CloseReason::Internal,
+                });
+            }
+        }
+        ctx.stats.active.dec();
     }
 }

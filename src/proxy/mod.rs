@@ -3,6 +3,7 @@
 //! [`Proxy::start`] binds and returns a [`ProxyHandle`]; everything a session needs travels in
 //! one `Arc<Context>` (no global state, so tests run several proxies in one process).
 
+mod client_io;
 mod error;
 pub mod guard;
 mod hello;
@@ -27,6 +28,7 @@ use tracing::{info, warn};
 
 pub use error::{ProxyError, SessionError};
 pub use hello::ClientMetadata;
+pub use client_io::{MEMORY_BUDGET_CODE, MEMORY_BUDGET_CODE_NAME};
 pub use pooled::{PinnedCounts, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 
 use crate::{
@@ -105,9 +107,20 @@ pub(crate) struct Context {
     pub upstream_tls: Option<crate::tls::UpstreamTls>,
     /// Pooled mode's shared state (`None` in passthrough mode).
     pub pooled: Option<Arc<pooled::Pooled>>,
+    /// Where the upstream servers are and which is primary (both modes; pooled mode's is
+    /// the same as `pooled.topology`).
+    pub topology: Option<Arc<crate::upstream::topology::Topology>>,
+    /// The process-wide budget of client message bytes in flight.
+    pub budget: Arc<client_io::MemoryBudget>,
+    /// Stops the background tasks (topology monitors) at the end of shutdown.
+    pub background: CancellationToken,
     /// Metrics and the admin API's tables.
     pub metrics: Arc<Metrics>,
 }
+
+/// How long shutdown waits for sessions after killing them, and for the admin listener and
+/// the audit writer, before it ends anyway.
+const KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The entry point.
 pub struct Proxy;
@@ -163,16 +176,38 @@ impl Proxy {
             }
             crate::config::Mode::Passthrough => None,
         };
+        let background = CancellationToken::new();
+        let topology = match &pooled {
+            Some(p) => p.topology.clone(),
+            None => {
+                let t = crate::upstream::topology::Topology::from_uri(&config.upstream.uri);
+                t.spawn_monitors(
+                    crate::upstream::topology::MonitorSettings {
+                        heartbeat: config.upstream.heartbeat_interval,
+                        connect_timeout: config.upstream.connect_timeout,
+                        max_message_size: config.proxy.max_message_size,
+                        tls: upstream_tls.clone(),
+                    },
+                    background.clone(),
+                );
+                t
+            }
+        };
         let stats = Arc::new(ProxyStats::default());
+        let budget = Arc::new(client_io::MemoryBudget::new(config.proxy.memory_budget));
         let metrics = Arc::new(Metrics::new(
             &config.admin,
             Arc::new(observe::ProxyScrape {
                 stats: stats.clone(),
                 pooled: pooled.clone(),
+                budget: budget.clone(),
             }),
         ));
         let ctx = Arc::new(Context {
             pooled,
+            topology: Some(topology),
+            budget,
+            background,
             server_tls,
             upstream_tls,
             metrics,
@@ -194,7 +229,8 @@ impl Proxy {
             policy_mode = ctx.policy.current().mode().as_str(),
             "mongoguard listening"
         );
-        let reload = tokio::spawn(reload_policy(ctx.clone()));
+        // Installed before anything else can be signalled: SIGHUP's default action kills.
+        let reload = tokio::spawn(reload_on_triggers(ctx.clone(), hangup_signal()));
         let accept = tokio::spawn(listener::accept_loop(listener, ctx.clone()));
         let admin_stop = CancellationToken::new();
         let admin = admin_listener.map(|l| {
@@ -309,18 +345,29 @@ impl ProxyHandle {
                 "drain deadline passed; closing remaining connections"
             );
             self.ctx.kill.cancel();
-            self.ctx.tracker.wait().await;
+            // Every await of a session watches the kill token; the bound is a safety net so
+            // that shutdown ends whatever a session is stuck in.
+            if tokio::time::timeout(KILL_GRACE, self.ctx.tracker.wait())
+                .await
+                .is_err()
+            {
+                warn!(
+                    left = self.ctx.stats.active.get(),
+                    "sessions still running after the kill; exiting without them"
+                );
+            }
         }
         self.reload.abort();
+        self.ctx.background.cancel();
         // The admin listener outlives the drain, so /readyz can say 503 while it runs.
         self.admin_stop.cancel();
         if let Some(admin) = self.admin {
-            let _ = admin.await;
+            let _ = tokio::time::timeout(KILL_GRACE, admin).await;
         }
         if let Some(p) = &self.ctx.pooled {
             p.close();
         }
-        self.ctx.audit.flush().await;
+        let _ = tokio::time::timeout(KILL_GRACE, self.ctx.audit.flush()).await;
         info!("mongoguard stopped");
     }
 
@@ -332,27 +379,49 @@ impl ProxyHandle {
     }
 }
 
-/// Reloads the policy file on SIGHUP and when its modification time changes. The new file is
-/// validated completely before the swap; an invalid one keeps the old policy and says why.
-async fn reload_policy(ctx: Arc<Context>) {
-    if !matches!(ctx.policy.source(), PolicySource::File(_)) {
-        return;
-    }
-    let poll = ctx.config.policy.reload_poll;
+/// The SIGHUP stream. Registering it replaces SIGHUP's default action (terminate) for the
+/// whole process, so it is done synchronously in [`Proxy::start`], whatever the policy source.
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<()>;
+
+fn hangup_signal() -> Hangup {
     #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, "cannot install the SIGHUP handler; reload with POST /reload");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// SIGHUP reloads everything reloadable ([`reload_everything`]); a change of the policy
+/// file's modification time reloads the policy. A new policy is validated completely before
+/// the swap; an invalid one keeps the old policy and says why.
+async fn reload_on_triggers(ctx: Arc<Context>, mut hup: Hangup) {
+    let from_file = matches!(ctx.policy.source(), PolicySource::File(_));
+    let poll = ctx.config.policy.reload_poll;
     let mut last_seen = None;
     loop {
         let hangup = async {
             #[cfg(unix)]
             if let Some(h) = hup.as_mut() {
-                h.recv().await;
-                return;
+                if h.recv().await.is_some() {
+                    return;
+                }
             }
+            #[cfg(not(unix))]
+            let _ = &hup;
             std::future::pending::<()>().await
         };
         let tick = async {
-            if poll.is_zero() {
+            if poll.is_zero() || !from_file {
                 std::future::pending::<()>().await
             } else {
                 tokio::time::sleep(poll).await
@@ -374,9 +443,33 @@ async fn reload_policy(ctx: Arc<Context>) {
             }
         }
         last_seen = None;
-        let trigger = if by_signal { "signal" } else { "file_change" };
-        // Errors are logged and counted there; the next change or SIGHUP tries again.
-        let _ = reload_now(&ctx, trigger);
+        if by_signal {
+            reload_everything(&ctx);
+        } else {
+            // Errors are logged and counted there; the next change or SIGHUP tries again.
+            let _ = reload_now(&ctx, "file_change");
+        }
+    }
+}
+
+/// What SIGHUP does (`systemctl reload`): reload the policy file (a built-in profile has
+/// nothing to reload: said so), the users file in pooled mode, and reopen the audit file
+/// sinks (logrotate without `copytruncate`). Each part keeps what it had when it fails.
+fn reload_everything(ctx: &Context) {
+    if matches!(ctx.policy.source(), PolicySource::File(_)) {
+        let _ = reload_now(ctx, "signal");
+    } else {
+        info!(policy = %ctx.policy.source(), "SIGHUP: the policy is built in; nothing to reload");
+    }
+    if let Some(p) = &ctx.pooled {
+        if p.has_users_file() {
+            match p.reload_users() {
+                Ok(n) => info!(users = n, "users file reloaded"),
+                Err(e) => {
+                    warn!(error = %e, "users file reload failed; keeping the previous users")
+                }
+            }
+        }
     }
 }
 

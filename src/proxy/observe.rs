@@ -19,6 +19,7 @@ use crate::{
 pub(crate) struct ProxyScrape {
     pub stats: Arc<ProxyStats>,
     pub pooled: Option<Arc<Pooled>>,
+    pub budget: Arc<super::client_io::MemoryBudget>,
 }
 
 impl std::fmt::Debug for ProxyScrape {
@@ -63,6 +64,7 @@ impl Scrape for ProxyScrape {
             policy_reload_failures: s.policy_reload_failures.get(),
             pools,
             pinned,
+            memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
         }
     }
 }

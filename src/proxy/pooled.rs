@@ -28,12 +28,15 @@ use super::{
     error::SessionError,
     guard::{self, Who},
     hello::{self, ClientMetadata, HelloAuth},
-    inspect::{inspect, Request},
+    inspect::{inspect_with, Request},
     observe::SessionObs,
     routing::{self, Class, CursorReply, Routing},
+    client_io::{
+        receive, send_to_client, wait_for_request, Incoming, Limits, Next,
+    },
     session::{
-        client_error, reply_more_to_come, send_document, sleep_unless_zero, upstream_error,
-        wait_for_request, End, Reader,
+        abort_timeout, client_error, reply_more_to_come, send_reply, sleep_unless_zero,
+        upstream_error, End, Reader, NOT_PRIMARY_CODES,
     },
     Context, Counter, ProxyError,
 };
@@ -85,9 +88,11 @@ pub const CHECKOUT_TIMEOUT_CODE: i32 = 65_002;
 /// The codeName paired with [`CHECKOUT_TIMEOUT_CODE`].
 pub const CHECKOUT_TIMEOUT_CODE_NAME: &str = "MongoguardPoolTimeout";
 
-/// Replies meaning "sent to a server that is not (or no longer) primary"; the command was
-/// not executed, so it can be sent again to the new primary.
-const NOT_PRIMARY_CODES: [i32; 3] = [10107, 13435, 13436];
+/// Transactions pinned beyond this are refused a pin (their statements then follow the
+/// primary); mongod's transactionLifetimeLimitSeconds bounds their useful life anyway.
+const TXN_MAP_CAP: usize = 100_000;
+/// mongod's code for a malformed argument (an `lsid.id` that is not a UUID).
+const BAD_VALUE: (i32, &str) = (2, "BadValue");
 
 /// The pooled-mode state shared by every session.
 pub(crate) struct Pooled {
@@ -161,9 +166,6 @@ impl Pooled {
             cancel,
         });
         tokio::spawn(maintain(pooled.clone()));
-        if pooled.users_file.is_some() {
-            tokio::spawn(reload_users_on_hangup(pooled.clone()));
-        }
         Ok(pooled)
     }
 
@@ -173,6 +175,11 @@ impl Pooled {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// True when a users file is configured (SIGHUP reloads it).
+    pub(crate) fn has_users_file(&self) -> bool {
+        self.users_file.is_some()
     }
 
     /// Reads the users file again and swaps it in if it is valid (every user mapping to a
@@ -234,6 +241,13 @@ impl Pooled {
 
     fn pin_txn(&self, key: &routing::TxnKey, host: &Host) {
         let mut map = self.txns.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= TXN_MAP_CAP && !map.contains_key(&key.lsid) {
+            warn!(
+                cap = TXN_MAP_CAP,
+                "transaction map full; this transaction is not pinned"
+            );
+            return;
+        }
         map.insert(
             key.lsid.clone(),
             (key.txn_number, host.clone(), Instant::now()),
@@ -283,29 +297,6 @@ fn load_users(path: &std::path::Path, identities: &Identities) -> Result<Users, 
     Ok(users)
 }
 
-/// SIGHUP (`systemctl reload`) reloads the users file, beside the policy.
-async fn reload_users_on_hangup(pooled: Arc<Pooled>) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = pooled.cancel.cancelled() => return,
-                got = hup.recv() => if got.is_none() { return },
-            }
-            match pooled.reload_users() {
-                Ok(n) => info!(users = n, "users file reloaded"),
-                Err(e) => warn!(error = %e, "users file reload failed; keeping the previous users"),
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = pooled;
-}
-
 /// Every second: close expired idle connections, open up to `min_idle`, expire pins.
 async fn maintain(pooled: Arc<Pooled>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -329,6 +320,7 @@ struct Session {
     client_out: crate::net::ClientWrite,
     peer: SocketAddr,
     max: usize,
+    limits: Limits,
     metadata: Option<ClientMetadata>,
     connection_id: i32,
     sasl: SaslSession,
@@ -352,7 +344,9 @@ pub(crate) async fn run(
     socket: crate::net::ClientStream,
     peer: SocketAddr,
 ) -> Result<End, SessionError> {
-    let pooled = ctx.pooled.clone().expect("pooled mode has pooled state");
+    let Some(pooled) = ctx.pooled.clone() else {
+        return Err(SessionError::UpstreamClosed);
+    };
     let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
     let identity = ctx
@@ -365,6 +359,7 @@ pub(crate) async fn run(
         client_out: write,
         peer,
         max,
+        limits: Limits::from_config(&ctx.config.proxy),
         metadata: None,
         connection_id: pooled.connection_ids.fetch_add(1, Ordering::Relaxed),
         sasl: SaslSession::new(),
@@ -390,21 +385,32 @@ impl Session {
     async fn serve(&mut self) -> Result<End, SessionError> {
         loop {
             self.obs.end();
-            let frame = match self.pending.take() {
-                Some(f) => f,
-                None => match self.next_request().await? {
-                    Ok(f) => f,
-                    Err(end) => return Ok(end),
-                },
+            let incoming = match self.pending.take() {
+                Some(f) => Incoming::Frame(f, None),
+                None => self.next_request().await?,
             };
             let started = self.obs.begin();
+            let received = match receive(
+                &self.ctx,
+                &mut self.client_out,
+                incoming,
+                self.limits,
+                &self.kill,
+            )
+            .await?
+            {
+                Next::Request(r) => r,
+                Next::Refused => continue,
+                Next::End(end) => return Ok(end),
+            };
+            let frame = &received.frame;
             let mut routing = Routing::default();
-            let request = self.inspect(&frame, &mut routing)?;
+            let request = self.inspect(frame, received.inner.as_ref(), &mut routing)?;
             if let Some(meta) = &request.metadata {
                 let span = tracing::Span::current();
                 span.record("app", meta.application.as_deref().unwrap_or("-"));
                 span.record("driver", meta.driver.as_deref().unwrap_or("-"));
-                info!("client handshake");
+                debug!("client handshake");
                 self.ctx
                     .audit
                     .event_with(|| super::session::handshake_event(self.peer, meta));
@@ -415,7 +421,7 @@ impl Session {
             // A kept legacy-write connection serves only that write's getLastError.
             if let Some(sticky) = self.take_sticky() {
                 if request.is_get_last_error && self.last_blocked.is_none() {
-                    self.round_trip_on(sticky, &frame, &request, &routing)
+                    self.round_trip_on(sticky, frame, &request, &routing)
                         .await?;
                     continue;
                 }
@@ -423,11 +429,12 @@ impl Session {
             }
             match routing.class() {
                 Class::Hello => {
-                    self.answer_hello(&frame, &request).await?;
+                    self.answer_hello(&received, &request).await?;
                     continue;
                 }
                 Class::SaslStart | Class::SaslContinue | Class::OtherAuth => {
-                    self.answer_auth(&frame, &request, routing.class()).await?;
+                    self.answer_auth(&received, &request, routing.class())
+                        .await?;
                     continue;
                 }
                 Class::Ping if self.identity.is_none() => {
@@ -436,6 +443,15 @@ impl Session {
                     continue;
                 }
                 _ => {}
+            }
+            if routing.bad_lsid {
+                let doc = error_document(
+                    BAD_VALUE.0,
+                    BAD_VALUE.1,
+                    "lsid.id must be a UUID (BSON binary subtype 4, 16 bytes)",
+                );
+                self.reply(&request, &doc).await?;
+                continue;
             }
             let Some(identity) = self.identity.clone() else {
                 let doc = error_document(
@@ -461,11 +477,16 @@ impl Session {
                     continue;
                 }
             }
-            self.forward(&frame, &request, &routing, &identity).await?;
+            self.forward(frame, &request, &routing, &identity).await?;
         }
     }
 
-    fn inspect(&mut self, frame: &Frame, routing: &mut Routing) -> Result<Request, SessionError> {
+    fn inspect(
+        &mut self,
+        frame: &Frame,
+        inner: Option<&Frame>,
+        routing: &mut Routing,
+    ) -> Result<Request, SessionError> {
         let meta = self.metadata.as_ref();
         let who = Who {
             peer: self.peer,
@@ -475,7 +496,7 @@ impl Session {
             upstream_wire_version: self.pooled.topology.max_wire_version(),
         };
         let request_id = frame.header().request_id;
-        inspect(frame, self.max, self.metadata.is_none(), |msg| {
+        inspect_with(frame, inner, self.max, self.metadata.is_none(), |msg| {
             *routing = routing::of_message(msg);
             match routing.class() {
                 // mongoguard answers these itself; nothing to judge.
@@ -492,28 +513,36 @@ impl Session {
         if !request.expects_reply {
             return Ok(());
         }
-        send_document(&self.ctx, &mut self.client_out, request, doc).await
+        send_reply(
+            &self.ctx,
+            &mut self.client_out,
+            request.op,
+            request.request_id,
+            doc,
+            self.limits.write,
+            &self.kill,
+        )
+        .await
     }
 
     /// The command body of a hello or authentication message (decompressed, unwrapped).
-    fn body(&self, frame: &Frame) -> Result<RawDocumentBuf, SessionError> {
-        let parse = |bytes: &[u8]| -> Result<RawDocumentBuf, WireError> {
-            match Message::parse(bytes, self.max)? {
-                Message::Msg(m) => Ok(m.body().to_owned()),
-                Message::Query(q) => Ok(q.command().to_owned()),
-                other => Err(WireError::UnknownOpCode(other.op_code() as i32)),
-            }
-        };
+    fn body(&self, received: &super::client_io::Received) -> Result<RawDocumentBuf, SessionError> {
+        let frame = received.inner.as_ref().unwrap_or(&received.frame);
         let result = match Message::parse(frame.bytes(), self.max) {
-            Ok(Message::Compressed(c)) => c.decompress().and_then(|inner| parse(inner.bytes())),
-            Ok(_) => parse(frame.bytes()),
+            Ok(Message::Msg(m)) => Ok(m.body().to_owned()),
+            Ok(Message::Query(q)) => Ok(q.command().to_owned()),
+            Ok(other) => Err(WireError::UnknownOpCode(other.op_code() as i32)),
             Err(e) => Err(e),
         };
         result.map_err(SessionError::ClientProtocol)
     }
 
-    async fn answer_hello(&mut self, frame: &Frame, request: &Request) -> Result<(), SessionError> {
-        let cmd = self.body(frame)?;
+    async fn answer_hello(
+        &mut self,
+        received: &super::client_io::Received,
+        request: &Request,
+    ) -> Result<(), SessionError> {
+        let cmd = self.body(received)?;
         let timeout = self.ctx.config.upstream.connect_timeout;
         let facts = match self.pooled.topology.facts(Duration::ZERO).await {
             Some(f) => Some(f),
@@ -572,7 +601,7 @@ impl Session {
 
     async fn answer_auth(
         &mut self,
-        frame: &Frame,
+        received: &super::client_io::Received,
         request: &Request,
         class: Class,
     ) -> Result<(), SessionError> {
@@ -586,7 +615,7 @@ impl Session {
             refuse("mongoguard pooled mode supports SCRAM-SHA-256 and SCRAM-SHA-1 (saslStart) only")
         } else if let Some(users) = self.pooled.users() {
             let users = &*users;
-            let cmd = self.body(frame)?;
+            let cmd = self.body(received)?;
             if class == Class::SaslStart {
                 self.sasl.sasl_start(users, &cmd)
             } else {
@@ -662,11 +691,11 @@ impl Session {
             routing.read_pref
         };
         let timeout = self.ctx.config.upstream.server_selection_timeout;
-        let host = p
-            .topology
-            .select(pref, timeout)
-            .await
-            .map_err(|e| e.to_string())?;
+        let host = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => return Err("mongoguard is shutting down".into()),
+            h = p.topology.select(pref, timeout) => h.map_err(|e| e.to_string())?,
+        };
         if let Some(t) = &routing.txn {
             if routing.starts_txn {
                 p.pin_txn(t, &host);
@@ -705,21 +734,37 @@ impl Session {
                 Ok(c) => c,
                 Err(e) => return self.checkout_failed(request, &host, e).await,
             };
-            match self
+            let reply = match self
                 .round_trip_on(checkout, frame, request, routing)
                 .await?
             {
                 Trip::Done => return Ok(()),
-                Trip::NotPrimary if !resent => {
-                    // Not executed (the server was no longer primary): wait for the new
-                    // primary and send it there, once.
-                    debug!(upstream = %host, "not primary; re-sending to the new primary");
-                    self.pooled.topology.mark_unknown(&host);
-                    resent = true;
-                }
-                Trip::NotPrimary => unreachable!("only reported when asked to retry"),
+                Trip::NotPrimary(reply) => reply,
+            };
+            // Not executed: the server is no longer primary.
+            self.pooled.topology.mark_unknown(&host);
+            if let Some(txn) = &routing.txn {
+                // A transaction lives on one node: a resend would go back to the pinned, stale
+                // server. Drop the pin and relay the error (mongod labels it
+                // TransientTransactionError, so the driver retries the whole transaction).
+                self.pooled.unpin_txn(txn);
             }
+            if resent || routing.txn.is_some() {
+                debug!(upstream = %host, "not primary; relaying the error");
+                return self.relay_stale(request, reply).await;
+            }
+            // Wait for the new primary and send it there, once.
+            debug!(upstream = %host, "not primary; re-sending to the new primary");
+            resent = true;
         }
+    }
+
+    /// Relays a not-primary reply that will not be retried.
+    async fn relay_stale(&mut self, request: &Request, reply: Frame) -> Result<(), SessionError> {
+        if !request.expects_reply {
+            return Ok(());
+        }
+        send_to_client(&mut self.client_out, reply.bytes(), self.limits.write, &self.kill).await
     }
 
     async fn checkout_failed(
@@ -762,10 +807,17 @@ impl Session {
         routing: &Routing,
     ) -> Result<Trip, SessionError> {
         let sent = std::time::Instant::now();
-        checkout
-            .send(frame.bytes())
-            .await
-            .map_err(SessionError::UpstreamIo)?;
+        let reply_timeout = self.ctx.config.upstream.reply_timeout;
+        let written = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => Err(SessionError::Killed),
+            r = checkout.send(frame.bytes()) => r.map_err(SessionError::UpstreamIo),
+            _ = sleep_unless_zero(reply_timeout) => Err(SessionError::ReplyTimeout(reply_timeout)),
+        };
+        if let Err(e) = written {
+            checkout.discard();
+            return Err(e);
+        }
         self.ctx.stats.requests.inc();
         if !request.expects_reply {
             if routing.class() == Class::LegacyWrite {
@@ -779,7 +831,6 @@ impl Session {
         let multi = self.pooled.topology.is_multi_server();
         let retry_not_primary = matches!(self.pooled.topology.kind(), Kind::ReplicaSet(_));
         let host = checkout.host().clone();
-        let reply_timeout = self.ctx.config.upstream.reply_timeout;
         let mut expected = request.request_id;
         let mut first = true;
         let mut streaming = false;
@@ -845,7 +896,7 @@ impl Session {
                 .then(|| routing::ReplyFacts::read(&reply));
             if let Some(facts) = &facts {
                 if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
-                    break Ok(Trip::NotPrimary);
+                    break Ok(Trip::NotPrimary(reply));
                 }
                 if first {
                     self.obs.first_reply_error(facts.error);
@@ -876,8 +927,10 @@ impl Session {
                 }
                 break Ok(Trip::Done);
             }
-            if let Err(e) = crate::net::send(&mut self.client_out, reply.bytes()).await {
-                break Err(SessionError::ClientIo(e));
+            let limit = self.limits.write;
+            if let Err(e) = send_to_client(&mut self.client_out, reply.bytes(), limit, &self.kill).await
+            {
+                break Err(e);
             }
             if !more {
                 break Ok(Trip::Done);
@@ -941,7 +994,12 @@ impl Session {
             return;
         };
         let key = PoolKey::new(host, identity.name.clone());
-        let Ok(mut checkout) = self.pooled.pool.checkout(&key).await else {
+        let checkout = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => return,
+            c = self.pooled.pool.checkout(&key) => c,
+        };
+        let Ok(mut checkout) = checkout else {
             return;
         };
         let reply_timeout = self.ctx.config.upstream.reply_timeout;
@@ -954,15 +1012,11 @@ impl Session {
                 _ => None,
             }
         };
-        let ok = tokio::time::timeout(
-            if reply_timeout.is_zero() {
-                Duration::from_secs(30)
-            } else {
-                reply_timeout
-            },
-            done,
-        )
-        .await;
+        let ok = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => Ok(None),
+            r = tokio::time::timeout(abort_timeout(reply_timeout), done) => r,
+        };
         self.pooled.unpin_txn(txn);
         match ok {
             Ok(Some(())) => {
@@ -973,13 +1027,14 @@ impl Session {
         }
     }
 
-    async fn next_request(&mut self) -> Result<Result<Frame, End>, SessionError> {
+    async fn next_request(&mut self) -> Result<Incoming, SessionError> {
         // Between requests a pooled session holds no upstream connection to watch.
-        let idle = self.ctx.config.proxy.client_idle_timeout;
         wait_for_request(
             &mut self.client_in,
             &self.drain,
-            idle,
+            &self.kill,
+            self.limits,
+            &self.ctx.budget,
             std::future::pending(),
         )
         .await
@@ -990,6 +1045,7 @@ impl Session {
 enum Trip {
     /// The reply was relayed.
     Done,
-    /// The server answered "not primary" (nothing relayed): re-send to the new primary.
-    NotPrimary,
+    /// The server answered "not primary" (nothing relayed yet): the reply, to re-send the
+    /// request to the new primary or relay it.
+    NotPrimary(Frame),
 }

@@ -54,6 +54,9 @@ pub(crate) struct Routing {
     pub kills_cursor: bool,
     /// Whether the reply may open a cursor worth remembering (find, aggregate, list*...).
     pub may_open_cursor: bool,
+    /// `lsid` is present but its `id` is not a UUID (binary subtype 4, 16 bytes): mongod
+    /// refuses such a command, and mongoguard never keys a pin map on it.
+    pub bad_lsid: bool,
 }
 
 impl Routing {
@@ -109,14 +112,26 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
         .and_then(read_pref)
         .or_else(|| read_pref(body))
         .unwrap_or_default();
+    let lsid = match body.get("lsid") {
+        Ok(None) => None,
+        Ok(Some(RawBsonRef::Document(l))) => match l.get("id") {
+            Ok(Some(RawBsonRef::Binary(b)))
+                if b.subtype == bson::spec::BinarySubtype::Uuid && b.bytes.len() == 16 =>
+            {
+                Some(b.bytes)
+            }
+            _ => {
+                r.bad_lsid = true;
+                None
+            }
+        },
+        _ => {
+            r.bad_lsid = true;
+            None
+        }
+    };
     if matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false)))) {
-        let lsid = match body.get("lsid") {
-            Ok(Some(RawBsonRef::Document(l))) => match l.get("id") {
-                Ok(Some(RawBsonRef::Binary(b))) => Some(b.bytes.to_vec()),
-                _ => None,
-            },
-            _ => None,
-        };
+        let lsid = lsid.map(<[u8]>::to_vec);
         let txn_number = body.get("txnNumber").ok().flatten().and_then(int64);
         if let (Some(lsid), Some(txn_number)) = (lsid, txn_number) {
             r.txn = Some(TxnKey { lsid, txn_number });

@@ -1,6 +1,11 @@
 //! One client connection in passthrough mode: read a request, inspect it, forward the
 //! original bytes, relay the reply (or the whole exhaust stream), repeat.
 //!
+//! The upstream connection is opened on the first request that needs one, on the server that
+//! is primary then (replica sets) or the next mongos, and the session closes between requests
+//! when that server stops being the primary, so drivers reconnect and retry retryable writes
+//! on the new primary instead of failing with NotWritablePrimary until they give up.
+//!
 //! MongoDB clients do not pipeline: a connection carries one request at a time, except for
 //! moreToCome requests (no reply) and exhaust streams (several replies). The loop therefore
 //! has two states, waiting for a request and waiting for replies, and in each it watches both
@@ -14,20 +19,25 @@ use std::{
 
 use futures::StreamExt;
 
-use tokio_util::codec::FramedRead;
+use tokio_util::{codec::FramedRead, sync::CancellationToken};
 use tracing::{debug, info, warn};
 
 use super::{
+    client_io::{receive, send_to_client, send_to_upstream, wait_for_request, Incoming, Limits, Next},
     error::SessionError,
     guard::{self, Judgement, Who},
     hello::{self, ClientMetadata},
-    inspect::{inspect, Request},
+    inspect::{inspect_with, Request},
     observe::SessionObs,
     Context,
 };
 use crate::{
     net::{ClientRead, ClientStream, ClientWrite, UpstreamRead, UpstreamWrite},
-    upstream,
+    upstream::{
+        self,
+        topology::{Kind, ReadPref, Topology},
+        Host,
+    },
     wire::{
         builder::{error_document, reply_for},
         codec::CodecError,
@@ -38,20 +48,22 @@ use crate::{
 pub(crate) type Reader = FramedRead<ClientRead, MessageCodec>;
 type UpReader = FramedRead<UpstreamRead, MessageCodec>;
 
-/// How a session ended without an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum End {
-    /// The client closed between requests.
-    ClientClosed,
-    /// The client sent nothing for `client_idle_timeout`.
-    Idle,
-    /// Shutdown: the session was idle or finished its in-flight request.
-    Drained,
-}
+pub(crate) use super::client_io::End;
 
 /// Code mongod uses for an unreachable host. Used only when the upstream cannot be reached
 /// at all: drivers then mark the server unknown and retry server selection, which is right.
 const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
+
+/// Replies meaning "this server is not (or no longer) the primary".
+pub(crate) const NOT_PRIMARY_CODES: [i32; 3] = [10107, 13435, 13436];
+
+/// The upstream connection of a passthrough session, opened on the first request that needs
+/// it, on the server that is primary then.
+struct Upstream {
+    host: Host,
+    read: UpReader,
+    write: UpstreamWrite,
+}
 
 struct Session {
     ctx: Arc<Context>,
@@ -59,9 +71,11 @@ struct Session {
     client_out: ClientWrite,
     peer: SocketAddr,
     max: usize,
+    limits: Limits,
     metadata: Option<ClientMetadata>,
     /// The upstream's maxWireVersion, from its hello reply.
     upstream_wire_version: Option<i32>,
+    upstream: Option<Upstream>,
     /// A request the client sent while its previous one was still in flight.
     pending: Option<Frame>,
     /// The error of the last fire-and-forget write mongoguard dropped, for the client's next
@@ -69,8 +83,8 @@ struct Session {
     last_blocked: Option<String>,
     /// Per-session children of the proxy's shutdown tokens: waiting on the shared tokens
     /// would take their one mutex twice per request in every session.
-    drain: tokio_util::sync::CancellationToken,
-    kill: tokio_util::sync::CancellationToken,
+    drain: CancellationToken,
+    kill: CancellationToken,
     obs: SessionObs,
 }
 
@@ -80,15 +94,16 @@ pub(crate) async fn run(
     socket: ClientStream,
     peer: SocketAddr,
 ) -> Result<End, SessionError> {
-    // Small request/response messages: Nagle would add up to 40 ms per round trip.
     let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
     let mut session = Session {
         client_in: FramedRead::new(read, MessageCodec::new(max)),
         client_out: write,
         max,
+        limits: Limits::from_config(&ctx.config.proxy),
         metadata: None,
         upstream_wire_version: None,
+        upstream: None,
         pending: None,
         last_blocked: None,
         drain: ctx.drain.child_token(),
@@ -97,71 +112,116 @@ pub(crate) async fn run(
         peer,
         ctx,
     };
-    let host = session.ctx.config.upstream.uri.primary_seed().clone();
-    let timeout = session.ctx.config.upstream.connect_timeout;
-    let connecting = session.obs.upstream_connecting();
-    let upstream = match upstream::connect(&host, timeout, session.ctx.upstream_tls.as_ref()).await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            drop(connecting);
-            session.refuse_first_request(&e.to_string()).await;
-            return Err(e.into());
-        }
-    };
-    drop(connecting);
-    session.obs.upstream_connected();
-    debug!(%peer, upstream = %host, "upstream connected");
-    let (up_read, mut up_write) = upstream.split();
-    let mut upstream_in = FramedRead::new(up_read, MessageCodec::new(max));
-    loop {
-        session.obs.end();
-        let frame = match session.pending.take() {
-            Some(f) => f,
-            None => match session.next_request(&mut upstream_in).await? {
-                Ok(f) => f,
-                Err(end) => return Ok(end),
-            },
-        };
-        let started = session.obs.begin();
-        let request = session.inspect(&frame)?;
-        if let Some(meta) = &request.metadata {
-            let span = tracing::Span::current();
-            span.record("app", meta.application.as_deref().unwrap_or("-"));
-            span.record("driver", meta.driver.as_deref().unwrap_or("-"));
-            info!("client handshake");
-            session
-                .ctx
-                .audit
-                .event_with(|| handshake_event(session.peer, meta));
-            session.metadata = Some(meta.clone());
-        }
-        session
-            .obs
-            .inspected(&request, session.metadata.as_ref(), started);
-        if session
-            .answer_locally(&request, &mut up_write, &mut upstream_in)
-            .await?
-        {
-            let blocked = matches!(request.judgement, Judgement::Block { .. });
-            session.obs.answered_locally(blocked);
-            continue;
-        }
-        let sent = Instant::now();
-        crate::net::send(&mut up_write, frame.bytes())
-            .await
-            .map_err(SessionError::UpstreamIo)?;
-        session.ctx.stats.requests.inc();
-        if request.expects_reply {
-            session.relay_replies(&request, &mut upstream_in).await?;
-            session.obs.forwarded(sent.elapsed());
-        }
-    }
+    session.serve().await
 }
 
 impl Session {
+    async fn serve(&mut self) -> Result<End, SessionError> {
+        loop {
+            self.obs.end();
+            let incoming = match self.pending.take() {
+                Some(f) => Incoming::Frame(f, None),
+                None => self.next_request().await?,
+            };
+            let started = self.obs.begin();
+            let received = match receive(
+                &self.ctx,
+                &mut self.client_out,
+                incoming,
+                self.limits,
+                &self.kill,
+            )
+            .await?
+            {
+                Next::Request(r) => r,
+                Next::Refused => continue,
+                Next::End(end) => return Ok(end),
+            };
+            let frame = &received.frame;
+            let request = self.inspect(frame, received.inner.as_ref())?;
+            if let Some(meta) = &request.metadata {
+                let span = tracing::Span::current();
+                span.record("app", meta.application.as_deref().unwrap_or("-"));
+                span.record("driver", meta.driver.as_deref().unwrap_or("-"));
+                debug!("client handshake");
+                self.ctx
+                    .audit
+                    .event_with(|| handshake_event(self.peer, meta));
+                self.metadata = Some(meta.clone());
+            }
+            self.obs
+                .inspected(&request, self.metadata.as_ref(), started);
+            if self.answer_locally(&request).await? {
+                let blocked = matches!(request.judgement, Judgement::Block { .. });
+                self.obs.answered_locally(blocked);
+                continue;
+            }
+            if self.upstream.is_none() {
+                if let Err(e) = self.attach().await {
+                    self.refuse(&request, &e.to_string()).await;
+                    return Err(e);
+                }
+            }
+            let Some(up) = self.upstream.as_mut() else {
+                return Err(SessionError::UpstreamClosed);
+            };
+            let sent = Instant::now();
+            let reply_timeout = self.ctx.config.upstream.reply_timeout;
+            send_to_upstream(&mut up.write, frame.bytes(), reply_timeout, &self.kill).await?;
+            self.ctx.stats.requests.inc();
+            if request.expects_reply {
+                self.relay_replies(&request).await?;
+                self.obs.forwarded(sent.elapsed());
+            }
+        }
+    }
+
+    /// Opens the session's upstream connection on the server that is primary now (a replica
+    /// set: waiting up to `server_selection_timeout` during an election), or the next mongos.
+    async fn attach(&mut self) -> Result<(), SessionError> {
+        let topology = self.ctx.topology.clone();
+        let Some(topology) = topology else {
+            return Err(SessionError::UpstreamClosed);
+        };
+        let selection = self.ctx.config.upstream.server_selection_timeout;
+        let host = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => return Err(SessionError::Killed),
+            h = topology.select(ReadPref::Primary, selection) => h.map_err(|e| {
+                SessionError::UpstreamConnect(crate::upstream::ConnectError::Handshake {
+                    host: "upstream".into(),
+                    reason: e.to_string(),
+                })
+            })?,
+        };
+        let timeout = self.ctx.config.upstream.connect_timeout;
+        let connecting = self.obs.upstream_connecting();
+        let stream = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => return Err(SessionError::Killed),
+            s = upstream::connect(&host, timeout, self.ctx.upstream_tls.as_ref()) => s,
+        };
+        drop(connecting);
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                topology.mark_unknown(&host);
+                return Err(e.into());
+            }
+        };
+        self.obs.upstream_connected();
+        debug!(peer = %self.peer, upstream = %host, "upstream connected");
+        let (read, write) = stream.split();
+        self.upstream = Some(Upstream {
+            host,
+            read: FramedRead::new(read, MessageCodec::new(self.max)),
+            write,
+        });
+        Ok(())
+    }
+
     /// Parses, validates and judges a client message.
-    fn inspect(&mut self, frame: &Frame) -> Result<Request, SessionError> {
+    fn inspect(&mut self, frame: &Frame, inner: Option<&Frame>) -> Result<Request, SessionError> {
         let meta = self.metadata.as_ref();
         let who = Who {
             peer: self.peer,
@@ -171,7 +231,7 @@ impl Session {
             upstream_wire_version: self.upstream_wire_version,
         };
         let request_id = frame.header().request_id;
-        inspect(frame, self.max, self.metadata.is_none(), |msg| {
+        inspect_with(frame, inner, self.max, self.metadata.is_none(), |msg| {
             guard::judge(&self.ctx, msg, &who, request_id, &mut self.obs.scratch)
         })
         .map_err(SessionError::ClientProtocol)
@@ -179,43 +239,45 @@ impl Session {
 
     /// Answers a blocked command (or drops it when it expects no reply), and a legacy
     /// getLastError that follows a dropped write. True when the request was handled here.
-    async fn answer_locally(
-        &mut self,
-        request: &Request,
-        up_write: &mut UpstreamWrite,
-        upstream_in: &mut UpReader,
-    ) -> Result<bool, SessionError> {
+    async fn answer_locally(&mut self, request: &Request) -> Result<bool, SessionError> {
         let (answer, abort) = match guard::local_answer(&self.ctx, request, &mut self.last_blocked)
         {
             guard::Local::Forward => return Ok(false),
             guard::Local::Handled { answer, abort } => (answer, abort),
         };
         if let Some(abort) = abort {
-            self.abort_transaction(abort, up_write, upstream_in).await?;
+            // A transaction lives on the server, keyed by its session, whichever connection
+            // started it: abort it even if this client connection has no upstream yet.
+            if self.upstream.is_none() {
+                if let Err(e) = self.attach().await {
+                    debug!(error = %e, "cannot reach the upstream to abort a transaction");
+                }
+            }
+            if self.upstream.is_some() {
+                self.abort_transaction(abort).await?;
+            }
         }
         if let Some(doc) = answer {
-            send_document(&self.ctx, &mut self.client_out, request, &doc).await?;
+            self.send_document(request, &doc).await?;
         }
         Ok(true)
     }
 
     /// Sends abortTransaction upstream for a blocked command of a transaction and waits for
     /// its reply (whatever it says: a transaction that never started is already gone).
-    async fn abort_transaction(
-        &mut self,
-        abort: &bson::RawDocument,
-        up_write: &mut UpstreamWrite,
-        upstream_in: &mut UpReader,
-    ) -> Result<(), SessionError> {
+    async fn abort_transaction(&mut self, abort: &bson::RawDocument) -> Result<(), SessionError> {
+        let Some(up) = self.upstream.as_mut() else {
+            return Ok(());
+        };
         let id = self.ctx.request_ids.next();
         let bytes = crate::wire::builder::encode_msg_reply(id, 0, abort);
-        crate::net::send(up_write, &bytes)
-            .await
-            .map_err(SessionError::UpstreamIo)?;
-        let timeout = self.ctx.config.upstream.reply_timeout;
+        let timeout = abort_timeout(self.ctx.config.upstream.reply_timeout);
+        send_to_upstream(&mut up.write, &bytes, timeout, &self.kill).await?;
         let reply = tokio::select! {
-            r = upstream_in.next() => r,
-            _ = sleep_unless_zero(timeout) => return Err(SessionError::ReplyTimeout(timeout)),
+            biased;
+            _ = self.kill.cancelled() => return Err(SessionError::Killed),
+            r = up.read.next() => r,
+            _ = tokio::time::sleep(timeout) => return Err(SessionError::ReplyTimeout(timeout)),
         };
         match reply {
             Some(Ok(frame)) if frame.header().response_to == id => {
@@ -231,55 +293,92 @@ impl Session {
         }
     }
 
-    /// Waits for the next client request. `Ok(Err(end))` is a normal end of the session.
-    async fn next_request(
-        &mut self,
-        upstream_in: &mut UpReader,
-    ) -> Result<Result<Frame, End>, SessionError> {
-        // Between requests the upstream has nothing to say: data or EOF here means it
-        // closed or misbehaved; end the session rather than let the next request fail.
-        let upstream_failure = async {
-            match upstream_in.next().await {
-                None => SessionError::UpstreamClosed,
-                Some(Err(e)) => upstream_error(e),
-                Some(Ok(_)) => SessionError::UpstreamProtocol(WireError::bad_doc(
-                    "upstream",
-                    "unsolicited message between requests",
-                )),
+    /// Waits for the next client request. Between requests the upstream has nothing to say:
+    /// data or EOF there means it closed or misbehaved, and a change of primary means this
+    /// session's server no longer takes writes; either ends the session, so the driver
+    /// reconnects (and lands on the new primary) instead of failing on the next request.
+    async fn next_request(&mut self) -> Result<Incoming, SessionError> {
+        let Session {
+            client_in,
+            upstream,
+            drain,
+            kill,
+            limits,
+            ctx,
+            ..
+        } = self;
+        let watch = async {
+            let Some(up) = upstream.as_mut() else {
+                return std::future::pending().await;
+            };
+            let failure = async {
+                match up.read.next().await {
+                    None => SessionError::UpstreamClosed,
+                    Some(Err(e)) => upstream_error(e),
+                    Some(Ok(_)) => SessionError::UpstreamProtocol(WireError::bad_doc(
+                        "upstream",
+                        "unsolicited message between requests",
+                    )),
+                }
+            };
+            tokio::select! {
+                e = failure => e,
+                e = primary_moved(ctx.topology.as_deref(), &up.host) => e,
             }
         };
-        let idle = self.ctx.config.proxy.client_idle_timeout;
-        wait_for_request(&mut self.client_in, &self.drain, idle, upstream_failure).await
+        wait_for_request(client_in, drain, kill, *limits, &ctx.budget, watch).await
     }
 
     /// Relays the reply, or every reply of an exhaust stream, to the client.
-    async fn relay_replies(
-        &mut self,
-        request: &Request,
-        upstream_in: &mut UpReader,
-    ) -> Result<(), SessionError> {
+    async fn relay_replies(&mut self, request: &Request) -> Result<(), SessionError> {
         let reply_timeout = self.ctx.config.upstream.reply_timeout;
+        let check_primary = matches!(
+            self.ctx.topology.as_deref().map(Topology::kind),
+            Some(Kind::ReplicaSet(_))
+        ) && !request.is_hello;
+        let Session {
+            upstream,
+            client_in,
+            client_out,
+            pending,
+            kill,
+            drain,
+            ctx,
+            obs,
+            upstream_wire_version,
+            max,
+            limits,
+            ..
+        } = self;
+        let Some(up) = upstream.as_mut() else {
+            return Err(SessionError::UpstreamClosed);
+        };
+        let streaming_hello = request.is_hello && request.exhaust_allowed;
         let mut expected_response_to = request.request_id;
         loop {
             let timer = sleep_unless_zero(reply_timeout);
             tokio::pin!(timer);
             let reply = tokio::select! {
                 biased;
-                _ = self.kill.cancelled() => return Err(SessionError::Killed),
-                // A streaming hello (monitoring) never ends by itself: cut it at drain.
-                _ = self.drain.cancelled(), if request.is_hello && request.exhaust_allowed => {
+                _ = kill.cancelled() => return Err(SessionError::Killed),
+                // A streaming hello (monitoring) never ends by itself: cut it at drain, and
+                // when its server stops being the primary.
+                _ = drain.cancelled(), if streaming_hello => {
                     return Err(SessionError::Killed);
                 }
-                next = upstream_in.next() => match next {
+                e = primary_moved(ctx.topology.as_deref(), &up.host), if streaming_hello => {
+                    return Err(e);
+                }
+                next = up.read.next() => match next {
                     None => return Err(SessionError::UpstreamClosed),
                     Some(Err(e)) => return Err(upstream_error(e)),
                     Some(Ok(f)) => f,
                 },
-                next = self.client_in.next(), if self.pending.is_none() => match next {
+                next = client_in.next(), if pending.is_none() => match next {
                     None => return Err(SessionError::ClientGone),
                     Some(Err(e)) => return Err(client_error(e)),
                     Some(Ok(f)) => {
-                        self.pending = Some(f);
+                        *pending = Some(f);
                         continue;
                     }
                 },
@@ -295,95 +394,134 @@ impl Session {
                     ),
                 )));
             }
-            if expected_response_to == request.request_id {
-                self.obs.first_reply(&reply);
+            let first = expected_response_to == request.request_id;
+            if first {
+                obs.first_reply(&reply);
             }
             expected_response_to = header.request_id;
-            let more = reply_more_to_come(&reply, request, self.max)
-                .map_err(SessionError::UpstreamProtocol)?;
+            let more =
+                reply_more_to_come(&reply, request, *max).map_err(SessionError::UpstreamProtocol)?;
             if request.is_hello {
-                if let Some(v) = hello::max_wire_version(&reply, self.max) {
-                    self.upstream_wire_version = Some(v);
+                if let Some(v) = hello::max_wire_version(&reply, *max) {
+                    *upstream_wire_version = Some(v);
                 }
             }
+            // A not-primary reply: relayed as it is (the driver retries a retryable write),
+            // and this session closes after it so the retry lands on a new connection, on
+            // the new primary.
+            let stale = check_primary
+                && first
+                && !more
+                && super::routing::ReplyFacts::read(&reply)
+                    .code
+                    .is_some_and(|c| NOT_PRIMARY_CODES.contains(&c));
             let out = if request.is_hello {
-                hello::rewrite_reply(&reply, self.max)
+                hello::rewrite_reply(&reply, *max)
                     .map_err(SessionError::UpstreamProtocol)?
                     .unwrap_or_else(|| reply.into_bytes())
             } else {
                 reply.into_bytes()
             };
-            crate::net::send(&mut self.client_out, &out)
-                .await
-                .map_err(SessionError::ClientIo)?;
+            send_to_client(client_out, &out, limits.write, kill).await?;
+            if stale {
+                if let Some(t) = ctx.topology.as_deref() {
+                    t.mark_unknown(&up.host);
+                }
+                return Err(SessionError::PrimaryChanged(up.host.to_string()));
+            }
             if !more {
                 return Ok(());
             }
         }
     }
 
-    /// The upstream is unreachable: answer the client's first request with a clear error in
-    /// its opcode family, then close.
-    async fn refuse_first_request(&mut self, reason: &str) {
-        let first = tokio::time::timeout(Duration::from_secs(10), self.client_in.next()).await;
-        let Ok(Some(Ok(frame))) = first else { return };
-        let Ok(request) = inspect(&frame, self.max, false, |_| Judgement::Forward) else {
-            return;
-        };
+    /// The upstream is unreachable: answer the request with a clear error in its opcode
+    /// family (the session then closes).
+    async fn refuse(&mut self, request: &Request, reason: &str) {
         if !request.expects_reply {
             return;
         }
         let doc = error_document(
             HOST_UNREACHABLE.0,
             HOST_UNREACHABLE.1,
-            &format!("mongoguard: {reason}"),
+            &format!("mongoguard: {}", crate::text::clip(reason, 1024)),
         );
-        let our_id = self.ctx.request_ids.next();
-        if let Some(bytes) = reply_for(request.op, request.request_id, our_id, &doc) {
-            let _ = crate::net::send(&mut self.client_out, &bytes).await;
+        let _ = self.send_document(request, &doc).await;
+    }
+
+    async fn send_document(
+        &mut self,
+        request: &Request,
+        doc: &bson::RawDocument,
+    ) -> Result<(), SessionError> {
+        send_reply(
+            &self.ctx,
+            &mut self.client_out,
+            request.op,
+            request.request_id,
+            doc,
+            self.limits.write,
+            &self.kill,
+        )
+        .await
+    }
+}
+
+/// Resolves when `host` stops being the server a passthrough session may stay attached to:
+/// a replica set's primary changed (or is unknown), a mongos of the list went down. Never
+/// for a single server.
+async fn primary_moved(topology: Option<&Topology>, host: &Host) -> SessionError {
+    let Some(topology) = topology else {
+        return std::future::pending().await;
+    };
+    if *topology.kind() == Kind::Single {
+        return std::future::pending().await;
+    }
+    let mut rx = topology.subscribe();
+    loop {
+        let serves = {
+            let snap = rx.borrow_and_update();
+            match topology.kind() {
+                Kind::ReplicaSet(_) => snap.primary() == Some(host),
+                _ => snap
+                    .servers
+                    .iter()
+                    .any(|s| &s.host == host && s.role.is_some()),
+            }
+        };
+        if !serves {
+            return SessionError::PrimaryChanged(host.to_string());
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
         }
     }
 }
 
-/// Waits for a client's next request, in both modes: `Ok(Err(end))` when the session ends
-/// normally (client closed, idle for `idle`, drain), an error when the client sends garbage
-/// or `failure` (something the session also watches, e.g. its upstream) completes first.
-pub(crate) async fn wait_for_request(
-    client_in: &mut Reader,
-    drain: &tokio_util::sync::CancellationToken,
-    idle: Duration,
-    failure: impl std::future::Future<Output = SessionError>,
-) -> Result<Result<Frame, End>, SessionError> {
-    let idle_timer = sleep_unless_zero(idle);
-    tokio::pin!(idle_timer);
-    tokio::select! {
-        biased;
-        _ = drain.cancelled() => Ok(Err(End::Drained)),
-        next = client_in.next() => match next {
-            None => Ok(Err(End::ClientClosed)),
-            Some(Ok(frame)) => Ok(Ok(frame)),
-            Some(Err(e)) => Err(client_error(e)),
-        },
-        e = failure => Err(e),
-        _ = &mut idle_timer => {
-            info!(timeout = ?idle, "closing idle client connection");
-            Ok(Err(End::Idle))
-        }
+/// How long mongoguard's own abortTransaction may take: the reply timeout, or 30 s when that
+/// is disabled (a wait is always bounded).
+pub(crate) fn abort_timeout(reply_timeout: Duration) -> Duration {
+    if reply_timeout.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        reply_timeout
     }
 }
 
-/// Writes mongoguard's own reply `doc` to `request`, in the request's opcode family.
-pub(crate) async fn send_document(
+/// Writes mongoguard's own reply `doc` to request `request_id`, in the `op` family, within
+/// the client write timeout.
+pub(crate) async fn send_reply(
     ctx: &Context,
     out: &mut ClientWrite,
-    request: &Request,
+    op: OpCode,
+    request_id: i32,
     doc: &bson::RawDocument,
+    limit: Duration,
+    kill: &CancellationToken,
 ) -> Result<(), SessionError> {
     let our_id = ctx.request_ids.next();
-    if let Some(bytes) = reply_for(request.op, request.request_id, our_id, doc) {
-        crate::net::send(out, &bytes)
-            .await
-            .map_err(SessionError::ClientIo)?;
+    if let Some(bytes) = reply_for(op, request_id, our_id, doc) {
+        send_to_client(out, &bytes, limit, kill).await?;
     }
     Ok(())
 }
@@ -423,8 +561,8 @@ pub(crate) fn reply_more_to_come(
             };
             let flags = inner
                 .bytes()
-                .get(HEADER_LEN..HEADER_LEN + 4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .get(HEADER_LEN..)
+                .and_then(crate::wire::le_u32)
                 .unwrap_or(0);
             Ok(inner.op_code() == Some(OpCode::Msg) && MsgFlags(flags).more_to_come())
         }
@@ -477,10 +615,17 @@ pub(crate) fn log_end(result: &Result<End, SessionError>) {
             ) =>
         {
             // A client closing abruptly is the client's business, not an operator's.
-            info!(error = %e, "client connection reset")
+            debug!(error = %e, "client connection reset")
         }
-        Err(SessionError::ClientGone) | Err(SessionError::Killed) => {
-            info!(error = %result.as_ref().err().map(ToString::to_string).unwrap_or_default(), "client session closed")
+        // Per-connection and expected (a failover closes every session of the old primary;
+        // a serverless fleet churns thousands of connections a second): not for `info`.
+        Err(
+            e @ (SessionError::ClientGone
+            | SessionError::Killed
+            | SessionError::PrimaryChanged(_)),
+        ) => debug!(error = %e, "client session closed"),
+        Err(e @ (SessionError::ClientWriteTimeout(_) | SessionError::ClientReadTimeout(_))) => {
+            info!(error = %e, "client session closed")
         }
         Err(e) => warn!(error = %e, "client session closed"),
     }

@@ -196,6 +196,11 @@ impl Topology {
         self.kind != Kind::Single
     }
 
+    /// Follows the topology's changes.
+    pub fn subscribe(&self) -> watch::Receiver<Snapshot> {
+        self.state.subscribe()
+    }
+
     /// The current snapshot.
     pub fn snapshot(&self) -> Snapshot {
         self.state.borrow().clone()
@@ -324,7 +329,7 @@ impl Topology {
             return None;
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % hosts.len();
-        Some(hosts[i].clone())
+        hosts.get(i).map(|h| (*h).clone())
     }
 
     /// Starts monitoring every seed (replica sets and mongos lists; a single server needs
@@ -522,7 +527,10 @@ impl std::str::FromStr for HostText {
     type Err = crate::config::ConfigError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let uri: UpstreamUri = format!("mongodb://{s}").parse()?;
-        Ok(HostText(uri.hosts[0].clone()))
+        match uri.hosts.into_iter().next() {
+            Some(h) => Ok(HostText(h)),
+            None => Err(crate::config::ConfigError::Uri(format!("no host in {s:?}"))),
+        }
     }
 }
 

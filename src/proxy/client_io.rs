@@ -1,0 +1,421 @@
+//! Bounded I/O with a client, for both modes: every read and write has a deadline, every wait
+//! watches the kill token, and large messages are paid for from the process-wide memory
+//! budget before they are buffered.
+//!
+//! - A message whose first byte has arrived must arrive whole within `client_read_timeout`
+//!   (slowloris), independently of `client_idle_timeout`, which runs between messages.
+//! - A reply the client does not take within `client_write_timeout` closes the connection
+//!   (and frees the buffered reply).
+//! - A message larger than [`BUDGET_FREE_BELOW`] takes its size from [`MemoryBudget`] as soon
+//!   as its header is in; when the budget stays spent for `memory_budget_wait`, the rest of the
+//!   message is read and thrown away (never buffered) and the client gets error 65003.
+
+use std::{
+    future::Future,
+    sync::Arc,
+    task::Poll,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use tokio::{
+    io::AsyncReadExt,
+    sync::{OwnedSemaphorePermit, Semaphore},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::{error::SessionError, session::Reader};
+use crate::wire::{codec::CodecError, le_u32, Frame, OpCode, HEADER_LEN};
+
+/// Messages up to this size are not counted against the budget: every connection may hold
+/// one (the connection cap bounds them), and counting them would cost a semaphore operation
+/// on every small request.
+pub(crate) const BUDGET_FREE_BELOW: usize = 64 * 1024;
+
+/// mongoguard's code for a request refused because the memory budget is spent. Outside
+/// every code drivers retry or treat as a network error.
+pub const MEMORY_BUDGET_CODE: i32 = 65_003;
+/// The codeName paired with [`MEMORY_BUDGET_CODE`].
+pub const MEMORY_BUDGET_CODE_NAME: &str = "MongoguardMemoryBudget";
+
+/// The process-wide budget of client message bytes in flight (buffered large messages and
+/// decompressed messages), in KiB permits.
+#[derive(Debug)]
+pub(crate) struct MemoryBudget {
+    permits: Arc<Semaphore>,
+    total_kib: usize,
+}
+
+/// Bytes held from the budget; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct BudgetPermit(#[allow(dead_code)] OwnedSemaphorePermit);
+
+fn kib(bytes: usize) -> usize {
+    bytes.div_ceil(1024).max(1)
+}
+
+impl MemoryBudget {
+    /// A budget of `bytes`.
+    pub(crate) fn new(bytes: u64) -> MemoryBudget {
+        let total_kib = usize::try_from(bytes / 1024)
+            .unwrap_or(usize::MAX)
+            .clamp(1, Semaphore::MAX_PERMITS);
+        MemoryBudget {
+            permits: Arc::new(Semaphore::new(total_kib)),
+            total_kib,
+        }
+    }
+
+    /// Takes `bytes` from the budget, waiting up to `wait` (and never past `kill`). `None`:
+    /// the budget stayed spent, or `bytes` is more than the whole budget.
+    pub(crate) async fn take(
+        &self,
+        bytes: usize,
+        wait: Duration,
+        kill: &CancellationToken,
+    ) -> Option<BudgetPermit> {
+        let n = kib(bytes);
+        if n > self.total_kib {
+            return None;
+        }
+        let n = u32::try_from(n).ok()?;
+        if let Ok(p) = self.permits.clone().try_acquire_many_owned(n) {
+            return Some(BudgetPermit(p));
+        }
+        tokio::select! {
+            biased;
+            _ = kill.cancelled() => None,
+            p = self.permits.clone().acquire_many_owned(n) => p.ok().map(BudgetPermit),
+            _ = tokio::time::sleep(wait) => None,
+        }
+    }
+
+    /// The budget, in bytes.
+    pub(crate) fn limit_bytes(&self) -> u64 {
+        self.total_kib as u64 * 1024
+    }
+
+    /// Bytes currently taken (for metrics).
+    pub(crate) fn in_use_bytes(&self) -> u64 {
+        let free = self.permits.available_permits();
+        (self.total_kib.saturating_sub(free) as u64) * 1024
+    }
+}
+
+/// The client-side timeouts and budget of a session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub idle: Duration,
+    pub read: Duration,
+    pub write: Duration,
+    pub budget_wait: Duration,
+}
+
+impl Limits {
+    pub(crate) fn from_config(c: &crate::config::ProxyConfig) -> Limits {
+        Limits {
+            idle: c.client_idle_timeout,
+            read: c.client_read_timeout,
+            write: c.client_write_timeout,
+            budget_wait: c.memory_budget_wait,
+        }
+    }
+}
+
+/// How a session ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The client closed between requests.
+    ClientClosed,
+    /// The client sent nothing for `client_idle_timeout`.
+    Idle,
+    /// Shutdown: the session was idle or finished its in-flight request.
+    Drained,
+}
+
+/// What waiting for a request produced.
+pub(crate) enum Incoming {
+    /// A whole message, with the budget it holds (large messages only).
+    Frame(Frame, Option<BudgetPermit>),
+    /// A large message that found the budget spent: it was read and thrown away; the client
+    /// is owed error 65003 for `request_id` in the `op` family (when `expects_reply`).
+    OverBudget {
+        request_id: i32,
+        op: OpCode,
+        expects_reply: bool,
+    },
+    /// The session ends normally.
+    End(End),
+}
+
+/// Writes a whole message to the client within `limit` (zero: no limit), never past `kill`.
+pub(crate) async fn send_to_client<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut W,
+    bytes: &[u8],
+    limit: Duration,
+    kill: &CancellationToken,
+) -> Result<(), SessionError> {
+    tokio::select! {
+        biased;
+        _ = kill.cancelled() => Err(SessionError::Killed),
+        r = crate::net::send(out, bytes) => r.map_err(SessionError::ClientIo),
+        _ = super::session::sleep_unless_zero(limit) => Err(SessionError::ClientWriteTimeout(limit)),
+    }
+}
+
+/// Writes a whole message to the upstream within `limit` (zero: no limit), never past `kill`.
+/// An upstream that does not read is as dead as one that does not answer.
+pub(crate) async fn send_to_upstream<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut W,
+    bytes: &[u8],
+    limit: Duration,
+    kill: &CancellationToken,
+) -> Result<(), SessionError> {
+    tokio::select! {
+        biased;
+        _ = kill.cancelled() => Err(SessionError::Killed),
+        r = crate::net::send(out, bytes) => r.map_err(SessionError::UpstreamIo),
+        _ = super::session::sleep_unless_zero(limit) => Err(SessionError::ReplyTimeout(limit)),
+    }
+}
+
+/// What one poll of the client socket produced.
+enum Step {
+    Next(Option<Result<Frame, CodecError>>),
+    /// A large message's header is in and it holds no budget yet: `(declared length)`.
+    NeedsBudget(usize),
+    ReadTimeout,
+}
+
+/// Polls `reader` for its next message; arms the `client_read_timeout` timer as soon as any
+/// byte of a message is buffered, and stops early when a large message needs budget.
+async fn poll_message(reader: &mut Reader, read: Duration, paid: bool) -> Step {
+    let started = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(started);
+    let mut armed = false;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(next) = reader.poll_next_unpin(cx) {
+            return Poll::Ready(Step::Next(next));
+        }
+        let buffered = reader.read_buffer();
+        if !paid {
+            if let Some(len) = le_u32(buffered).and_then(|l| usize::try_from(l).ok()) {
+                if len > BUDGET_FREE_BELOW && buffered.len() >= HEADER_LEN + 4 {
+                    return Poll::Ready(Step::NeedsBudget(len));
+                }
+            }
+        }
+        if !armed && !read.is_zero() && !buffered.is_empty() {
+            started
+                .as_mut()
+                .reset(tokio::time::Instant::now() + read);
+            armed = true;
+        }
+        if armed && started.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Step::ReadTimeout);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Waits for a client's next request, in both modes: a whole message; a large message that
+/// found the budget spent (already thrown away); or the normal end of the session (client
+/// closed, idle for `limits.idle`, drain). An error when the client sends garbage, is too
+/// slow to finish a message, or `failure` (something the session also watches, e.g. its
+/// upstream) completes first.
+pub(crate) async fn wait_for_request(
+    client_in: &mut Reader,
+    drain: &CancellationToken,
+    kill: &CancellationToken,
+    limits: Limits,
+    budget: &MemoryBudget,
+    failure: impl Future<Output = SessionError>,
+) -> Result<Incoming, SessionError> {
+    tokio::pin!(failure);
+    let idle_timer = super::session::sleep_unless_zero(limits.idle);
+    tokio::pin!(idle_timer);
+    let mut permit = None;
+    loop {
+        let message_started = !client_in.read_buffer().is_empty();
+        let step = tokio::select! {
+            biased;
+            _ = drain.cancelled(), if !message_started => return Ok(Incoming::End(End::Drained)),
+            _ = kill.cancelled() => return Err(SessionError::Killed),
+            step = poll_message(client_in, limits.read, permit.is_some()) => step,
+            e = &mut failure => return Err(e),
+            _ = &mut idle_timer, if !message_started => {
+                debug!(timeout = ?limits.idle, "closing idle client connection");
+                return Ok(Incoming::End(End::Idle));
+            }
+        };
+        match step {
+            Step::Next(None) => return Ok(Incoming::End(End::ClientClosed)),
+            Step::Next(Some(Ok(frame))) => return Ok(Incoming::Frame(frame, permit)),
+            Step::Next(Some(Err(e))) => return Err(super::session::client_error(e)),
+            Step::ReadTimeout => {
+                info!(timeout = ?limits.read, "client did not finish its message; closing");
+                return Err(SessionError::ClientReadTimeout(limits.read));
+            }
+            Step::NeedsBudget(len) => {
+                match budget.take(len, limits.budget_wait, kill).await {
+                    Some(p) => permit = Some(p),
+                    None if kill.is_cancelled() => return Err(SessionError::Killed),
+                    None => return discard_over_budget(client_in, len, limits.read).await,
+                }
+            }
+        }
+    }
+}
+
+/// Reads and throws away the rest of a `len`-byte message whose header is buffered, without
+/// ever holding more than a small scratch buffer, within `read` (the message's read
+/// deadline); then says whom to answer.
+async fn discard_over_budget(
+    client_in: &mut Reader,
+    len: usize,
+    read: Duration,
+) -> Result<Incoming, SessionError> {
+    let head = client_in.read_buffer();
+    let request_id = crate::wire::Header::parse(head).map_or(0, |h| h.request_id);
+    let op_code = head.get(12..).and_then(le_u32).map_or(0, |v| v as i32);
+    let word = head.get(HEADER_LEN..).and_then(le_u32).unwrap_or(0);
+    // OP_MSG: flagBits; OP_COMPRESSED: the original opcode (its flags are compressed: a
+    // compressed OP_MSG is assumed to expect a reply, which nearly all do).
+    let (op, expects_reply) = match OpCode::from_i32(op_code) {
+        Some(OpCode::Msg) => (OpCode::Msg, !crate::wire::MsgFlags(word).more_to_come()),
+        Some(OpCode::Query) => (OpCode::Query, true),
+        Some(OpCode::Compressed) => match OpCode::from_i32(word as i32) {
+            Some(OpCode::Query) => (OpCode::Query, true),
+            Some(OpCode::Msg) => (OpCode::Msg, true),
+            Some(other) => (other, false),
+            None => return Err(over_budget_garbage(op_code)),
+        },
+        Some(other) => (other, false),
+        None => return Err(over_budget_garbage(op_code)),
+    };
+    let mut left = len.saturating_sub(head.len());
+    client_in.read_buffer_mut().clear();
+    let deadline = Instant::now() + if read.is_zero() { Duration::MAX / 4 } else { read };
+    let mut scratch = vec![0u8; 64 * 1024];
+    while left > 0 {
+        let want = left.min(scratch.len());
+        let Some(buf) = scratch.get_mut(..want) else {
+            break;
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let n = match tokio::time::timeout(remaining, client_in.get_mut().read(buf)).await {
+            Err(_) => return Err(SessionError::ClientReadTimeout(read)),
+            Ok(Err(e)) => return Err(SessionError::ClientIo(e)),
+            Ok(Ok(0)) => return Err(SessionError::ClientGone),
+            Ok(Ok(n)) => n,
+        };
+        left = left.saturating_sub(n);
+    }
+    info!(
+        bytes = len,
+        "memory budget spent: a large client message was refused (65003)"
+    );
+    Ok(Incoming::OverBudget {
+        request_id,
+        op,
+        expects_reply,
+    })
+}
+
+fn over_budget_garbage(op_code: i32) -> SessionError {
+    SessionError::ClientProtocol(crate::wire::WireError::UnknownOpCode(op_code))
+}
+
+/// The error document of a request refused for memory.
+pub(crate) fn over_budget_document() -> bson::RawDocumentBuf {
+    crate::wire::builder::error_document(
+        MEMORY_BUDGET_CODE,
+        MEMORY_BUDGET_CODE_NAME,
+        "mongoguard: memory budget for messages in flight is spent (proxy.memory_budget); \
+         the request was not run: retry later or send smaller batches",
+    )
+}
+
+/// A client request ready for inspection, with the memory budget it holds until it is done.
+pub(crate) struct Received {
+    /// The message as the client sent it (what is forwarded).
+    pub frame: Frame,
+    /// Its decompressed form, for an OP_COMPRESSED message.
+    pub inner: Option<Frame>,
+    _budget: (Option<BudgetPermit>, Option<BudgetPermit>),
+}
+
+/// What the session loop does next.
+pub(crate) enum Next {
+    /// Inspect and serve this request.
+    Request(Received),
+    /// The request was refused for memory (answered here); wait for the next one.
+    Refused,
+    /// The session ends normally.
+    End(End),
+}
+
+/// The part of every session loop between "something arrived" and "inspect it": answers a
+/// message refused for memory, and decompresses (budgeted, off the runtime threads) a
+/// compressed one.
+pub(crate) async fn receive(
+    ctx: &super::Context,
+    out: &mut crate::net::ClientWrite,
+    incoming: Incoming,
+    limits: Limits,
+    kill: &CancellationToken,
+) -> Result<Next, SessionError> {
+    let (frame, permit) = match incoming {
+        Incoming::Frame(f, p) => (f, p),
+        Incoming::End(end) => return Ok(Next::End(end)),
+        Incoming::OverBudget {
+            request_id,
+            op,
+            expects_reply,
+        } => {
+            if expects_reply {
+                refuse_over_budget(ctx, out, op, request_id, limits, kill).await?;
+            }
+            return Ok(Next::Refused);
+        }
+    };
+    let max = ctx.config.proxy.max_message_size;
+    use super::inspect::{decompress_off_thread, Decompressed};
+    let decompressed = decompress_off_thread(&frame, max, &ctx.budget, limits.budget_wait, kill)
+        .await
+        .map_err(SessionError::ClientProtocol)?;
+    let (inner, inner_permit) = match decompressed {
+        Decompressed::Plain => (None, None),
+        Decompressed::Inner(f, p) => (Some(f), p),
+        Decompressed::OverBudget => {
+            let op = frame
+                .bytes()
+                .get(HEADER_LEN..)
+                .and_then(le_u32)
+                .and_then(|v| OpCode::from_i32(v as i32))
+                .unwrap_or(OpCode::Msg);
+            let id = frame.header().request_id;
+            refuse_over_budget(ctx, out, op, id, limits, kill).await?;
+            return Ok(Next::Refused);
+        }
+    };
+    Ok(Next::Request(Received {
+        frame,
+        inner,
+        _budget: (permit, inner_permit),
+    }))
+}
+
+async fn refuse_over_budget(
+    ctx: &super::Context,
+    out: &mut crate::net::ClientWrite,
+    op: OpCode,
+    request_id: i32,
+    limits: Limits,
+    kill: &CancellationToken,
+) -> Result<(), SessionError> {
+    let doc = over_budget_document();
+    super::session::send_reply(ctx, out, op, request_id, &doc, limits.write, kill).await
+}
