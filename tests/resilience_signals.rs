@@ -1,0 +1,266 @@
+//! Issue 9, items 1 and 6: signals sent to the mongoguard binary.
+//!
+//! * SIGHUP (`systemctl reload`, the shipped unit's ExecReload) must never terminate the
+//!   process, whatever the configuration: built-in policy (no policy file) in passthrough and in
+//!   pooled mode, with and without a users file. Today a SIGHUP handler is only installed when a
+//!   policy file is configured (src/proxy/mod.rs `reload_policy` returns at once otherwise) or,
+//!   in pooled mode, when a users file is (src/proxy/pooled.rs `reload_users_on_hangup`); in the
+//!   other cases SIGHUP keeps its default action and kills the process (exit by signal 1).
+//! * SIGTERM ends the process within `drain_timeout` plus a margin even while a client never
+//!   reads its reply. Today the relay's send to the client has no timer and does not watch the
+//!   kill token, and shutdown waits for every session without a bound, so the process hangs.
+//!
+//! The proxy runs as a child process (env!("CARGO_BIN_EXE_mongoguard")), the upstream is an
+//! in-process stand-in. Signals are sent with kill(1).
+
+#[path = "support/hostile.rs"]
+mod hostile;
+
+use std::{path::Path, time::Duration};
+
+use bson::doc;
+use hostile::{num, temp_dir, Binary, RawClient};
+use mongoguard_standin::{StandIn, StandInConfig};
+
+const REPLY: Duration = Duration::from_secs(10);
+/// How long a process that SIGHUP kills gets to die before we say it survived. The default
+/// action of SIGHUP is immediate; a second signal and a round trip follow anyway.
+const DEATH_GRACE: Duration = Duration::from_millis(500);
+
+const UPSTREAM_USER: (&str, &str) = ("app", "apppw");
+const CLIENT_USER: (&str, &str) = ("alice", "alicepw");
+
+fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("mongoguard.toml");
+    std::fs::write(&path, text).expect("write the config file");
+    path
+}
+
+/// Sends SIGHUP twice and checks after each that the process is alive and still answers
+/// `hello` (always answered) and, when `ping_upstream`, a `ping` that goes upstream.
+async fn survives_sighup(bin: &mut Binary, ping_upstream: bool) {
+    // Serving before the signal (also makes sure startup, signal handlers included, is over).
+    let mut before = RawClient::connect(bin.addr).await;
+    before.hello(REPLY).await.expect("hello before SIGHUP");
+    for round in 1..=2 {
+        bin.signal("HUP");
+        if let Some(status) = bin.exited_within(DEATH_GRACE) {
+            panic!(
+                "SIGHUP #{round} terminated mongoguard ({status}); stderr:\n{}",
+                bin.stderr_text()
+            );
+        }
+        // A new connection and the one opened before the signal both still work.
+        let mut c = RawClient::connect(bin.addr).await;
+        c.hello(REPLY)
+            .await
+            .unwrap_or_else(|e| panic!("hello after SIGHUP #{round}: {e}"));
+        if ping_upstream {
+            c.ping(REPLY)
+                .await
+                .unwrap_or_else(|e| panic!("ping after SIGHUP #{round}: {e}"));
+        }
+        before
+            .hello(REPLY)
+            .await
+            .unwrap_or_else(|e| panic!("hello on the older connection after SIGHUP: {e}"));
+    }
+    assert!(
+        bin.child.try_wait().expect("try_wait").is_none(),
+        "mongoguard exited after SIGHUP"
+    );
+    // And it still stops cleanly on SIGTERM.
+    bin.signal("TERM");
+    let status = bin
+        .exited_within(Duration::from_secs(10))
+        .expect("SIGTERM after SIGHUP: mongoguard did not exit within 10 s");
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+/// Fails today: passthrough with the built-in policy installs no SIGHUP handler, so SIGHUP
+/// kills the process (the Docker image's default configuration; issue 9 "systemctl reload
+/// kills mongoguard").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_passthrough_builtin_policy_keeps_serving() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("sighup-pass");
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+             [upstream]\nuri = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            standin.uri()
+        ),
+    );
+    let mut bin = Binary::start(&config);
+    survives_sighup(&mut bin, true).await;
+}
+
+/// Fails today: pooled mode without a users file (allow_unauthenticated on loopback) and
+/// without a policy file installs no SIGHUP handler either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_pooled_without_users_file_keeps_serving() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("sighup-pooled-open");
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"pooled\"\n\
+             [upstream]\nuri = \"{}\"\n\
+             [auth]\nallow_unauthenticated = true\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            standin.uri()
+        ),
+    );
+    let mut bin = Binary::start(&config);
+    survives_sighup(&mut bin, true).await;
+}
+
+/// Expected to pass today (the users-file reload installs a SIGHUP handler): kept as the
+/// regression guard for the refactor of the signal handling, and it checks that the users file
+/// really is reloaded (a user added before the signal can authenticate after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_pooled_with_users_file_keeps_serving_and_reloads_users() {
+    let standin = StandIn::start(StandInConfig {
+        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = temp_dir("sighup-pooled-users");
+    let users = dir.join("users.toml");
+    mongoguard::auth::users::add(&users, CLIENT_USER.0, CLIENT_USER.1, "admin").unwrap();
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"pooled\"\n\
+             [upstream]\nuri = \"mongodb://{}:{}@{}/?authSource=admin\"\n\
+             [auth]\nusers_file = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            UPSTREAM_USER.0,
+            UPSTREAM_USER.1,
+            standin.addr(),
+            users.display()
+        ),
+    );
+    let mut bin = Binary::start(&config);
+    // A second user appears in the file; SIGHUP must load it.
+    mongoguard::auth::users::add(&users, "bob", "bobpw", "admin").unwrap();
+    survives_sighup_then_authenticates(&mut bin, ("bob", "bobpw")).await;
+}
+
+async fn survives_sighup_then_authenticates(bin: &mut Binary, user: (&str, &str)) {
+    let mut c = RawClient::connect(bin.addr).await;
+    c.hello(REPLY).await.expect("hello before SIGHUP");
+    bin.signal("HUP");
+    if let Some(status) = bin.exited_within(DEATH_GRACE) {
+        panic!(
+            "SIGHUP terminated mongoguard ({status}); stderr:\n{}",
+            bin.stderr_text()
+        );
+    }
+    // The reload is asynchronous: poll (bounded) until the new user authenticates.
+    let uri = format!(
+        "mongodb://{}:{}@{}/?authSource=admin&serverSelectionTimeoutMS=5000",
+        user.0, user.1, bin.addr
+    );
+    let mut last = String::new();
+    let mut ok = false;
+    for _ in 0..50 {
+        let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+        match tokio::time::timeout(
+            REPLY,
+            client.database("admin").run_command(doc! {"ping": 1}),
+        )
+        .await
+        {
+            Ok(Ok(reply)) if num(&reply, "ok") == Some(1) => {
+                ok = true;
+                break;
+            }
+            Ok(Ok(reply)) => last = reply.to_string(),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "no reply within 10 s".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        ok,
+        "the user added before SIGHUP cannot authenticate: {last}"
+    );
+    assert!(bin.child.try_wait().expect("try_wait").is_none());
+    bin.signal("TERM");
+    let status = bin
+        .exited_within(Duration::from_secs(10))
+        .expect("mongoguard did not exit within 10 s of SIGTERM");
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+/// Fails today: a client that sends large `find`s and never reads its replies keeps its
+/// session's send blocked for ever; after SIGTERM the drain deadline (1 s) passes, the kill
+/// token is cancelled, but the blocked send does not watch it and shutdown waits for the
+/// session without a bound. Asserted: the process exits (status 0) within drain_timeout + 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_within_drain_timeout_while_a_client_never_reads() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    fill_large_collection(&standin).await;
+    let dir = temp_dir("sigterm-slow-reader");
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\ndrain_timeout = \"1s\"\n\
+             [upstream]\nuri = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            standin.uri()
+        ),
+    );
+    let mut bin = Binary::start(&config);
+    let mut stuck = RawClient::connect_small_window(bin.addr).await;
+    for _ in 0..6 {
+        stuck.send(&large_find()).await;
+    }
+    // The proxy has read at least one find and forwarded it (the stand-in counts it); its
+    // replies (~4 MB each) now sit in the proxy, which cannot hand them over.
+    let stats = standin.stats();
+    assert!(
+        hostile::within(Duration::from_secs(10), || stats.command_count("find") >= 1).await,
+        "no find reached the stand-in"
+    );
+    bin.signal("TERM");
+    let status = bin.exited_within(Duration::from_secs(6));
+    drop(stuck);
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "mongoguard still running 6 s after SIGTERM with drain_timeout 1s and a client \
+             that does not read; stderr:\n{}",
+            bin.stderr_text()
+        )
+    });
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+/// 40 documents of 100 KB in `slow.big` on the stand-in (direct, not through the proxy).
+async fn fill_large_collection(standin: &StandIn) {
+    let mut c = RawClient::connect(standin.addr()).await;
+    let docs: Vec<bson::Document> = (0..40)
+        .map(|i| doc! {"_id": i, "pad": "x".repeat(100 * 1024)})
+        .collect();
+    let reply = c
+        .command(
+            doc! {"insert": "big", "$db": "slow", "documents": docs},
+            REPLY,
+        )
+        .await
+        .expect("insert the large documents");
+    assert_eq!(num(&reply, "n"), Some(40), "{reply}");
+}
+
+/// A find whose first batch is the whole 4 MB collection.
+fn large_find() -> bson::Document {
+    doc! {"find": "big", "$db": "slow", "filter": {}, "batchSize": 1000}
+}
