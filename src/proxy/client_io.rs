@@ -207,9 +207,7 @@ async fn poll_message(reader: &mut Reader, read: Duration, paid: bool) -> Step {
             }
         }
         if !armed && !read.is_zero() && !buffered.is_empty() {
-            started
-                .as_mut()
-                .reset(tokio::time::Instant::now() + read);
+            started.as_mut().reset(tokio::time::Instant::now() + read);
             armed = true;
         }
         if armed && started.as_mut().poll(cx).is_ready() {
@@ -258,13 +256,11 @@ pub(crate) async fn wait_for_request(
                 info!(timeout = ?limits.read, "client did not finish its message; closing");
                 return Err(SessionError::ClientReadTimeout(limits.read));
             }
-            Step::NeedsBudget(len) => {
-                match budget.take(len, limits.budget_wait, kill).await {
-                    Some(p) => permit = Some(p),
-                    None if kill.is_cancelled() => return Err(SessionError::Killed),
-                    None => return discard_over_budget(client_in, len, limits.read).await,
-                }
-            }
+            Step::NeedsBudget(len) => match budget.take(len, limits.budget_wait, kill).await {
+                Some(p) => permit = Some(p),
+                None if kill.is_cancelled() => return Err(SessionError::Killed),
+                None => return discard_over_budget(client_in, len, limits.read).await,
+            },
         }
     }
 }
@@ -297,7 +293,12 @@ async fn discard_over_budget(
     };
     let mut left = len.saturating_sub(head.len());
     client_in.read_buffer_mut().clear();
-    let deadline = Instant::now() + if read.is_zero() { Duration::MAX / 4 } else { read };
+    let deadline = Instant::now()
+        + if read.is_zero() {
+            Duration::MAX / 4
+        } else {
+            read
+        };
     let mut scratch = vec![0u8; 64 * 1024];
     while left > 0 {
         let want = left.min(scratch.len());
@@ -368,6 +369,39 @@ pub(crate) async fn receive(
     kill: &CancellationToken,
 ) -> Result<Next, SessionError> {
     let (frame, permit) = match incoming {
+        // A large message that arrived whole in one read (or was pipelined during a relay)
+        // was never gated: it pays now, or is refused and freed at once.
+        Incoming::Frame(f, None) if f.bytes().len() > BUDGET_FREE_BELOW => {
+            match ctx
+                .budget
+                .take(f.bytes().len(), limits.budget_wait, kill)
+                .await
+            {
+                Some(p) => (f, Some(p)),
+                None if kill.is_cancelled() => return Err(SessionError::Killed),
+                None => {
+                    let header = f.header();
+                    let op = OpCode::from_i32(header.op_code).unwrap_or(OpCode::Msg);
+                    let more_to_come = op == OpCode::Msg
+                        && f.bytes()
+                            .get(HEADER_LEN..)
+                            .and_then(le_u32)
+                            .is_some_and(|w| crate::wire::MsgFlags(w).more_to_come());
+                    let expects_reply =
+                        matches!(op, OpCode::Msg | OpCode::Query | OpCode::Compressed)
+                            && !more_to_come;
+                    if expects_reply {
+                        let op = if op == OpCode::Compressed {
+                            compressed_original_op(&f)
+                        } else {
+                            op
+                        };
+                        refuse_over_budget(ctx, out, op, header.request_id, limits, kill).await?;
+                    }
+                    return Ok(Next::Refused);
+                }
+            }
+        }
         Incoming::Frame(f, p) => (f, p),
         Incoming::End(end) => return Ok(Next::End(end)),
         Incoming::OverBudget {
@@ -390,12 +424,7 @@ pub(crate) async fn receive(
         Decompressed::Plain => (None, None),
         Decompressed::Inner(f, p) => (Some(f), p),
         Decompressed::OverBudget => {
-            let op = frame
-                .bytes()
-                .get(HEADER_LEN..)
-                .and_then(le_u32)
-                .and_then(|v| OpCode::from_i32(v as i32))
-                .unwrap_or(OpCode::Msg);
+            let op = compressed_original_op(&frame);
             let id = frame.header().request_id;
             refuse_over_budget(ctx, out, op, id, limits, kill).await?;
             return Ok(Next::Refused);
@@ -406,6 +435,29 @@ pub(crate) async fn receive(
         inner,
         _budget: (permit, inner_permit),
     }))
+}
+
+/// The opcode family of the reply to an OP_COMPRESSED message (its original opcode).
+fn compressed_original_op(frame: &Frame) -> OpCode {
+    frame
+        .bytes()
+        .get(HEADER_LEN..)
+        .and_then(le_u32)
+        .and_then(|v| OpCode::from_i32(v as i32))
+        .unwrap_or(OpCode::Msg)
+}
+
+/// While a request is in flight, watches the client for what it sends next: a whole small
+/// message (pipelined; kept for later), its departure or garbage. A large message is not
+/// read on: `Ok(None)` says stop watching until the request is done, so the next wait for a
+/// request gates it on the memory budget before it is buffered.
+pub(crate) async fn watch_client(client_in: &mut Reader) -> Result<Option<Frame>, SessionError> {
+    match poll_message(client_in, Duration::ZERO, false).await {
+        Step::Next(Some(Ok(f))) => Ok(Some(f)),
+        Step::Next(Some(Err(e))) => Err(super::session::client_error(e)),
+        Step::Next(None) => Err(SessionError::ClientGone),
+        Step::NeedsBudget(_) | Step::ReadTimeout => Ok(None),
+    }
 }
 
 async fn refuse_over_budget(

@@ -134,8 +134,11 @@ impl Drop for Accounting {
                     _ => {}
                 }
                 session::log_end(result);
-                ctx.audit
-                    .event(super::close_event(self.peer, self.opened.elapsed(), Some(result)));
+                ctx.audit.event(super::close_event(
+                    self.peer,
+                    self.opened.elapsed(),
+                    Some(result),
+                ));
             }
             None => {
                 error!(peer = %self.peer, "client session ended without a result (internal error); connection closed");

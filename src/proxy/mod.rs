@@ -26,9 +26,9 @@ use tokio::{net::TcpListener, sync::Semaphore, task::JoinHandle};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{info, warn};
 
+pub use client_io::{MEMORY_BUDGET_CODE, MEMORY_BUDGET_CODE_NAME};
 pub use error::{ProxyError, SessionError};
 pub use hello::ClientMetadata;
-pub use client_io::{MEMORY_BUDGET_CODE, MEMORY_BUDGET_CODE_NAME};
 pub use pooled::{PinnedCounts, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 
 use crate::{

@@ -19,24 +19,21 @@ use std::{
 };
 
 use bson::{RawDocument, RawDocumentBuf};
-use futures::StreamExt;
 use tokio::time::Instant;
 use tokio_util::{codec::FramedRead, sync::CancellationToken};
 use tracing::{debug, info, warn};
 
 use super::{
+    client_io::{receive, send_to_client, wait_for_request, watch_client, Incoming, Limits, Next},
     error::SessionError,
     guard::{self, Who},
     hello::{self, ClientMetadata, HelloAuth},
     inspect::{inspect_with, Request},
     observe::SessionObs,
     routing::{self, Class, CursorReply, Routing},
-    client_io::{
-        receive, send_to_client, wait_for_request, Incoming, Limits, Next,
-    },
     session::{
-        abort_timeout, client_error, reply_more_to_come, send_reply, sleep_unless_zero,
-        upstream_error, End, Reader, NOT_PRIMARY_CODES,
+        abort_timeout, reply_more_to_come, send_reply, sleep_unless_zero, upstream_error, End,
+        Reader, NOT_PRIMARY_CODES,
     },
     Context, Counter, ProxyError,
 };
@@ -764,7 +761,13 @@ impl Session {
         if !request.expects_reply {
             return Ok(());
         }
-        send_to_client(&mut self.client_out, reply.bytes(), self.limits.write, &self.kill).await
+        send_to_client(
+            &mut self.client_out,
+            reply.bytes(),
+            self.limits.write,
+            &self.kill,
+        )
+        .await
     }
 
     async fn checkout_failed(
@@ -838,6 +841,8 @@ impl Session {
         // ABANDONED_REPLY_BUDGET) so the connection can go back to the pool clean. Drivers do
         // this on close: the Node driver sends endSessions and closes without waiting.
         let mut client_gone = false;
+        // A large message the client started meanwhile is not read on (see watch_client).
+        let mut client_paused = false;
         let result = loop {
             let budget = if client_gone {
                 match reply_timeout.is_zero() {
@@ -857,18 +862,20 @@ impl Session {
                     Some(Err(e)) => break Err(upstream_error(e)),
                     Some(Ok(f)) => f,
                 },
-                next = self.client_in.next(), if self.pending.is_none() && !client_gone => match next {
-                    None if streaming => break Err(SessionError::ClientGone),
-                    None => {
-                        client_gone = true;
-                        continue;
+                next = watch_client(&mut self.client_in),
+                    if self.pending.is_none() && !client_gone && !client_paused =>
+                {
+                    match next {
+                        Err(SessionError::ClientGone) if streaming => {
+                            break Err(SessionError::ClientGone)
+                        }
+                        Err(SessionError::ClientGone) => client_gone = true,
+                        Err(e) => break Err(e),
+                        Ok(Some(f)) => self.pending = Some(f),
+                        Ok(None) => client_paused = true,
                     }
-                    Some(Err(e)) => break Err(client_error(e)),
-                    Some(Ok(f)) => {
-                        self.pending = Some(f);
-                        continue;
-                    }
-                },
+                    continue;
+                }
                 _ = &mut timer => break Err(if client_gone {
                     SessionError::ClientGone
                 } else {
@@ -928,7 +935,8 @@ impl Session {
                 break Ok(Trip::Done);
             }
             let limit = self.limits.write;
-            if let Err(e) = send_to_client(&mut self.client_out, reply.bytes(), limit, &self.kill).await
+            if let Err(e) =
+                send_to_client(&mut self.client_out, reply.bytes(), limit, &self.kill).await
             {
                 break Err(e);
             }

@@ -23,7 +23,10 @@ use tokio_util::{codec::FramedRead, sync::CancellationToken};
 use tracing::{debug, info, warn};
 
 use super::{
-    client_io::{receive, send_to_client, send_to_upstream, wait_for_request, Incoming, Limits, Next},
+    client_io::{
+        receive, send_to_client, send_to_upstream, wait_for_request, watch_client, Incoming,
+        Limits, Next,
+    },
     error::SessionError,
     guard::{self, Judgement, Who},
     hello::{self, ClientMetadata},
@@ -355,6 +358,7 @@ impl Session {
         };
         let streaming_hello = request.is_hello && request.exhaust_allowed;
         let mut expected_response_to = request.request_id;
+        let mut client_paused = false;
         loop {
             let timer = sleep_unless_zero(reply_timeout);
             tokio::pin!(timer);
@@ -374,14 +378,13 @@ impl Session {
                     Some(Err(e)) => return Err(upstream_error(e)),
                     Some(Ok(f)) => f,
                 },
-                next = client_in.next(), if pending.is_none() => match next {
-                    None => return Err(SessionError::ClientGone),
-                    Some(Err(e)) => return Err(client_error(e)),
-                    Some(Ok(f)) => {
-                        *pending = Some(f);
-                        continue;
+                next = watch_client(client_in), if pending.is_none() && !client_paused => {
+                    match next? {
+                        Some(f) => *pending = Some(f),
+                        None => client_paused = true,
                     }
-                },
+                    continue;
+                }
                 _ = &mut timer => return Err(SessionError::ReplyTimeout(reply_timeout)),
             };
             let header = reply.header();
@@ -399,8 +402,8 @@ impl Session {
                 obs.first_reply(&reply);
             }
             expected_response_to = header.request_id;
-            let more =
-                reply_more_to_come(&reply, request, *max).map_err(SessionError::UpstreamProtocol)?;
+            let more = reply_more_to_come(&reply, request, *max)
+                .map_err(SessionError::UpstreamProtocol)?;
             if request.is_hello {
                 if let Some(v) = hello::max_wire_version(&reply, *max) {
                     *upstream_wire_version = Some(v);
@@ -620,9 +623,7 @@ pub(crate) fn log_end(result: &Result<End, SessionError>) {
         // Per-connection and expected (a failover closes every session of the old primary;
         // a serverless fleet churns thousands of connections a second): not for `info`.
         Err(
-            e @ (SessionError::ClientGone
-            | SessionError::Killed
-            | SessionError::PrimaryChanged(_)),
+            e @ (SessionError::ClientGone | SessionError::Killed | SessionError::PrimaryChanged(_)),
         ) => debug!(error = %e, "client session closed"),
         Err(e @ (SessionError::ClientWriteTimeout(_) | SessionError::ClientReadTimeout(_))) => {
             info!(error = %e, "client session closed")

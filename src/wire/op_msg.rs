@@ -192,7 +192,9 @@ fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
             }
             Section::Sequence(seq) => {
                 if ids.iter().take(n_ids).any(|id| *id == seq.identifier) {
-                    return Err(WireError::DuplicateSequence(crate::text::client(seq.identifier)));
+                    return Err(WireError::DuplicateSequence(crate::text::client(
+                        seq.identifier,
+                    )));
                 }
                 let Some(slot) = ids.get_mut(n_ids) else {
                     return Err(WireError::TooManySequences(n_ids + 1));
