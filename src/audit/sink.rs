@@ -11,7 +11,7 @@ use std::{
     io::{self, Write},
     net::UdpSocket,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{atomic::Ordering, Arc, Mutex, PoisonError},
     time::{Instant, SystemTime},
 };
 
@@ -19,7 +19,7 @@ use tokio::{
     sync::{mpsc, oneshot},
     time::{Interval, MissedTickBehavior},
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{
     config::{Facility, StreamSettings, SyslogFormat},
@@ -43,6 +43,12 @@ pub(crate) enum Msg {
     Event(Stamped),
     /// Answered once everything queued before it is written.
     Flush(oneshot::Sender<()>),
+    /// Wakes the writer to reopen a file sink ([`Shared::reopen`] says it is wanted; the
+    /// flag, not this message, carries the request, so a full queue cannot lose it).
+    Reopen,
+    /// Close the queue, write what it holds and every pending dedup summary, then answer
+    /// and end the writer.
+    Close(oneshot::Sender<()>),
 }
 
 /// The end of one line in a batch buffer (just past its `\n`) and its syslog severity.
@@ -103,6 +109,14 @@ impl Target {
                 })))
             }
         }))
+    }
+
+    /// Reopens a file sink at its configured path (after an external rotation renamed it);
+    /// other sinks have nothing to reopen. Blocking: call from a blocking thread.
+    fn reopen_blocking(&self) {
+        if let Target::File(f) = self {
+            locked(f).reopen_on_request();
+        }
     }
 
     /// Writes the lines of `buf` (ending at `marks`). Stdout and stderr get one `write_all`
@@ -247,13 +261,28 @@ impl RotatingFile {
         self.reopen();
     }
 
+    /// Reopens `PATH` when asked (SIGHUP after logrotate renamed it): a renamed file is left
+    /// alone, a new one is created at the path. If it cannot be created, lines go on to the
+    /// file already open (nothing is lost) and every batch tries again.
+    fn reopen_on_request(&mut self) {
+        let was_pending = self.reopen_pending;
+        self.reopen_pending = false;
+        self.reopen();
+        if self.reopen_pending {
+            return;
+        }
+        if !was_pending {
+            info!(file = %self.path.display(), "audit log reopened");
+        }
+    }
+
     fn reopen(&mut self) {
         match open_append(&self.path).and_then(|f| Ok((f.metadata()?.len(), f))) {
             Ok((size, file)) => {
                 self.file = file;
                 self.size = size;
                 if self.reopen_pending {
-                    warn!(file = %self.path.display(), "audit log reopened after a failed rotation");
+                    warn!(file = %self.path.display(), "audit log reopened after a failed attempt");
                 }
                 self.reopen_pending = false;
             }
@@ -262,8 +291,8 @@ impl RotatingFile {
                     warn!(
                         file = %self.path.display(),
                         %error,
-                        "audit log rotation: cannot create a new file; lines go to the rotated \
-                         file until it can be created"
+                        "audit log: cannot create a new file at its path; lines go to the file \
+                         already open until it can be created"
                     );
                 }
                 self.reopen_pending = true;
@@ -452,6 +481,8 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
     };
     let mut batch = Vec::with_capacity(BATCH);
     let mut acks = Vec::new();
+    // Answered once the writer has written everything and ends.
+    let mut closed = Vec::new();
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => {
@@ -464,6 +495,14 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
                         Msg::Summary(s) => w.push_summary(&s),
                         Msg::Event(e) => w.push_event(&e),
                         Msg::Flush(ack) => acks.push(ack),
+                        // The flag is read by `write`.
+                        Msg::Reopen => {}
+                        Msg::Close(ack) => {
+                            // No new message gets in; those already queued are still
+                            // received, then `recv_many` returns 0.
+                            rx.close();
+                            closed.push(ack);
+                        }
                     }
                 }
                 w.write().await;
@@ -479,6 +518,9 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
     }
     w.summaries(|d, out| d.drain(out));
     w.write().await;
+    for ack in closed {
+        let _ = ack.send(());
+    }
 }
 
 /// Waits for the next sweep; never completes without dedup.
@@ -539,8 +581,12 @@ impl Writer {
 
     /// Writes the pending lines on a blocking thread (stdout, files and sockets may block).
     /// A failure is counted and logged at most once a second; its lines are lost.
+    ///
+    /// A reopen asked for by [`AuditLog::reopen`](super::AuditLog::reopen) happens here,
+    /// before the lines are written, so a reopen never races a write.
     async fn write(&mut self) {
-        if self.buf.is_empty() {
+        let reopen = self.shared.reopen.swap(false, Ordering::AcqRel);
+        if self.buf.is_empty() && !reopen {
             return;
         }
         let target = self.target.clone();
@@ -548,6 +594,12 @@ impl Writer {
         let marks = std::mem::take(&mut self.marks);
         let lines = marks.len() as u64;
         let (result, mut buf, mut marks) = match tokio::task::spawn_blocking(move || {
+            if reopen {
+                target.reopen_blocking();
+            }
+            if buf.is_empty() {
+                return (Ok(()), buf, marks);
+            }
             let result = target.write_blocking(buf.as_bytes(), &marks);
             (result, buf, marks)
         })

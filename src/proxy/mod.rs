@@ -320,7 +320,7 @@ impl ProxyHandle {
         if let Some(p) = &self.ctx.pooled {
             p.close();
         }
-        self.ctx.audit.flush().await;
+        self.ctx.audit.close(crate::audit::CLOSE_BOUND).await;
         info!("mongoguard stopped");
     }
 
