@@ -404,7 +404,7 @@ impl Session {
                 let span = tracing::Span::current();
                 span.record("app", meta.application.as_deref().unwrap_or("-"));
                 span.record("driver", meta.driver.as_deref().unwrap_or("-"));
-                info!("client handshake");
+                debug!("client handshake");
                 self.ctx
                     .audit
                     .event_with(|| super::session::handshake_event(self.peer, meta));
@@ -627,7 +627,7 @@ impl Session {
         let Some(identity) = self.pooled.identities.get(mapped) else {
             return;
         };
-        info!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
+        debug!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
         self.ctx
             .audit
             .event_with(|| crate::audit::Event::AuthSucceeded {

@@ -15,7 +15,7 @@ use std::{
 use futures::StreamExt;
 
 use tokio_util::codec::FramedRead;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{
     error::SessionError,
@@ -129,7 +129,7 @@ pub(crate) async fn run(
             let span = tracing::Span::current();
             span.record("app", meta.application.as_deref().unwrap_or("-"));
             span.record("driver", meta.driver.as_deref().unwrap_or("-"));
-            info!("client handshake");
+            debug!("client handshake");
             session
                 .ctx
                 .audit
@@ -366,7 +366,7 @@ pub(crate) async fn wait_for_request(
         },
         e = failure => Err(e),
         _ = &mut idle_timer => {
-            info!(timeout = ?idle, "closing idle client connection");
+            debug!(timeout = ?idle, "closing idle client connection");
             Ok(Err(End::Idle))
         }
     }
@@ -477,10 +477,10 @@ pub(crate) fn log_end(result: &Result<End, SessionError>) {
             ) =>
         {
             // A client closing abruptly is the client's business, not an operator's.
-            info!(error = %e, "client connection reset")
+            debug!(error = %e, "client connection reset")
         }
         Err(SessionError::ClientGone) | Err(SessionError::Killed) => {
-            info!(error = %result.as_ref().err().map(ToString::to_string).unwrap_or_default(), "client session closed")
+            debug!(error = %result.as_ref().err().map(ToString::to_string).unwrap_or_default(), "client session closed")
         }
         Err(e) => warn!(error = %e, "client session closed"),
     }
