@@ -39,6 +39,7 @@ mod counters;
 mod dedup;
 mod error;
 mod event;
+mod file;
 mod json;
 mod record;
 mod sink;
