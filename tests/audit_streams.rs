@@ -330,3 +330,38 @@ async fn a_sink_that_blocks_or_fails_does_not_hang_shutdown() {
     drop(reader);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// logrotate without copytruncate: the files are renamed, then SIGHUP calls `reopen`; the
+/// renamed files keep what was written, new files at the configured paths get what follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopen_after_a_rename_writes_to_new_files_at_the_configured_paths() {
+    let dir = temp_dir("reopen");
+    let violations = dir.join("violations.log");
+    let events = dir.join("events.log");
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut cfg = Config::for_upstream(&standin.uri()).unwrap();
+    cfg.audit.sink = SinkSpec::File(violations.clone());
+    cfg.audit.events_sink = SinkSpec::File(events.clone());
+    cfg.audit.dedup_window = Duration::ZERO;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let audit = proxy.audit();
+    blocked_deletes(proxy.local_addr(), 1).await;
+    audit.flush().await;
+    let (old_v, old_e) = (dir.join("violations.log.1"), dir.join("events.log.1"));
+    std::fs::rename(&violations, &old_v).unwrap();
+    std::fs::rename(&events, &old_e).unwrap();
+    audit.reopen();
+    blocked_deletes(proxy.local_addr(), 2).await;
+    proxy.shutdown().await;
+    assert_eq!(read_lines(&old_v).len(), 1);
+    assert_eq!(read_lines(&violations).len(), 2);
+    let opened = |p: &Path| {
+        read_lines(p)
+            .iter()
+            .filter(|x| x["event"] == "connection_opened")
+            .count()
+    };
+    assert_eq!((opened(&old_e), opened(&events)), (1, 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
