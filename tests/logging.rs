@@ -50,9 +50,9 @@ struct Proxy {
     admin: SocketAddr,
 }
 
-/// Starts the binary with `config` (the [proxy] listen address, the admin listener and the
-/// upstream are added here) and `stderr` as its standard error; returns once it accepts.
-async fn spawn(dir: &Path, upstream: &str, extra: &str, stderr: Stdio) -> Proxy {
+/// Starts the binary with `extra` configuration (the [proxy] listen address, the admin
+/// listener and the upstream are added here), `stdout` and `stderr`; returns once it accepts.
+async fn spawn(dir: &Path, upstream: &str, extra: &str, stdout: Stdio, stderr: Stdio) -> Proxy {
     let listen = free_addr();
     let admin = free_addr();
     let config = dir.join("mongoguard.toml");
@@ -70,7 +70,7 @@ async fn spawn(dir: &Path, upstream: &str, extra: &str, stderr: Stdio) -> Proxy 
         .arg(&config)
         .args(["--log-level", "debug"])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
@@ -146,16 +146,20 @@ async fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
 async fn an_unread_stderr_never_stalls_clients_or_shutdown() {
     let dir = temp_dir("stuck");
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();
-    // A pipe whose read end is kept open and never read: once its buffer (64 KiB on Linux)
-    // is full, every write to it blocks.
+    // Pipes whose read ends are kept open and never read: once a buffer (64 KiB on Linux)
+    // is full, every write to it blocks. stdout too, as under journald, where both go.
     let mut proxy = spawn(
         &dir,
         &standin.uri(),
         "[audit]\nsink = \"none\"\n",
         Stdio::piped(),
+        Stdio::piped(),
     )
     .await;
-    let unread = proxy.child.stderr.take().unwrap();
+    let unread = (
+        proxy.child.stdout.take().unwrap(),
+        proxy.child.stderr.take().unwrap(),
+    );
 
     // 50 at a time: at debug level each client logs two lines (about 170 bytes each); in all
     // far more than the pipe buffer (about 400 lines) and the log queue hold together.
@@ -212,6 +216,7 @@ async fn no_colour_when_stderr_is_not_a_terminal() {
         &dir,
         &standin.uri(),
         "[audit]\nsink = \"none\"\n",
+        Stdio::null(),
         file.into(),
     )
     .await;
