@@ -45,6 +45,7 @@ pub mod auth;
 pub mod check;
 pub mod command;
 pub mod config;
+pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod policy;

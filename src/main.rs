@@ -5,6 +5,7 @@ use std::{
     path::PathBuf,
     process::ExitCode,
     sync::Arc,
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -12,6 +13,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
     check::{Checker, Format},
     config::{Config, LogFormat},
+    logging::LogGuard,
     policy::{Policy, RULES},
     proxy::Proxy,
 };
@@ -52,9 +54,13 @@ CONFIGURATION
 const AFTER_LONG_HELP: &str = "\
 SIGNALS
     SIGHUP           reload the policy file (validated first; an invalid file keeps the
-                     old policy). The file is also reloaded when it changes on disk.
+                     old policy; a built-in profile has nothing to reload), the users file
+                     (pooled mode), and reopen the audit file sinks (logrotate). Never
+                     terminates the process. The policy file is also reloaded when it
+                     changes on disk.
     SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
-                     [proxy] drain_timeout (30s by default), then close what is left.
+                     [proxy] drain_timeout (30s by default), then close what is left; the
+                     audit streams are written out before exit.
 
 FILES
     /etc/mongoguard/mongoguard.toml  configuration, by convention (pass it with --config)
@@ -223,18 +229,21 @@ fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-fn init_logging(config: &Config) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
-        .with_context(|| format!("invalid log level {:?}", config.log.level))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
-    Ok(())
+/// Installs the log: a bounded, lossy queue to standard error drained by its own thread, so
+/// a slow or stuck standard error never holds a request (see `mongoguard::logging`).
+fn init_logging(config: &Config) -> anyhow::Result<LogGuard> {
+    Ok(mongoguard::logging::init(
+        &config.log.level,
+        config.log.format,
+    )?)
 }
+
+/// How long the runtime's own shutdown waits for tasks still running after the proxy
+/// stopped (a blocking write to a stuck sink is left behind rather than waited for).
+const RUNTIME_SHUTDOWN_BOUND: Duration = Duration::from_secs(1);
+
+/// How long exit waits for queued log lines to reach standard error.
+const LOG_FLUSH_BOUND: Duration = Duration::from_secs(2);
 
 fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(args)?;
@@ -242,16 +251,20 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         println!("configuration OK: {config:#?}");
         return Ok(ExitCode::SUCCESS);
     }
-    init_logging(&config)?;
+    let log = init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let proxy = Proxy::start(Arc::new(config)).await?;
         proxy.run_until_signal().await?;
         anyhow::Ok(())
-    })?;
+    });
+    // Dropping the runtime would wait without bound for blocking writes (a stuck sink).
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_BOUND);
+    log.flush(LOG_FLUSH_BOUND);
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 

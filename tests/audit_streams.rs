@@ -209,3 +209,159 @@ async fn policy_reloads_are_events() {
     assert!(bad["error"].as_str().unwrap().contains("W003"), "{bad}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Sends `n` deletes of everything (W003, blocked: code 65001) on one raw connection.
+async fn blocked_deletes(addr: std::net::SocketAddr, n: i32) {
+    use futures::StreamExt;
+    use mongoguard::wire::{builder::MsgBuilder, MessageCodec, OpMsg};
+    use tokio::io::AsyncWriteExt;
+    let (r, mut w) = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap()
+        .into_split();
+    let mut read = tokio_util::codec::FramedRead::new(r, MessageCodec::default());
+    for id in 1..=n {
+        let cmd = bson::rawdoc! {"delete": "t", "$db": "shop", "deletes": [{"q": {}, "limit": 0}]};
+        w.write_all(&MsgBuilder::new(cmd).encode(id, 0))
+            .await
+            .unwrap();
+        let frame = tokio::time::timeout(Duration::from_secs(20), read.next())
+            .await
+            .expect("a reply")
+            .expect("open")
+            .expect("valid");
+        let body = OpMsg::parse(frame.bytes()).unwrap().body().to_owned();
+        assert_eq!(body.get_i32("code").unwrap_or(0), 65001, "{body:?}");
+    }
+}
+
+/// What `main` does: the proxy runs on its own runtime, shuts down gracefully, and the
+/// runtime ends right after (tasks still running then are cancelled). Every record and every
+/// pending dedup summary must be in the file, in every run.
+#[test]
+fn records_and_dedup_summaries_survive_shutdown_in_every_run() {
+    const RUNS: usize = 10;
+    const REQUESTS: i32 = 20;
+    let dir = temp_dir("shutdown");
+    let mut missing = Vec::new();
+    for run in 0..RUNS {
+        let violations = dir.join(format!("violations-{run}.log"));
+        let events = dir.join(format!("events-{run}.log"));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+            let mut cfg = Config::for_upstream(&standin.uri()).unwrap();
+            cfg.audit.sink = SinkSpec::File(violations.clone());
+            cfg.audit.events_sink = SinkSpec::File(events.clone());
+            cfg.audit.dedup_window = Duration::from_secs(3600);
+            cfg.validate().unwrap();
+            let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+            blocked_deletes(proxy.local_addr(), REQUESTS).await;
+            tokio::time::timeout(Duration::from_secs(30), proxy.shutdown())
+                .await
+                .expect("shutdown is bounded");
+        });
+        drop(runtime);
+        let v = read_lines(&violations);
+        let records = v.iter().filter(|r| r.get("suppressed").is_none()).count();
+        let suppressed: Vec<i64> = v
+            .iter()
+            .filter_map(|r| r.get("suppressed")?.as_i64())
+            .collect();
+        let e = read_lines(&events);
+        let closed = e
+            .iter()
+            .filter(|x| x["event"] == "connection_closed")
+            .count();
+        if records != 1 || suppressed != [i64::from(REQUESTS) - 1] || closed != 1 {
+            missing.push(format!(
+                "run {run}: {records} record(s), summaries {suppressed:?}, {closed} close event(s)"
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "lost at shutdown: {missing:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A violation sink that blocks (a FIFO nobody reads, like a stuck network mount) and an
+/// event sink that fails (/dev/full) must not hold the proxy's shutdown.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_blocks_or_fails_does_not_hang_shutdown() {
+    let dir = temp_dir("stuck");
+    let fifo = dir.join("violations.fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    // Opened read-write and never read: the pipe has a reader, so writes block once its
+    // buffer (64 KiB) is full.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut cfg = Config::for_upstream(&standin.uri()).unwrap();
+    cfg.audit.sink = SinkSpec::File(fifo.clone());
+    cfg.audit.events_sink = SinkSpec::File("/dev/full".into());
+    cfg.audit.dedup_window = Duration::ZERO;
+    cfg.proxy.drain_timeout = Duration::from_secs(2);
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let audit = proxy.audit();
+    // About 400 bytes per record: 600 records are several pipe buffers.
+    blocked_deletes(proxy.local_addr(), 600).await;
+    let start = std::time::Instant::now();
+    // drain_timeout plus a margin for the audit close (bounded by a few seconds).
+    let bound = Duration::from_secs(2) + Duration::from_secs(8);
+    if tokio::time::timeout(bound, proxy.shutdown()).await.is_err() {
+        drop(reader);
+        panic!("shutdown still waiting on the audit sink after {bound:?}");
+    }
+    eprintln!("shutdown took {:?}", start.elapsed());
+    assert!(audit.event_counters().write_errors() >= 1);
+    // Let the blocked write fail (no reader left) so the runtime can end.
+    drop(reader);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// logrotate without copytruncate: the files are renamed, then SIGHUP calls `reopen`; the
+/// renamed files keep what was written, new files at the configured paths get what follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopen_after_a_rename_writes_to_new_files_at_the_configured_paths() {
+    let dir = temp_dir("reopen");
+    let violations = dir.join("violations.log");
+    let events = dir.join("events.log");
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut cfg = Config::for_upstream(&standin.uri()).unwrap();
+    cfg.audit.sink = SinkSpec::File(violations.clone());
+    cfg.audit.events_sink = SinkSpec::File(events.clone());
+    cfg.audit.dedup_window = Duration::ZERO;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let audit = proxy.audit();
+    blocked_deletes(proxy.local_addr(), 1).await;
+    audit.flush().await;
+    let (old_v, old_e) = (dir.join("violations.log.1"), dir.join("events.log.1"));
+    std::fs::rename(&violations, &old_v).unwrap();
+    std::fs::rename(&events, &old_e).unwrap();
+    audit.reopen();
+    blocked_deletes(proxy.local_addr(), 2).await;
+    proxy.shutdown().await;
+    assert_eq!(read_lines(&old_v).len(), 1);
+    assert_eq!(read_lines(&violations).len(), 2);
+    let opened = |p: &Path| {
+        read_lines(p)
+            .iter()
+            .filter(|x| x["event"] == "connection_opened")
+            .count()
+    };
+    assert_eq!((opened(&old_e), opened(&events)), (1, 1));
+    let _ = std::fs::remove_dir_all(&dir);
+}

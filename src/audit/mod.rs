@@ -25,12 +25,21 @@
 //! `"window_seconds"`. The window's end is noticed on the key's next record or by the
 //! writer's periodic sweep (at most a second late); at shutdown every pending summary is
 //! written.
+//!
+//! # Shutdown and reopening
+//! [`AuditLog::close`] (called by the proxy's graceful shutdown) forces a summary for every
+//! open dedup window, closes the queues and waits, for a bounded time, until the writers
+//! have written everything they hold: no record or summary is lost at a clean exit, and a
+//! sink that cannot keep up (a full disk, a stuck pipe) cannot hold the exit past the bound.
+//! [`AuditLog::reopen`] makes file sinks reopen their path (SIGHUP after logrotate renamed
+//! the file without `copytruncate`).
 
 mod config;
 mod counters;
 mod dedup;
 mod error;
 mod event;
+mod file;
 mod json;
 mod record;
 mod sink;
@@ -40,15 +49,18 @@ mod time;
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, MutexGuard, PoisonError,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tokio::{
     runtime::Handle,
-    sync::{mpsc, oneshot},
+    sync::{
+        mpsc::{self, error::TrySendError},
+        oneshot,
+    },
     task::JoinHandle,
 };
 use tracing::warn;
@@ -91,7 +103,12 @@ pub(crate) struct Shared {
     pub(crate) dedup: Option<Mutex<Dedup>>,
     drop_warning: Throttle,
     pub(crate) write_warning: Throttle,
+    /// Set by [`AuditLog::reopen`], taken by the writer before its next write.
+    pub(crate) reopen: AtomicBool,
 }
+
+/// What [`AuditLog::close`] waits at most by default: the proxy's shutdown uses it.
+pub const CLOSE_BOUND: Duration = Duration::from_secs(3);
 
 impl AuditLog {
     /// Validates `config`, opens the sink (a file is opened for appending now, so a bad path
@@ -204,14 +221,66 @@ impl AuditLog {
     }
 
     /// Waits until everything queued before this call, on both streams, is written to its
-    /// sink (for tests and shutdown). Dedup summaries of windows still open are not forced
-    /// out.
+    /// sink (for tests). Dedup summaries of windows still open are not forced out (see
+    /// [`close`](Self::close) for shutdown). Returns at once after `close`.
     pub async fn flush(&self) {
         for tx in [&self.tx, &self.events_tx].into_iter().flatten() {
             let (ack, done) = oneshot::channel();
             if tx.send(Msg::Flush(ack)).await.is_ok() {
                 let _ = done.await;
             }
+        }
+    }
+
+    /// Ends both streams before the process exits: forces a summary line for every dedup
+    /// window that suppressed something (even if the window is not over), closes the queues
+    /// (records and events arriving later are dropped and counted), and waits until the
+    /// writers have written everything queued and ended — for at most `bound`. A sink that
+    /// fails (write errors are counted) or blocks (a full pipe) cannot hold the caller past
+    /// `bound`; what is still queued then is lost, and a warning says how much.
+    ///
+    /// Callable through an `Arc` and more than once (later calls return at once).
+    pub async fn close(&self, bound: Duration) {
+        let streams = [
+            (&self.tx, &*self.shared),
+            (&self.events_tx, &*self.events_shared),
+        ];
+        let closing = streams
+            .into_iter()
+            .filter_map(|(tx, shared)| tx.as_ref().map(|tx| close_stream(tx, shared)));
+        if tokio::time::timeout(bound, futures::future::join_all(closing))
+            .await
+            .is_err()
+        {
+            for (tx, shared) in streams {
+                let Some(tx) = tx else { continue };
+                let queued = tx.max_capacity().saturating_sub(tx.capacity());
+                warn!(
+                    ?bound,
+                    queued,
+                    "the audit writer did not finish in time: {} still queued are lost",
+                    shared.stream
+                );
+            }
+        }
+    }
+
+    /// Makes file sinks (violations and events) reopen their configured path: a file renamed
+    /// away (logrotate without `copytruncate`) is left alone and a new one is created at the
+    /// path. The writer task does it before its next write, so it never races a write;
+    /// stdout, stderr, syslog and `none` have nothing to reopen. Never blocks: call it from a
+    /// SIGHUP handler. If the new file cannot be created, lines go on to the old one (a
+    /// warning says so) and every later batch tries again.
+    pub fn reopen(&self) {
+        for (tx, shared) in [
+            (&self.tx, &*self.shared),
+            (&self.events_tx, &*self.events_shared),
+        ] {
+            let Some(tx) = tx else { continue };
+            shared.reopen.store(true, Ordering::Release);
+            // A wake-up only: when the queue is full the writer is busy and sees the flag
+            // at its next write anyway.
+            let _ = tx.try_send(Msg::Reopen);
         }
     }
 
@@ -235,13 +304,39 @@ impl AuditLog {
     }
 }
 
-/// Queues `msg` without waiting; a full queue (or a writer gone) drops it and counts it.
+/// Forces the stream's open dedup windows out as summaries, then closes its queue and waits
+/// for its writer to write everything and end (unbounded: the caller bounds it).
+async fn close_stream(tx: &mpsc::Sender<Msg>, shared: &Shared) {
+    if let Some(dedup) = &shared.dedup {
+        let mut summaries = Vec::new();
+        lock(dedup).drain(&mut summaries);
+        for s in summaries {
+            // Waits for room: a summary must not be dropped because the queue is busy.
+            if tx.send(Msg::Summary(s)).await.is_err() {
+                return;
+            }
+        }
+    }
+    let (ack, done) = oneshot::channel();
+    if tx.send(Msg::Close(ack)).await.is_ok() {
+        let _ = done.await;
+    }
+}
+
+/// Queues `msg` without waiting; a full queue (or a closed one) drops it and counts it.
 fn enqueue(shared: &Shared, tx: &mpsc::Sender<Msg>, msg: Msg) {
-    if tx.try_send(msg).is_err() {
-        // Full, or the writer is gone: either way this line is lost.
+    if let Err(e) = tx.try_send(msg) {
+        // Either way this line is lost.
         let dropped = shared.counters.add_dropped();
         if shared.drop_warning.allow() {
-            warn!(dropped, "audit queue full: {} dropped", shared.stream);
+            match e {
+                TrySendError::Full(_) => {
+                    warn!(dropped, "audit queue full: {} dropped", shared.stream)
+                }
+                TrySendError::Closed(_) => {
+                    warn!(dropped, "audit log closed: {} dropped", shared.stream)
+                }
+            }
         }
     }
 }
@@ -254,6 +349,7 @@ impl Shared {
             dedup,
             drop_warning: Throttle::new(),
             write_warning: Throttle::new(),
+            reopen: AtomicBool::new(false),
         }
     }
 }

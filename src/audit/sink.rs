@@ -1,17 +1,15 @@
 //! The writer task: drains a queue in batches, renders lines, writes each batch to the sink,
 //! and runs the dedup sweep on a timer. One writer per stream (violations, events).
 //!
-//! Sinks: stdout / stderr (one locked `write_all` per batch), a file (appended to; rotated by
-//! size at line boundaries, so a record is never split across files), syslog (one datagram
-//! per line, to the local unix socket or over UDP).
+//! Sinks: stdout / stderr (one locked `write_all` per batch), a file (see [`super::file`]),
+//! syslog (one datagram per line, to the local unix socket or over UDP).
 
 use std::{
     fmt,
-    fs::{File, OpenOptions},
     io::{self, Write},
     net::UdpSocket,
-    path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    path::PathBuf,
+    sync::{atomic::Ordering, Arc, Mutex, PoisonError},
     time::{Instant, SystemTime},
 };
 
@@ -24,6 +22,7 @@ use tracing::warn;
 use super::{
     config::{Facility, StreamSettings, SyslogFormat},
     event::{render_event_into, Stamped},
+    file::RotatingFile,
     record::{render_into, render_summary_into, Action, Summary},
     time::{format_time, format_time_3164},
     AuditError, Shared, SinkSpec, ViolationRecord,
@@ -43,12 +42,18 @@ pub(crate) enum Msg {
     Event(Stamped),
     /// Answered once everything queued before it is written.
     Flush(oneshot::Sender<()>),
+    /// Wakes the writer to reopen a file sink ([`Shared::reopen`] says it is wanted; the
+    /// flag, not this message, carries the request, so a full queue cannot lose it).
+    Reopen,
+    /// Close the queue, write what it holds and every pending dedup summary, then answer
+    /// and end the writer.
+    Close(oneshot::Sender<()>),
 }
 
 /// The end of one line in a batch buffer (just past its `\n`) and its syslog severity.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mark {
-    end: usize,
+    pub(crate) end: usize,
     severity: u8,
 }
 
@@ -105,6 +110,14 @@ impl Target {
         }))
     }
 
+    /// Reopens a file sink at its configured path (after an external rotation renamed it);
+    /// other sinks have nothing to reopen. Blocking: call from a blocking thread.
+    fn reopen_blocking(&self) {
+        if let Target::File(f) = self {
+            locked(f).reopen_on_request();
+        }
+    }
+
     /// Writes the lines of `buf` (ending at `marks`). Stdout and stderr get one `write_all`
     /// while holding the stream lock, so lines from other writers of the same stream (the
     /// tracing subscriber) never interleave with ours mid-line. Blocking: call from a
@@ -134,140 +147,6 @@ impl fmt::Display for Target {
             Target::Stderr => f.write_str("stderr"),
             Target::File(file) => write!(f, "file:{}", locked(file).path.display()),
             Target::Syslog(s) => write!(f, "syslog {}", locked(s).dest),
-        }
-    }
-}
-
-/// An append-only file rotated by size: `PATH` → `PATH.1` → … → `PATH.keep` (deleted past
-/// that), by rename, between two lines.
-#[derive(Debug)]
-pub(crate) struct RotatingFile {
-    path: PathBuf,
-    file: File,
-    /// Bytes in the current file.
-    size: u64,
-    /// 0: never rotate.
-    max_size: u64,
-    keep: usize,
-    /// The last rotation renamed `PATH` away but could not create a new one: lines still go
-    /// to the renamed file (nothing is lost), and every batch tries to open `PATH` again.
-    reopen_pending: bool,
-}
-
-fn open_append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().append(true).create(true).open(path)
-}
-
-fn numbered(path: &Path, n: usize) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(format!(".{n}"));
-    PathBuf::from(s)
-}
-
-impl RotatingFile {
-    pub(crate) fn open(path: PathBuf, max_size: u64, keep: usize) -> io::Result<RotatingFile> {
-        let file = open_append(&path)?;
-        let size = file.metadata()?.len();
-        Ok(RotatingFile {
-            path,
-            file,
-            size,
-            max_size,
-            keep,
-            reopen_pending: false,
-        })
-    }
-
-    fn write(&mut self, buf: &[u8], marks: &[Mark]) -> io::Result<()> {
-        if self.reopen_pending {
-            self.reopen();
-        }
-        if self.max_size == 0 {
-            return self.append(buf);
-        }
-        // [start, end) is the run of whole lines not written yet.
-        let mut start = 0;
-        let mut end = 0;
-        for m in marks {
-            let pending = (end - start) as u64;
-            let line = (m.end - end) as u64;
-            if self.size + pending + line > self.max_size && self.size + pending > 0 {
-                self.append(&buf[start..end])?;
-                self.rotate();
-                start = end;
-            }
-            end = m.end;
-        }
-        debug_assert_eq!(end, buf.len());
-        self.append(&buf[start..buf.len()])
-    }
-
-    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        self.file.write_all(bytes)?;
-        self.size += bytes.len() as u64;
-        Ok(())
-    }
-
-    /// Renames `PATH.(k-1)` to `PATH.k` down to `PATH` → `PATH.1`, then opens a new `PATH`.
-    /// Failures are logged and never lose a line: if `PATH` cannot be renamed, writing goes
-    /// on in it (the next attempt is after another `max_size` bytes); if a new `PATH` cannot
-    /// be created, writing goes on in the renamed file until it can.
-    fn rotate(&mut self) {
-        let shifted = if self.keep == 0 {
-            std::fs::remove_file(&self.path)
-        } else {
-            for k in (1..self.keep).rev() {
-                let from = numbered(&self.path, k);
-                if let Err(error) = std::fs::rename(&from, numbered(&self.path, k + 1)) {
-                    if error.kind() != io::ErrorKind::NotFound {
-                        warn!(file = %from.display(), %error, "audit log rotation: cannot rename an old file");
-                    }
-                }
-            }
-            std::fs::rename(&self.path, numbered(&self.path, 1))
-        };
-        match shifted {
-            Ok(()) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(error) => {
-                warn!(
-                    file = %self.path.display(),
-                    %error,
-                    "audit log rotation failed; still writing to the same file, next attempt \
-                     after another file_max_size bytes"
-                );
-                self.size = 0;
-                return;
-            }
-        }
-        self.size = 0;
-        self.reopen();
-    }
-
-    fn reopen(&mut self) {
-        match open_append(&self.path).and_then(|f| Ok((f.metadata()?.len(), f))) {
-            Ok((size, file)) => {
-                self.file = file;
-                self.size = size;
-                if self.reopen_pending {
-                    warn!(file = %self.path.display(), "audit log reopened after a failed rotation");
-                }
-                self.reopen_pending = false;
-            }
-            Err(error) => {
-                if !self.reopen_pending {
-                    warn!(
-                        file = %self.path.display(),
-                        %error,
-                        "audit log rotation: cannot create a new file; lines go to the rotated \
-                         file until it can be created"
-                    );
-                }
-                self.reopen_pending = true;
-            }
         }
     }
 }
@@ -452,6 +331,8 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
     };
     let mut batch = Vec::with_capacity(BATCH);
     let mut acks = Vec::new();
+    // Answered once the writer has written everything and ends.
+    let mut closed = Vec::new();
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => {
@@ -464,6 +345,14 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
                         Msg::Summary(s) => w.push_summary(&s),
                         Msg::Event(e) => w.push_event(&e),
                         Msg::Flush(ack) => acks.push(ack),
+                        // The flag is read by `write`.
+                        Msg::Reopen => {}
+                        Msg::Close(ack) => {
+                            // No new message gets in; those already queued are still
+                            // received, then `recv_many` returns 0.
+                            rx.close();
+                            closed.push(ack);
+                        }
                     }
                 }
                 w.write().await;
@@ -479,6 +368,9 @@ pub(crate) async fn run(mut rx: mpsc::Receiver<Msg>, target: Target, shared: Arc
     }
     w.summaries(|d, out| d.drain(out));
     w.write().await;
+    for ack in closed {
+        let _ = ack.send(());
+    }
 }
 
 /// Waits for the next sweep; never completes without dedup.
@@ -539,8 +431,12 @@ impl Writer {
 
     /// Writes the pending lines on a blocking thread (stdout, files and sockets may block).
     /// A failure is counted and logged at most once a second; its lines are lost.
+    ///
+    /// A reopen asked for by [`AuditLog::reopen`](super::AuditLog::reopen) happens here,
+    /// before the lines are written, so a reopen never races a write.
     async fn write(&mut self) {
-        if self.buf.is_empty() {
+        let reopen = self.shared.reopen.swap(false, Ordering::AcqRel);
+        if self.buf.is_empty() && !reopen {
             return;
         }
         let target = self.target.clone();
@@ -548,6 +444,12 @@ impl Writer {
         let marks = std::mem::take(&mut self.marks);
         let lines = marks.len() as u64;
         let (result, mut buf, mut marks) = match tokio::task::spawn_blocking(move || {
+            if reopen {
+                target.reopen_blocking();
+            }
+            if buf.is_empty() {
+                return (Ok(()), buf, marks);
+            }
             let result = target.write_blocking(buf.as_bytes(), &marks);
             (result, buf, marks)
         })

@@ -10,6 +10,8 @@ use serde_json::Value;
 
 use super::{record::tests::sample, *};
 
+mod close_reopen;
+
 /// A fresh directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
 

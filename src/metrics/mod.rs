@@ -9,7 +9,8 @@
 //! observation): a session resolves its application's counter once, at its first request.
 //! Everything that already has a counter elsewhere (pool gauges, pinned counts, accepted and
 //! rejected connections, blocked requests, policy reloads) is read at scrape time through a
-//! [`Scrape`] source instead of being counted twice.
+//! [`Scrape`] source instead of being counted twice; so is the process-wide count of log
+//! lines dropped ([`crate::logging::dropped_lines`]).
 
 pub mod clients;
 pub mod commands;
@@ -473,6 +474,13 @@ impl Collector for ScrapeCollector {
             "mongoguard_policy_reload_failures",
             "Policy reloads refused (invalid file; the old policy stayed)",
             s.policy_reload_failures,
+        )?;
+        counter(
+            &mut encoder,
+            "mongoguard_log_lines_dropped",
+            "Log lines dropped because the queue to standard error was full (a slow or \
+             unread standard error); requests never wait for the log",
+            crate::logging::dropped_lines(),
         )?;
         Ok(())
     }

@@ -64,7 +64,7 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                         Err(e) => {
                             task_ctx.stats.tls_handshake_failures.inc();
                             task_ctx.metrics.tls_handshake_failed();
-                            tracing::info!(error = %e, "TLS handshake failed; connection closed");
+                            tracing::debug!(error = %e, "TLS handshake failed; connection closed");
                             let failed = Err(super::SessionError::ClientIo(e));
                             task_ctx.audit.event(super::close_event(
                                 peer,

@@ -367,7 +367,7 @@ impl ProxyHandle {
         if let Some(p) = &self.ctx.pooled {
             p.close();
         }
-        let _ = tokio::time::timeout(KILL_GRACE, self.ctx.audit.flush()).await;
+        self.ctx.audit.close(crate::audit::CLOSE_BOUND).await;
         info!("mongoguard stopped");
     }
 
@@ -461,6 +461,7 @@ fn reload_everything(ctx: &Context) {
     } else {
         info!(policy = %ctx.policy.source(), "SIGHUP: the policy is built in; nothing to reload");
     }
+    ctx.audit.reopen();
     if let Some(p) = &ctx.pooled {
         if p.has_users_file() {
             match p.reload_users() {

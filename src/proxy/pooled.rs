@@ -21,7 +21,7 @@ use std::{
 use bson::{RawDocument, RawDocumentBuf};
 use tokio::time::Instant;
 use tokio_util::{codec::FramedRead, sync::CancellationToken};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{
     client_io::{receive, send_to_client, wait_for_request, watch_client, Incoming, Limits, Next},
@@ -653,7 +653,7 @@ impl Session {
         let Some(identity) = self.pooled.identities.get(mapped) else {
             return;
         };
-        info!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
+        debug!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
         self.ctx
             .audit
             .event_with(|| crate::audit::Event::AuthSucceeded {

@@ -1,0 +1,240 @@
+//! The diagnostic log (`tracing` to standard error), written off the request path.
+//!
+//! A log line is formatted on the thread that emits it and handed to a bounded queue; one
+//! dedicated thread drains the queue into standard error. When standard error is slow or
+//! never read (a stuck journald, `| tee` to a full disk, a container log driver under
+//! pressure), the queue fills and further lines are dropped and counted
+//! ([`dropped_lines`], exported as `mongoguard_log_lines_dropped_total`): a request never
+//! waits for the log. Colour is used only when standard error is a terminal.
+//!
+//! [`init`] installs the process-wide subscriber and returns a [`LogGuard`]; keep it alive
+//! in `main` and [`flush`](LogGuard::flush) it at exit, which waits a bounded time for the
+//! queued lines to be written, so a stuck standard error never holds the process.
+
+use std::{
+    io::IsTerminal as _,
+    sync::{mpsc, OnceLock},
+    time::Duration,
+};
+
+use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
+
+/// Lines queued for standard error before new lines are dropped. A line is typically
+/// 150–400 bytes, so a full queue holds about a megabyte.
+pub const QUEUE_LINES: usize = 4096;
+
+/// How long [`LogGuard`]'s drop waits for queued lines when [`LogGuard::flush`] was not
+/// called (an error path).
+pub const DEFAULT_FLUSH_BOUND: Duration = Duration::from_secs(2);
+
+/// The drop counter of the installed writer (set once, by [`init`]).
+static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+
+/// Log lines dropped since start because the queue to standard error was full. Zero before
+/// [`init`] (and in processes that never call it).
+pub fn dropped_lines() -> u64 {
+    DROPPED
+        .get()
+        .map_or(0, |c| u64::try_from(c.dropped_lines()).unwrap_or(u64::MAX))
+}
+
+/// Errors from [`init`].
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The filter does not parse.
+    #[error("invalid log level {level:?}: {source}")]
+    Filter {
+        /// The filter as given.
+        level: String,
+        /// Why.
+        source: tracing_subscriber::filter::ParseError,
+    },
+    /// A global subscriber was installed already.
+    #[error("cannot install the log subscriber: {0}")]
+    Install(String),
+}
+
+/// Keeps the log's writer thread; flush it at exit (or let it drop: the same, with
+/// [`DEFAULT_FLUSH_BOUND`]).
+#[derive(Debug)]
+#[must_use = "dropping the guard stops the log writer"]
+pub struct LogGuard {
+    worker: Option<WorkerGuard>,
+}
+
+impl LogGuard {
+    /// Waits up to `bound` for the queued lines to reach standard error, then returns even
+    /// if they did not (standard error never read): the rest are lost.
+    pub fn flush(mut self, bound: Duration) {
+        self.flush_within(bound);
+    }
+
+    fn flush_within(&mut self, bound: Duration) {
+        let Some(worker) = self.worker.take() else {
+            return;
+        };
+        // The worker guard's drop asks the writer thread to finish and waits for it (about
+        // a second at most); it may also print to stdout if the queue is full, which can
+        // block too. Do it on a helper thread and wait for that with our own bound.
+        let (done, finished) = mpsc::channel::<()>();
+        let helper = std::thread::Builder::new()
+            .name("mongoguard-log-flush".into())
+            .spawn(move || {
+                drop(worker);
+                let _ = done.send(());
+            });
+        if helper.is_ok() {
+            let _ = finished.recv_timeout(bound);
+        }
+    }
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.flush_within(DEFAULT_FLUSH_BOUND);
+    }
+}
+
+/// Installs the process-wide `tracing` subscriber: `level` as an `EnvFilter` directive,
+/// `format` human or JSON, to standard error through the bounded, lossy queue (see the
+/// module documentation). Also routes `log` records (from dependencies) to it.
+pub fn init(level: &str, format: LogFormat) -> Result<LogGuard, LogError> {
+    let filter = EnvFilter::try_new(level).map_err(|source| LogError::Filter {
+        level: level.to_owned(),
+        source,
+    })?;
+    let ansi = std::io::stderr().is_terminal();
+    let (writer, worker) = NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(QUEUE_LINES)
+        .thread_name("mongoguard-log")
+        .finish(std::io::stderr());
+    let counter = writer.error_counter();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(writer);
+    let installed = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    installed.map_err(|e| LogError::Install(e.to_string()))?;
+    // Only the first successful init gets here (a second try_init fails above).
+    let _ = DROPPED.set(counter);
+    Ok(LogGuard {
+        worker: Some(worker),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::Write,
+        sync::{Arc, Condvar, Mutex},
+        time::Instant,
+    };
+
+    use super::*;
+
+    /// A writer that blocks every write until released: standard error nobody reads.
+    #[derive(Clone, Default)]
+    struct Stuck(Arc<(Mutex<bool>, Condvar)>);
+
+    impl Stuck {
+        fn release(&self) {
+            let (lock, cv) = &*self.0;
+            *lock.lock().unwrap() = true;
+            cv.notify_all();
+        }
+    }
+
+    impl Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let (lock, cv) = &*self.0;
+            let mut open = lock.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_writer_drops_and_counts_and_never_blocks_the_caller() {
+        let stuck = Stuck::default();
+        let (writer, worker) = NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(16)
+            .finish(stuck.clone());
+        let counter = writer.error_counter();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .finish();
+        let start = Instant::now();
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 0..1000 {
+                tracing::info!(i, "a line nobody reads");
+            }
+        });
+        // 1000 lines into a queue of 16 with a stuck reader: almost all are dropped, and
+        // the emitting thread was never held (generous bound: a loaded machine).
+        assert!(
+            counter.dropped_lines() >= 900,
+            "{}",
+            counter.dropped_lines()
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+        // The flush gives up after its bound while the writer is still stuck.
+        let guard = LogGuard {
+            worker: Some(worker),
+        };
+        let start = Instant::now();
+        guard.flush(Duration::from_millis(200));
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        stuck.release();
+    }
+
+    #[test]
+    fn flush_writes_what_was_queued() {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let (writer, worker) = NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(QUEUE_LINES)
+            .finish(sink.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 0..100 {
+                tracing::info!(i, "queued line");
+            }
+        });
+        LogGuard {
+            worker: Some(worker),
+        }
+        .flush(Duration::from_secs(10));
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 100, "{text}");
+    }
+}
