@@ -168,7 +168,12 @@ impl FromStr for Facility {
 
 impl fmt::Display for Facility {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(Facility::NAMES[usize::from(self.0)])
+        f.write_str(
+            Facility::NAMES
+                .get(usize::from(self.0))
+                .copied()
+                .unwrap_or("user"),
+        )
     }
 }
 

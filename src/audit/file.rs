@@ -65,14 +65,14 @@ impl RotatingFile {
             let pending = (end - start) as u64;
             let line = (m.end - end) as u64;
             if self.size + pending + line > self.max_size && self.size + pending > 0 {
-                self.append(&buf[start..end])?;
+                self.append(buf.get(start..end).unwrap_or_default())?;
                 self.rotate();
                 start = end;
             }
             end = m.end;
         }
         debug_assert_eq!(end, buf.len());
-        self.append(&buf[start..buf.len()])
+        self.append(buf.get(start..).unwrap_or_default())
     }
 
     fn append(&mut self, bytes: &[u8]) -> io::Result<()> {

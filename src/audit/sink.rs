@@ -264,7 +264,7 @@ impl Syslog {
         let mut header = String::with_capacity(96);
         let mut start = 0;
         for m in marks {
-            let line = &buf[start..m.end - 1];
+            let line = buf.get(start..m.end.saturating_sub(1)).unwrap_or_default();
             start = m.end;
             header.clear();
             self.header(now, m.severity, &mut header);

@@ -43,7 +43,10 @@ pub(crate) fn format_time_3164(t: SystemTime, out: &mut String) {
     let _ = write!(
         out,
         "{} {d:>2} {:02}:{:02}:{:02}",
-        MONTHS[(m - 1) as usize],
+        MONTHS
+            .get((m as usize).wrapping_sub(1))
+            .copied()
+            .unwrap_or("Jan"),
         s / 3600,
         s / 60 % 60,
         s % 60
