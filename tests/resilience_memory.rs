@@ -1,0 +1,655 @@
+//! Issue 9, items 7 and 8: memory and state that a client controls.
+//!
+//! * Compression bombs: OP_COMPRESSED messages declaring ~16 MB that compress to a few KB.
+//!   Decompression runs inline on the runtime threads today; 20 connections sending bombs in a
+//!   loop must not stop a bystander's requests from being answered (liveness bound 2 s each).
+//! * A process-wide memory budget (`memory_budget`, `memory_budget_wait`): a request that
+//!   cannot get budget is refused with 65003 "MongoguardMemoryBudget" and its connection stays
+//!   usable. Today the keys do not exist ("unknown field") and nothing bounds the bytes.
+//! * Bounded state: `lsid.id` must be a 16-byte UUID (binary subtype 4), as mongod's
+//!   `LogicalSessionFromClient.id` is typed `uuid` (src/mongo/db/session/logical_session_id.idl);
+//!   anything else is refused with BadValue (2) without touching the pin maps. Today the raw
+//!   bytes of any binary are the key of the transaction pin map, uncapped.
+//! * Client strings in errors and logs are truncated: a 100 KB key name, command name or
+//!   application name must not come back whole in an errmsg nor reach stderr whole.
+
+#[path = "support/hostile.rs"]
+mod hostile;
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use bson::{doc, Bson, Document};
+use hostile::{
+    bomb, lsid, num, op_msg, op_msg_raw, proxy_from_toml, raw_body, read_frame, set_request_id,
+    temp_dir, within, Binary, RawClient, BAD_VALUE, MEMORY_BUDGET_CODE, MEMORY_BUDGET_CODE_NAME,
+};
+use mongoguard::{proxy::ProxyHandle, wire::Compressor};
+use mongoguard_standin::{ReplicaSet, ReplicaSetConfig, StandIn, StandInConfig};
+use tokio::io::AsyncWriteExt;
+
+const REPLY: Duration = Duration::from_secs(10);
+
+async fn standin() -> StandIn {
+    StandIn::start(StandInConfig::default())
+        .await
+        .expect("start the stand-in")
+}
+
+/// A stand-in on a separate one-thread runtime (kept alive by the returned guard).
+fn standin_on_own_runtime() -> (StandIn, RuntimeGuard) {
+    std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime for the stand-in");
+        let standin = rt
+            .block_on(StandIn::start(StandInConfig::default()))
+            .expect("start the stand-in");
+        (standin, RuntimeGuard(Some(rt)))
+    })
+    .join()
+    .expect("stand-in thread")
+}
+
+struct RuntimeGuard(Option<tokio::runtime::Runtime>);
+
+impl Drop for RuntimeGuard {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn passthrough(standin: &StandIn, extra_proxy: &str) -> ProxyHandle {
+    proxy_from_toml(&format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n{extra_proxy}\n\
+         [upstream]\nuri = \"{}\"\n\
+         [admin]\nlisten = \"off\"\n",
+        standin.uri()
+    ))
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compression bombs and the memory budget.
+
+/// Fails today: decompression (and the decompressed copy) runs inline on the runtime
+/// threads, so 20 connections sending 16 MB bombs keep a bystander from being answered for
+/// seconds (on the 2-worker test runtime, debug build). Proves, after the fix, that bombs do
+/// not starve the runtime: a request mongoguard answers by itself (a blocked delete, no
+/// upstream involved) is answered within 2 s every time over a 5 s window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_bombs_do_not_stall_a_bystander() {
+    const SIZE: usize = 15_900_000;
+    // The bombs are deletes of everything: mongoguard decompresses and parses each, then
+    // answers it itself (blocked by the standard policy), so the upstream never sees them and
+    // only the proxy is measured. The stand-in runs on a runtime of its own anyway.
+    let (standin, _standin_rt) = standin_on_own_runtime();
+    let proxy = passthrough(&standin, "max_message_size = 16000000").await;
+    let addr = proxy.local_addr();
+    let t0 = Instant::now();
+    let blocked = || doc! {"delete": "c", "$db": "bomb", "deletes": [{"q": {}, "limit": 0}]};
+    let zstd = Arc::new(hostile::bomb_of(blocked(), 1, SIZE, Compressor::Zstd));
+    let zlib = Arc::new(hostile::bomb_of(blocked(), 1, SIZE, Compressor::Zlib));
+    println!(
+        "bombs built in {:?}: zstd {} bytes, zlib {} bytes, each {SIZE} bytes decompressed",
+        t0.elapsed(),
+        zstd.len(),
+        zlib.len()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut attackers = Vec::new();
+    for i in 0..20 {
+        let frame = if i % 2 == 0 {
+            zstd.clone()
+        } else {
+            zlib.clone()
+        };
+        let (stop, sent) = (stop.clone(), sent.clone());
+        attackers.push(tokio::spawn(async move {
+            let mut c = RawClient::connect(addr).await;
+            let mut id = 1;
+            while !stop.load(Ordering::Relaxed) {
+                let mut f = frame.as_ref().clone();
+                set_request_id(&mut f, id);
+                id += 1;
+                if c.send_bytes(&f).await.is_err() {
+                    return;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                // Take mongoguard's reply, or stop if closed.
+                match read_frame(&mut c.stream, Duration::from_secs(30)).await {
+                    Ok(reply) => {
+                        let code = num(&hostile::body_of(&reply), "code");
+                        assert_eq!(code, Some(65001), "the bomb was not blocked");
+                    }
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    assert!(
+        within(REPLY, || sent.load(Ordering::Relaxed) >= 20).await,
+        "the bombs are not being sent"
+    );
+    let mut bystander = RawClient::connect(addr).await;
+    let mut worst = Duration::ZERO;
+    let window = Instant::now();
+    let mut pings = 0;
+    while window.elapsed() < Duration::from_secs(5) {
+        let t = Instant::now();
+        // A command mongoguard answers itself (the standard policy blocks a delete of
+        // everything, 65001), so that only the proxy is measured, not the upstream.
+        let result = bystander
+            .command(
+                doc! {"delete": "c", "$db": "bystander", "deletes": [{"q": {}, "limit": 0}]},
+                Duration::from_secs(2),
+            )
+            .await
+            .and_then(|r| match num(&r, "code") {
+                Some(65001) => Ok(()),
+                _ => Err(format!("not answered by mongoguard's policy: {r}")),
+            });
+        let took = t.elapsed();
+        worst = worst.max(took);
+        result.unwrap_or_else(|e| {
+            panic!("bystander request #{pings} under 20 bomb senders: {e} (after {took:?})")
+        });
+        pings += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    println!(
+        "bystander: {pings} requests, worst {worst:?}; {} bombs sent",
+        sent.load(Ordering::Relaxed)
+    );
+    for a in attackers {
+        a.abort();
+    }
+    proxy.shutdown().await;
+}
+
+/// A 6 MB (decompressed) ping sent as zstd.
+fn six_mb_ping() -> Vec<u8> {
+    bomb(1, 6 * 1024 * 1024, Compressor::Zstd)
+}
+
+fn assert_budget_refusal(reply: &Document) {
+    assert_eq!(num(reply, "ok"), Some(0), "{reply}");
+    assert_eq!(
+        num(reply, "code"),
+        Some(i64::from(MEMORY_BUDGET_CODE)),
+        "{reply}"
+    );
+    assert_eq!(
+        reply.get_str("codeName").ok(),
+        Some(MEMORY_BUDGET_CODE_NAME),
+        "{reply}"
+    );
+}
+
+/// Fails today: `memory_budget` is an unknown field (and nothing refuses a message for
+/// memory). Proves: a message that alone exceeds the budget is refused with 65003 after at
+/// most memory_budget_wait, and its connection still answers a ping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_larger_than_the_memory_budget_is_refused_and_the_connection_stays() {
+    let standin = standin().await;
+    let proxy = passthrough(
+        &standin,
+        "memory_budget = \"8MiB\"\nmemory_budget_wait = \"200ms\"",
+    )
+    .await;
+    let mut c = RawClient::connect(proxy.local_addr()).await;
+    let mut frame = bomb(1, 12 * 1024 * 1024, Compressor::Zstd);
+    set_request_id(&mut frame, 77);
+    c.send_bytes(&frame).await.expect("send 12 MB compressed");
+    let reply = read_frame(&mut c.stream, REPLY)
+        .await
+        .expect("a reply to the message over budget, not a closed connection");
+    assert_budget_refusal(&hostile::body_of(&reply));
+    c.ping(REPLY).await.expect("ping on the refused connection");
+    proxy.shutdown().await;
+}
+
+/// Fails today (unknown field). Proves: under contention some 6 MB messages are refused with
+/// 65003, none is answered otherwise than ok:1 or 65003, and every connection still answers a
+/// ping. memory_budget_wait is short (10 ms) so that contention shows even on a fast machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_messages_over_the_memory_budget_get_65003() {
+    let standin = standin().await;
+    let proxy = passthrough(
+        &standin,
+        "memory_budget = \"8MiB\"\nmemory_budget_wait = \"10ms\"",
+    )
+    .await;
+    let frame = Arc::new(six_mb_ping());
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        clients.push(RawClient::connect(proxy.local_addr()).await);
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let mut tasks = Vec::new();
+    for mut c in clients {
+        let (frame, barrier) = (frame.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut results = Vec::new();
+            for round in 0..3 {
+                barrier.wait().await;
+                let mut f = frame.as_ref().clone();
+                set_request_id(&mut f, 100 + round);
+                c.stream.write_all(&f).await.expect("send 6 MB");
+                let reply = read_frame(&mut c.stream, REPLY)
+                    .await
+                    .expect("a reply, not a closed connection");
+                results.push(hostile::body_of(&reply));
+            }
+            c.ping(REPLY).await.expect("ping after the 6 MB messages");
+            results
+        }));
+    }
+    let (mut ok, mut refused) = (0, 0);
+    for t in tasks {
+        for reply in tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("client task ends")
+            .expect("client task")
+        {
+            if num(&reply, "ok") == Some(1) {
+                ok += 1;
+            } else {
+                assert_budget_refusal(&reply);
+                refused += 1;
+            }
+        }
+    }
+    println!("30 concurrent 6 MB messages with an 8 MiB budget: {ok} ok, {refused} refused");
+    assert!(ok > 0, "every message was refused");
+    assert!(refused > 0, "no message was refused by the memory budget");
+    proxy.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounded state: lsid and the transaction pin map.
+
+async fn pooled_rs(rs: &ReplicaSet) -> ProxyHandle {
+    proxy_from_toml(&format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"pooled\"\n\
+         [upstream]\nuri = \"{}\"\nheartbeat_interval = \"200ms\"\n\
+         [auth]\nallow_unauthenticated = true\n\
+         [admin]\nlisten = \"off\"\n",
+        rs.uri()
+    ))
+    .await
+}
+
+async fn replica_set(name: &str) -> ReplicaSet {
+    ReplicaSet::start(ReplicaSetConfig {
+        name: name.into(),
+        members: 3,
+        base: StandInConfig::default(),
+    })
+    .await
+    .expect("start a 3-member stand-in replica set")
+}
+
+fn pinned_transactions(proxy: &ProxyHandle) -> u64 {
+    proxy.pool_stats().expect("pooled mode").1.transaction.get()
+}
+
+fn txn_find(lsid: Document, txn: i64) -> Document {
+    doc! {
+        "find": "t", "$db": "lsid", "filter": {},
+        "lsid": lsid, "txnNumber": txn, "autocommit": false, "startTransaction": true,
+    }
+}
+
+/// Fails today: every binary lsid.id is accepted and pinned (the 1 MB one is a 1 MB map
+/// key). Proves: a 1 MB UUID-subtype id, a 16-byte id of subtype 0, and a string id are
+/// refused with BadValue (2), a short errmsg, nothing pinned, the connection usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lsid_that_is_not_a_uuid_is_refused_without_pinning() {
+    let rs = replica_set("rslsid").await;
+    let proxy = pooled_rs(&rs).await;
+    let mut c = RawClient::connect(proxy.local_addr()).await;
+    c.hello(REPLY).await.expect("hello");
+    let bad = [
+        (
+            "1 MB id of subtype 4",
+            doc! {"id": Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Uuid,
+                bytes: vec![0x5a; 1024 * 1024],
+            })},
+        ),
+        (
+            "16-byte id of subtype 0",
+            doc! {"id": Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: vec![7; 16],
+            })},
+        ),
+        ("string id", doc! {"id": "0123456789abcdef"}),
+    ];
+    for (what, l) in bad {
+        let reply = c
+            .command(txn_find(l, 1), REPLY)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(num(&reply, "ok"), Some(0), "{what}: {reply}");
+        assert_eq!(
+            num(&reply, "code"),
+            Some(i64::from(BAD_VALUE)),
+            "{what}: {reply}"
+        );
+        let errmsg = reply.get_str("errmsg").unwrap_or("");
+        assert!(
+            !errmsg.is_empty() && errmsg.len() < 2048,
+            "{what}: errmsg of {} bytes",
+            errmsg.len()
+        );
+        assert_eq!(pinned_transactions(&proxy), 0, "{what} was pinned");
+        c.ping(REPLY)
+            .await
+            .unwrap_or_else(|e| panic!("ping after {what}: {e}"));
+    }
+    // A proper UUID still works and is pinned.
+    let good = c
+        .command(txn_find(lsid(1), 1), REPLY)
+        .await
+        .expect("a UUID lsid");
+    assert_eq!(num(&good, "ok"), Some(1), "{good}");
+    assert_eq!(pinned_transactions(&proxy), 1);
+    proxy.shutdown().await;
+    rs.shutdown().await;
+}
+
+/// The cap issue 9 asks for, like CURSOR_MAP_CAP in src/proxy/pooled.rs.
+const TXN_MAP_CAP: u64 = 100_000;
+/// Distinct transactions started; above the cap.
+const TXNS: u64 = 150_000;
+
+/// `TXNS` in the environment overrides the number (e.g. to watch the gauge grow on main with
+/// a shorter run).
+fn txns() -> u64 {
+    std::env::var("TXNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(TXNS)
+}
+
+/// Fails today: the transaction pin map has no cap (measured on main with TXNS=16000: 16,000
+/// pinned of 16,000). Proves: the pinned-transaction gauge never exceeds 100,000 whatever the
+/// number of distinct lsids. Ignored by default: 150,000 pipelined round trips run at about
+/// 500 per second in a debug build on the 2-core machine (5 minutes), far over the 20 s
+/// budget of a test; run it with `cargo test --release --test resilience_memory -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "150,000 round trips: minutes in a debug build; run with --ignored"]
+async fn transaction_pin_map_is_capped() {
+    let rs = replica_set("rscap").await;
+    let proxy = pooled_rs(&rs).await;
+    let addr = proxy.local_addr();
+    let started = Instant::now();
+    let conns = 8u64;
+    let per = txns() / conns;
+    let mut tasks = Vec::new();
+    for k in 0..conns {
+        tasks.push(tokio::spawn(async move {
+            let c = RawClient::connect(addr).await;
+            let (mut read, mut write) = c.stream.into_split();
+            let writer = tokio::spawn(async move {
+                let mut buf = Vec::with_capacity(64 * 1024);
+                for i in 0..per {
+                    let n = k * per + i;
+                    buf.extend_from_slice(&op_msg(i as i32 + 1, 0, &txn_find(lsid(n), 1)));
+                    if buf.len() >= 60 * 1024 || i + 1 == per {
+                        write.write_all(&buf).await.expect("pipeline");
+                        buf.clear();
+                    }
+                }
+                write
+            });
+            let mut ok = 0u64;
+            let mut header = [0u8; 16];
+            for _ in 0..per {
+                tokio::io::AsyncReadExt::read_exact(&mut read, &mut header)
+                    .await
+                    .expect("reply header");
+                let len = i32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+                let mut frame = vec![0u8; len as usize];
+                frame[..16].copy_from_slice(&header);
+                tokio::io::AsyncReadExt::read_exact(&mut read, &mut frame[16..])
+                    .await
+                    .expect("reply body");
+                if num(&hostile::body_of(&frame), "ok") == Some(1) {
+                    ok += 1;
+                }
+            }
+            let _write = writer.await.expect("writer");
+            ok
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .expect("pipelined transactions finish")
+            .expect("task");
+    }
+    let pinned = pinned_transactions(&proxy);
+    println!(
+        "{TXNS} transactions started ({ok} ok) in {:?}; {pinned} pinned",
+        started.elapsed()
+    );
+    assert!(ok > 0, "no transaction statement succeeded");
+    assert!(
+        pinned <= TXN_MAP_CAP,
+        "{pinned} transactions pinned, over the cap of {TXN_MAP_CAP}"
+    );
+    proxy.shutdown().await;
+    rs.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client strings in errors and logs.
+
+const LONG: usize = 100 * 1024;
+
+/// The commands carrying a 100 KB client string: a repeated top-level key, a repeated key in
+/// a filter, an unknown command name, an application name.
+fn long_string_commands() -> Vec<(&'static str, Vec<u8>)> {
+    let key = "k".repeat(LONG);
+    let top = raw_body(&[
+        ("find", Bson::String("c".into())),
+        (&key, Bson::Int32(1)),
+        (&key, Bson::Int32(2)),
+        ("$db", Bson::String("trunc".into())),
+    ]);
+    // {find: "c", filter: {K: 1, K: 2}, $db: "trunc"}, spliced by hand (a Document cannot
+    // hold the repeat).
+    let filter = {
+        let inner = raw_body(&[(&key, Bson::Int32(1)), (&key, Bson::Int32(2))]);
+        let head = raw_body(&[("find", Bson::String("c".into()))]);
+        let tail = raw_body(&[("$db", Bson::String("trunc".into()))]);
+        let mut elements = Vec::new();
+        elements.extend_from_slice(&head[4..head.len() - 1]);
+        elements.push(0x03); // embedded document
+        elements.extend_from_slice(b"filter\0");
+        elements.extend_from_slice(&inner);
+        elements.extend_from_slice(&tail[4..tail.len() - 1]);
+        let mut doc = ((elements.len() + 5) as i32).to_le_bytes().to_vec();
+        doc.extend_from_slice(&elements);
+        doc.push(0);
+        doc
+    };
+    let name = format!("cmd{}", "n".repeat(LONG));
+    let unknown = raw_body(&[
+        (&name, Bson::Int32(1)),
+        ("$db", Bson::String("trunc".into())),
+    ]);
+    let app = raw_body(&[
+        ("hello", Bson::Int32(1)),
+        (
+            "client",
+            Bson::Document(doc! {
+                "application": {"name": "a".repeat(LONG)},
+                "driver": {"name": "hostile", "version": "0"},
+                "os": {"type": "linux"},
+            }),
+        ),
+        ("$db", Bson::String("admin".into())),
+    ]);
+    // A delete of everything (blocked by the standard policy: mongoguard answers it) on a
+    // 100 KB collection name.
+    let blocked = raw_body(&[
+        ("delete", Bson::String("c".repeat(LONG))),
+        (
+            "deletes",
+            Bson::Array(vec![Bson::Document(doc! {"q": {}, "limit": 0})]),
+        ),
+        ("$db", Bson::String("trunc".into())),
+    ]);
+    vec![
+        ("blocked command on a long collection name", blocked),
+        ("repeated top-level key", top),
+        ("repeated filter key", filter),
+        ("unknown command name", unknown),
+        ("application name", app),
+    ]
+}
+
+/// Sends each command on its own connection; checks that the reply (if any) does not carry
+/// the 100 KB string (errmsg under 2 KB, the whole reply under 4 KB).
+async fn replies_are_truncated(addr: std::net::SocketAddr, mode: &str) {
+    for (what, body) in long_string_commands() {
+        if what == "unknown command name" {
+            // Answered by the upstream (mongod too echoes the name in "no such command");
+            // mongoguard relays upstream replies unchanged. Covered by the log test.
+            continue;
+        }
+        let mut c = RawClient::connect(addr).await;
+        c.send_bytes(&op_msg_raw(5, 0, &body))
+            .await
+            .expect("send the command");
+        let frame = match read_frame(&mut c.stream, REPLY).await {
+            Ok(f) => f,
+            // mongoguard treats a repeated top-level key as a malformed message and closes the
+            // connection (nothing is echoed then); the log test covers that path.
+            Err(e) if what == "repeated top-level key" && e.contains("closed") => {
+                println!("{mode}, {what}: connection closed without a reply");
+                continue;
+            }
+            Err(e) => panic!("{mode}, {what}: {e}"),
+        };
+        let reply = hostile::body_of(&frame);
+        let errmsg = reply.get_str("errmsg").unwrap_or("");
+        assert!(
+            errmsg.len() < 2048,
+            "{mode}, {what}: errmsg of {} bytes",
+            errmsg.len()
+        );
+        assert!(
+            frame.len() < 4096,
+            "{mode}, {what}: a reply of {} bytes echoes the client string",
+            frame.len()
+        );
+        println!(
+            "{mode}, {what}: {} byte reply, errmsg {} bytes",
+            frame.len(),
+            errmsg.len()
+        );
+    }
+}
+
+/// Fails today if the proxy echoes a client string into its error (the repeated key's name
+/// is carried by WireError::DuplicateKey). Both modes, in process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_strings_are_truncated_in_error_replies() {
+    let standin = standin().await;
+    let proxy = passthrough(&standin, "").await;
+    replies_are_truncated(proxy.local_addr(), "passthrough").await;
+    proxy.shutdown().await;
+    let pooled = proxy_from_toml(&format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"pooled\"\n\
+         [upstream]\nuri = \"{}\"\n\
+         [auth]\nallow_unauthenticated = true\n\
+         [admin]\nlisten = \"off\"\n",
+        standin.uri()
+    ))
+    .await;
+    replies_are_truncated(pooled.local_addr(), "pooled").await;
+    pooled.shutdown().await;
+}
+
+/// With the binary at log level debug: no stderr line over 4 KB and the 100 KB strings never
+/// appear whole, in either mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_strings_are_truncated_in_log_lines() {
+    let standin = standin().await;
+    for mode in ["passthrough", "pooled"] {
+        let dir = temp_dir("trunc-log");
+        let path = dir.join("mongoguard.toml");
+        let auth = if mode == "pooled" {
+            "[auth]\nallow_unauthenticated = true\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            &path,
+            format!(
+                "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"{mode}\"\n\
+                 [upstream]\nuri = \"{}\"\n{auth}\
+                 [log]\nlevel = \"debug\"\n\
+                 [admin]\nlisten = \"off\"\n\
+                 [audit]\nsink = \"none\"\n",
+                standin.uri()
+            ),
+        )
+        .unwrap();
+        let mut bin = Binary::start(&path);
+        for (what, body) in long_string_commands() {
+            let mut c = RawClient::connect(bin.addr).await;
+            c.send_bytes(&op_msg_raw(5, 0, &body))
+                .await
+                .expect("send the command");
+            // A reply or a close; either way the proxy has handled (and logged) it.
+            let _ = read_frame(&mut c.stream, REPLY).await;
+            println!("{mode}: sent the {what} case");
+        }
+        bin.signal("TERM");
+        if bin.exited_within(Duration::from_secs(10)).is_none() {
+            panic!("{mode}: mongoguard did not exit within 10 s of SIGTERM");
+        }
+        let lines = bin.all_stderr_lines();
+        let longest = lines.iter().map(String::len).max().unwrap_or(0);
+        let needle_k = "k".repeat(4096);
+        let needle_n = "n".repeat(4096);
+        let needle_a = "a".repeat(4096);
+        let needle_c = "c".repeat(4096);
+        for line in &lines {
+            assert!(
+                line.len() <= 4096,
+                "{mode}: a stderr line of {} bytes: {}...",
+                line.len(),
+                &line[..line.len().min(300)]
+            );
+            for needle in [&needle_k, &needle_n, &needle_a, &needle_c] {
+                assert!(
+                    !line.contains(needle.as_str()),
+                    "{mode}: a client string reached stderr"
+                );
+            }
+        }
+        println!(
+            "{mode}: {} stderr lines, longest {longest} bytes",
+            lines.len()
+        );
+    }
+}
