@@ -548,6 +548,9 @@ impl Drop for FakeUpstream {
     }
 }
 
+/// The fake primary's electionId (mongod's form: 0x7fffffff, then the term).
+const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
+
 async fn serve_fake(
     mut stream: TcpStream,
     me: SocketAddr,
@@ -582,7 +585,7 @@ async fn serve_fake(
                 "hosts": [me.to_string()],
                 "primary": me.to_string(),
                 "me": me.to_string(),
-                "electionId": bson::oid::ObjectId::from_bytes([0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
+                "electionId": bson::oid::ObjectId::from_bytes(ELECTION_ID),
                 "maxBsonObjectSize": 16 * 1024 * 1024,
                 "maxMessageSizeBytes": 48_000_000,
                 "maxWriteBatchSize": 100_000,
