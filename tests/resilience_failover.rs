@@ -366,6 +366,66 @@ async fn passthrough_follows_the_primary_and_loses_no_acknowledged_write() {
     rs.shutdown().await;
 }
 
+/// Fails today: passthrough sends every new session to the first seed, and keeps a session
+/// on the old primary. Proves, at the wire level, the two halves of "follows the primary"
+/// after a step-down: (a) a new session's write reaches the new primary; (b) a session that
+/// was attached to the old primary never gets NotWritablePrimary for its next request: it is
+/// closed between requests (EOF, so the driver reconnects and retries) or its request is
+/// served by the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_sessions_follow_the_primary_after_a_step_down() {
+    let rs = replica_set("rsidle").await;
+    let proxy = passthrough(&rs.uri(), "").await;
+    let insert = |n: i32| doc! {"insert": "t", "$db": "idle", "documents": [{"n": n}]};
+    let mut old = RawClient::connect(proxy.local_addr()).await;
+    let first = old.command(insert(1), REPLY).await.expect("insert");
+    assert_eq!(num(&first, "ok"), Some(1), "{first}");
+    assert_eq!(rs.member(0).stats().command_count("insert"), 1);
+    rs.step_down(1, Duration::ZERO);
+    // (a) A new session writes to member 1 (polled: the proxy learns of the change through
+    // its monitor).
+    let started = Instant::now();
+    let mut last = String::new();
+    let mut routed = false;
+    while !routed && started.elapsed() < Duration::from_secs(5) {
+        let mut c = RawClient::connect(proxy.local_addr()).await;
+        match c.command(insert(2), REPLY).await {
+            Ok(r) if num(&r, "ok") == Some(1) => routed = true,
+            Ok(r) => last = r.to_string(),
+            Err(e) => last = e,
+        }
+        if !routed {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(
+        routed,
+        "no new session could write within 5 s of the step-down: {last}"
+    );
+    println!(
+        "new sessions write again {:?} after the step-down",
+        started.elapsed()
+    );
+    assert_eq!(rs.member(1).stats().command_count("insert"), 1);
+    // (b) The session opened before the step-down.
+    match old.command(insert(3), REPLY).await {
+        Err(e) if e.contains("closed") => {}
+        Err(e) => panic!("the old session neither closed nor answered: {e}"),
+        Ok(r) => {
+            assert_eq!(
+                num(&r, "ok"),
+                Some(1),
+                "the session attached to the old primary got {r}"
+            );
+            assert_eq!(rs.member(1).stats().command_count("insert"), 2);
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(15), proxy.shutdown())
+        .await
+        .expect("shutdown");
+    rs.shutdown().await;
+}
+
 /// Fails today: passthrough opens the upstream connection at accept, so 100 clients that
 /// send no whole request cost 100 upstream connections. Proves: the upstream connection is
 /// opened on the first request that needs it (idle clients and half headers cost none), and

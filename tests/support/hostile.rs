@@ -98,7 +98,11 @@ pub async fn within(bound: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 /// One OP_MSG frame with a single body section.
 pub fn op_msg(request_id: i32, flags: u32, body: &Document) -> Vec<u8> {
-    let body = body.to_vec().expect("encode BSON body");
+    op_msg_raw(request_id, flags, &body.to_vec().expect("encode BSON body"))
+}
+
+/// One OP_MSG frame whose body is the given BSON bytes, unchecked (repeated keys allowed).
+pub fn op_msg_raw(request_id: i32, flags: u32, body: &[u8]) -> Vec<u8> {
     let len = 16 + 4 + 1 + body.len();
     let mut frame = Vec::with_capacity(len);
     frame.extend_from_slice(&i32::try_from(len).expect("frame size").to_le_bytes());
@@ -107,8 +111,32 @@ pub fn op_msg(request_id: i32, flags: u32, body: &Document) -> Vec<u8> {
     frame.extend_from_slice(&OP_MSG.to_le_bytes());
     frame.extend_from_slice(&flags.to_le_bytes());
     frame.push(0);
-    frame.extend_from_slice(&body);
+    frame.extend_from_slice(body);
     frame
+}
+
+/// BSON bytes of a document with these fields in this order, repeats included (a `Document`
+/// cannot hold a repeated key; mongod's parser sees every one).
+pub fn raw_body(fields: &[(&str, Bson)]) -> Vec<u8> {
+    let mut elements = Vec::new();
+    for (key, value) in fields {
+        let mut one = Document::new();
+        one.insert(*key, value.clone());
+        let bytes = one.to_vec().expect("encode one field");
+        // Strip the 4-byte length and the trailing NUL: what is left is the element.
+        elements.extend_from_slice(&bytes[4..bytes.len() - 1]);
+    }
+    let len = i32::try_from(4 + elements.len() + 1).expect("document size");
+    let mut out = Vec::with_capacity(elements.len() + 5);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&elements);
+    out.push(0);
+    out
+}
+
+/// Sets the requestID of a frame (any opcode: it is in the standard header).
+pub fn set_request_id(frame: &mut [u8], request_id: i32) {
+    frame[4..8].copy_from_slice(&request_id.to_le_bytes());
 }
 
 /// An OP_MSG reply frame (for the fake upstream).
@@ -118,25 +146,60 @@ pub fn op_msg_reply(request_id: i32, response_to: i32, body: &Document) -> Vec<u
     frame
 }
 
-/// `frame` wrapped in OP_COMPRESSED.
+/// `frame` wrapped in OP_COMPRESSED. zlib is done here at the fastest level (mongoguard's
+/// `compress` uses the default level, which takes seconds on 16 MB in a debug build).
 pub fn compressed(frame: &[u8], compressor: Compressor) -> Vec<u8> {
-    compress(frame, compressor)
-        .expect("compress a test frame")
-        .to_vec()
+    if compressor != Compressor::Zlib {
+        return compress(frame, compressor)
+            .expect("compress a test frame")
+            .to_vec();
+    }
+    use std::io::Write;
+    let mut enc = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(&frame[16..]).expect("zlib");
+    let data = enc.finish().expect("zlib");
+    let total = 16 + 9 + data.len();
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(&i32::try_from(total).expect("size").to_le_bytes());
+    out.extend_from_slice(&frame[4..12]); // requestID, responseTo
+    out.extend_from_slice(&OP_COMPRESSED.to_le_bytes());
+    out.extend_from_slice(&frame[12..16]); // originalOpcode
+    out.extend_from_slice(&i32::try_from(frame.len() - 16).expect("size").to_le_bytes());
+    out.push(Compressor::Zlib.id());
+    out.extend_from_slice(&data);
+    out
 }
 
 /// A compression bomb: an OP_COMPRESSED whose decompressed form is a valid OP_MSG `ping` of
 /// `size` bytes (one long run of 'a' in a padding field), so the compressed form is tiny.
 pub fn bomb(request_id: i32, size: usize, compressor: Compressor) -> Vec<u8> {
-    // Body: {ping: 1, $db: "admin", pad: "aaaa..."}; frame overhead is 21 bytes, the body's
-    // fixed part about 50.
-    let pad = size.saturating_sub(21 + 60);
-    let body = doc! { "ping": 1, "$db": "admin", "pad": "a".repeat(pad) };
+    bomb_of(
+        doc! { "ping": 1, "$db": "admin" },
+        request_id,
+        size,
+        compressor,
+    )
+}
+
+/// Like [`bomb`] with another command: `base` plus a `pad` field of 'a's, `size` bytes of
+/// frame in all.
+pub fn bomb_of(base: Document, request_id: i32, size: usize, compressor: Compressor) -> Vec<u8> {
+    let fixed = op_msg(request_id, 0, &base).len() + 16;
+    let mut body = base;
+    body.insert("pad", "a".repeat(size.saturating_sub(fixed)));
     compressed(&op_msg(request_id, 0, &body), compressor)
 }
 
-/// The body of an OP_MSG frame (header included).
+/// The body of an OP_MSG frame (header included), decompressed first if it is an
+/// OP_COMPRESSED (replies use the request's compressor).
 pub fn body_of(frame: &[u8]) -> Document {
+    let op = i32::from_le_bytes([frame[12], frame[13], frame[14], frame[15]]);
+    if op == OP_COMPRESSED {
+        let inner = mongoguard::wire::OpCompressed::parse(frame, 48_000_000)
+            .and_then(|c| c.decompress())
+            .unwrap_or_else(|e| panic!("reply is a bad OP_COMPRESSED: {e}"));
+        return body_of(inner.bytes());
+    }
     let msg = OpMsg::parse(frame).unwrap_or_else(|e| panic!("reply is not an OP_MSG: {e}"));
     Document::from_reader(msg.body().as_bytes()).expect("reply body BSON")
 }
@@ -315,6 +378,7 @@ pub struct Binary {
     pub child: Child,
     pub addr: SocketAddr,
     pub stderr: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Binary {
@@ -334,7 +398,7 @@ impl Binary {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut reader = BufReader::new(stderr);
             let mut sent = false;
             loop {
@@ -369,6 +433,7 @@ impl Binary {
             child,
             addr,
             stderr: lines,
+            reader: Some(reader),
         }
     }
 
@@ -398,6 +463,14 @@ impl Binary {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Every stderr line, once the process has exited and its stderr reached EOF.
+    pub fn all_stderr_lines(&mut self) -> Vec<String> {
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.stderr.lock().unwrap().clone()
     }
 
     pub fn stderr_text(&self) -> String {
@@ -475,6 +548,9 @@ impl Drop for FakeUpstream {
     }
 }
 
+/// The fake primary's electionId (mongod's form: 0x7fffffff, then the term).
+const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
+
 async fn serve_fake(
     mut stream: TcpStream,
     me: SocketAddr,
@@ -509,7 +585,7 @@ async fn serve_fake(
                 "hosts": [me.to_string()],
                 "primary": me.to_string(),
                 "me": me.to_string(),
-                "electionId": bson::oid::ObjectId::from_bytes([0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
+                "electionId": bson::oid::ObjectId::from_bytes(ELECTION_ID),
                 "maxBsonObjectSize": 16 * 1024 * 1024,
                 "maxMessageSizeBytes": 48_000_000,
                 "maxWriteBatchSize": 100_000,
