@@ -45,6 +45,9 @@ pub const MEMORY_BUDGET_CODE_NAME: &str = "MongoguardMemoryBudget";
 pub(crate) struct MemoryBudget {
     permits: Arc<Semaphore>,
     total_kib: usize,
+    /// Decompressions running on the blocking pool at once: one per core, so a burst of
+    /// compression bombs cannot crowd the runtime threads out of the CPU.
+    decompressors: Semaphore,
 }
 
 /// Bytes held from the budget; given back when dropped.
@@ -61,9 +64,11 @@ impl MemoryBudget {
         let total_kib = usize::try_from(bytes / 1024)
             .unwrap_or(usize::MAX)
             .clamp(1, Semaphore::MAX_PERMITS);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         MemoryBudget {
             permits: Arc::new(Semaphore::new(total_kib)),
             total_kib,
+            decompressors: Semaphore::new(cores),
         }
     }
 
@@ -88,6 +93,18 @@ impl MemoryBudget {
             _ = kill.cancelled() => None,
             p = self.permits.clone().acquire_many_owned(n) => p.ok().map(BudgetPermit),
             _ = tokio::time::sleep(wait) => None,
+        }
+    }
+
+    /// A slot to decompress on the blocking pool (`None`: shutting down).
+    pub(crate) async fn decompressor(
+        &self,
+        kill: &CancellationToken,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        tokio::select! {
+            biased;
+            _ = kill.cancelled() => None,
+            p = self.decompressors.acquire() => p.ok(),
         }
     }
 

@@ -126,6 +126,11 @@ pub(crate) async fn decompress_off_thread(
         decompress(frame.bytes().clone())?
     } else {
         let bytes = frame.bytes().clone();
+        let Some(_slot) = budget.decompressor(kill).await else {
+            return Err(WireError::Decompression(
+                "mongoguard is shutting down".into(),
+            ));
+        };
         match tokio::task::spawn_blocking(move || decompress(bytes)).await {
             Ok(r) => r?,
             Err(e) => return Err(WireError::Decompression(e.to_string())),
