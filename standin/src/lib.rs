@@ -63,6 +63,7 @@ mod scram;
 mod server;
 mod stats;
 mod store;
+mod txn;
 mod update;
 mod wire;
 

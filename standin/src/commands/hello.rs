@@ -2,20 +2,47 @@
 
 use bson::{doc, Bson, Document};
 
-use super::{auth, CmdResult, Ctx};
+use super::{auth, CmdError, CmdResult, Ctx};
 use crate::compression;
+
+/// mongod's refusal of `client` metadata in any hello/isMaster after a connection's first.
+///
+/// mongod (src/mongo/rpc/metadata/client_metadata.cpp, `ClientMetadata::setFromMetadata`,
+/// called for every hello/isMaster from src/mongo/db/service_entry_point_common.cpp before the
+/// command runs) refuses the `client` field once the connection's metadata is finalized, and
+/// the first hello/isMaster finalizes it whether or not it carried metadata
+/// (`ClientMetadata::tryFinalize` in src/mongo/db/repl/replication_info.cpp). Error code 186
+/// comes from src/mongo/base/error_codes.yml.
+pub(crate) fn metadata_cannot_be_mutated() -> CmdError {
+    CmdError::new(
+        186,
+        "ClientMetadataCannotBeMutated",
+        "The client metadata document may only be sent in the first hello",
+    )
+}
 
 /// Builds the hello reply. `name` is "hello" or "ismaster" (lower-cased).
 pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
     let shared = ctx.shared;
     let cfg = &shared.config;
-    if ctx.conn.client_metadata.is_none() {
-        if let Some(Bson::Document(client)) = cmd.get("client") {
+    // As mongod: the metadata is checked before the command runs (so a refused hello does not
+    // finalize it); the hello itself then finalizes it.
+    match cmd.get("client") {
+        None => {}
+        Some(_) if ctx.conn.hello_seen => return Err(metadata_cannot_be_mutated()),
+        Some(Bson::Document(client)) => {
             let keys: Vec<&str> = cmd.keys().map(String::as_str).collect();
             tracing::debug!(conn = ctx.conn.id, ?keys, client = %client, "handshake");
             ctx.conn.client_metadata = Some(client.clone());
         }
+        // ClientMetadata::parse (same file): a `client` that is not a document.
+        Some(_) => {
+            return Err(CmdError::type_mismatch(
+                "The client metadata document must be a document",
+            ))
+        }
     }
+    ctx.conn.hello_seen = true;
     let mut r = Document::new();
     if cmd.get("helloOk").is_some_and(crate::bsonutil::truthy) {
         r.insert("helloOk", true);
