@@ -89,7 +89,11 @@ async fn idle_monitor_keeps_its_connections_and_the_primary() {
     .unwrap()
     .unwrap();
     tokio::time::timeout(BOUND, async {
-        while rs.members().iter().any(|m| m.stats().command_count("hello") < 6) {
+        while rs
+            .members()
+            .iter()
+            .any(|m| m.stats().command_count("hello") < 6)
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })

@@ -392,14 +392,15 @@ impl Topology {
                 }),
                 // A later check on the same connection: a hello without client metadata
                 // (mongod refuses it after a connection's first hello).
-                Some(c) => match tokio::time::timeout(settings.connect_timeout, c.heartbeat()).await
-                {
-                    Ok(r) => r,
-                    Err(_) => Err(ConnectError::Timeout {
-                        host: host.to_string(),
-                        timeout: settings.connect_timeout,
-                    }),
-                },
+                Some(c) => {
+                    match tokio::time::timeout(settings.connect_timeout, c.heartbeat()).await {
+                        Ok(r) => r,
+                        Err(_) => Err(ConnectError::Timeout {
+                            host: host.to_string(),
+                            timeout: settings.connect_timeout,
+                        }),
+                    }
+                }
             };
             match result {
                 Ok(facts) => {
