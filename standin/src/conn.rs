@@ -359,6 +359,9 @@ impl Conn {
         };
         let secondary_ok = commands::read_pref_allows_secondary(&m.body);
         let reply_for = |this: &mut Conn| -> Document {
+            if let Some((code, msg)) = &m.section_error {
+                return CmdError::new(*code, "", msg.clone()).to_doc_location();
+            }
             if let Some(k) = &m.duplicate_key {
                 return CmdError::new(
                     40413,

@@ -110,6 +110,14 @@ impl Cursors {
         self.shard(id).lock().insert(id, cursor);
     }
 
+    /// The namespace and the user of a cursor, if it exists.
+    pub(crate) fn owner(&self, id: i64) -> Option<(String, Option<String>)> {
+        self.shard(id)
+            .lock()
+            .get(&id)
+            .map(|c| (c.ns.clone(), c.owner.user.clone()))
+    }
+
     /// Kills a cursor; true if it existed.
     pub(crate) fn kill(&self, id: i64) -> bool {
         self.shard(id).lock().remove(&id).is_some()

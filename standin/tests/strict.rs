@@ -575,3 +575,142 @@ async fn step_down_aborts_transactions_and_keeps_connections() {
     assert_eq!(labels(&r), ["TransientTransactionError"]);
     rs.shutdown().await;
 }
+
+/// An OP_MSG from raw sections: `(kind, bytes)`.
+fn msg_sections(request_id: i32, sections: &[(u8, Vec<u8>)]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    buf.extend_from_slice(&0i32.to_le_bytes());
+    buf.extend_from_slice(&request_id.to_le_bytes());
+    buf.extend_from_slice(&0i32.to_le_bytes());
+    buf.extend_from_slice(&2013i32.to_le_bytes());
+    buf.extend_from_slice(&0u32.to_le_bytes());
+    for (kind, bytes) in sections {
+        buf.push(*kind);
+        buf.extend_from_slice(bytes);
+    }
+    let len = buf.len() as i32;
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    buf
+}
+
+fn sequence(name: &str, docs: &[Document]) -> Vec<u8> {
+    let mut s = Vec::new();
+    s.extend_from_slice(name.as_bytes());
+    s.push(0);
+    for d in docs {
+        s.extend_from_slice(&d.to_vec().unwrap());
+    }
+    let mut out = ((s.len() + 4) as i32).to_le_bytes().to_vec();
+    out.extend_from_slice(&s);
+    out
+}
+
+/// OP_MSG section rules (src/mongo/rpc/op_msg.cpp, `OpMsg::parse`): errors 40430-40433 and
+/// 40587 are answered and the connection stays open; a third document sequence is
+/// TooManyDocumentSequences, which closes it (ConnectionFatalMessageParseError in
+/// src/mongo/base/error_codes.yml).
+#[tokio::test]
+async fn op_msg_section_rules() {
+    let s = standin().await;
+    let mut c = Raw::connect(s.addr()).await;
+    let body = doc! {"insert": "c", "$db": "d"}.to_vec().unwrap();
+    let one = sequence("documents", &[doc! {"_id": 1}]);
+    let cases: Vec<(Vec<(u8, Vec<u8>)>, i32)> = vec![
+        (vec![(0, body.clone()), (0, body.clone())], 40430),
+        (
+            vec![(0, body.clone()), (1, one.clone()), (1, one.clone())],
+            40431,
+        ),
+        (vec![(0, body.clone()), (7, vec![0; 8])], 40432),
+        (
+            vec![
+                (
+                    0,
+                    doc! {"insert": "c", "documents": [], "$db": "d"}
+                        .to_vec()
+                        .unwrap(),
+                ),
+                (1, one.clone()),
+            ],
+            40433,
+        ),
+        (vec![(1, one.clone())], 40587),
+    ];
+    for (sections, expected) in cases {
+        let id = c.next_id();
+        c.send(&msg_sections(id, &sections)).await;
+        let r = c.read().await;
+        assert_eq!(r.response_to, id);
+        assert_eq!(code(r.doc()), expected);
+        assert_eq!(
+            r.doc().get_str("codeName").unwrap(),
+            format!("Location{expected}")
+        );
+    }
+    let r = c.command(doc! {"count": "c", "$db": "d"}).await;
+    assert_eq!(r.get_i32("n").unwrap(), 0, "a refused insert was applied");
+    // Three sequences: the connection is closed.
+    let id = c.next_id();
+    let a = sequence("documents", &[doc! {"_id": 2}]);
+    let b = sequence("x", &[]);
+    let z = sequence("y", &[]);
+    c.send(&msg_sections(id, &[(0, body), (1, a), (1, b), (1, z)]))
+        .await;
+    assert!(c.closed_within(Duration::from_secs(5)).await);
+    s.shutdown().await;
+}
+
+/// killCursors on another user's cursor fails the whole command with Unauthorized
+/// (src/mongo/db/auth/authorization_checks.cpp, checkAuthForKillCursors, called for every id
+/// by src/mongo/db/commands/killcursors_common.h before anything is killed).
+#[tokio::test]
+async fn kill_cursors_checks_the_owner() {
+    let s = StandIn::start(StandInConfig {
+        users: vec![("alice".into(), "a".into()), ("bob".into(), "b".into())],
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let host = s.addr();
+    let alice = Client::with_uri_str(format!("mongodb://alice:a@{host}/?directConnection=true"))
+        .await
+        .unwrap();
+    let bob = Client::with_uri_str(format!("mongodb://bob:b@{host}/?directConnection=true"))
+        .await
+        .unwrap();
+    let db = alice.database("d");
+    db.collection::<Document>("c")
+        .insert_many((0..5).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let r = db
+        .run_command(doc! {"find": "c", "batchSize": 1})
+        .await
+        .unwrap();
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let err = bob
+        .database("d")
+        .run_command(doc! {"killCursors": "c", "cursors": [id, 12345i64]})
+        .await
+        .unwrap_err();
+    match *err.kind {
+        mongodb::error::ErrorKind::Command(ref e) => {
+            assert_eq!(e.code, 13);
+            assert_eq!(e.message, "not authorized to kill cursor on d.c");
+        }
+        ref other => panic!("unexpected error {other:?}"),
+    }
+    let r = db
+        .run_command(doc! {"killCursors": "c", "cursors": [id, 12345i64]})
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get_array("cursorsKilled").unwrap(),
+        &vec![Bson::Int64(id)]
+    );
+    assert_eq!(
+        r.get_array("cursorsNotFound").unwrap(),
+        &vec![Bson::Int64(12345)]
+    );
+    s.shutdown().await;
+}

@@ -36,6 +36,14 @@ impl CmdError {
         }
     }
 
+    /// The error document of a code without a name (mongod's codeName is then
+    /// `Location<code>`).
+    pub(crate) fn to_doc_location(&self) -> Document {
+        let mut d = self.to_doc();
+        d.insert("codeName", format!("Location{}", self.code));
+        d
+    }
+
     pub(crate) fn with_label(mut self, label: &str) -> CmdError {
         self.labels.push(label.to_string());
         self

@@ -207,11 +207,27 @@ pub(crate) fn kill_cursors(ctx: &Ctx, cmd: &Document) -> CmdResult {
             "BSON field 'killCursors.cursors' is missing but a required field",
         ));
     };
-    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
+    let mut wanted = Vec::with_capacity(ids.len());
     for v in ids {
         let Some(id) = as_i64(v) else {
             return Err(CmdError::type_mismatch("cursor ids must be longs"));
         };
+        // As mongod (killcursors_cmd.cpp doCheckAuthorization, auth::checkAuthForKillCursors in
+        // src/mongo/db/auth/authorization_checks.cpp): another user's cursor fails the whole
+        // command, before anything is killed; an unknown one is reported as not found.
+        if let Some((ns, user)) = ctx.shared.cursors.owner(id) {
+            if user != ctx.conn.user {
+                return Err(CmdError::new(
+                    13,
+                    "Unauthorized",
+                    format!("not authorized to kill cursor on {ns}"),
+                ));
+            }
+        }
+        wanted.push(id);
+    }
+    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
+    for id in wanted {
         if ctx.shared.cursors.kill(id) {
             killed.push(Bson::Int64(id));
         } else {
