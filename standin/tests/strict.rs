@@ -576,8 +576,11 @@ async fn step_down_aborts_transactions_and_keeps_connections() {
     rs.shutdown().await;
 }
 
-/// An OP_MSG from raw sections: `(kind, bytes)`.
-fn msg_sections(request_id: i32, sections: &[(u8, Vec<u8>)]) -> Vec<u8> {
+/// One OP_MSG section: `(kind, bytes after the kind byte)`.
+type Section = (u8, Vec<u8>);
+
+/// An OP_MSG from raw sections.
+fn msg_sections(request_id: i32, sections: &[Section]) -> Vec<u8> {
     let mut buf = Vec::new();
     buf.extend_from_slice(&0i32.to_le_bytes());
     buf.extend_from_slice(&request_id.to_le_bytes());
@@ -615,7 +618,7 @@ async fn op_msg_section_rules() {
     let mut c = Raw::connect(s.addr()).await;
     let body = doc! {"insert": "c", "$db": "d"}.to_vec().unwrap();
     let one = sequence("documents", &[doc! {"_id": 1}]);
-    let cases: Vec<(Vec<(u8, Vec<u8>)>, i32)> = vec![
+    let cases: Vec<(Vec<Section>, i32)> = vec![
         (vec![(0, body.clone()), (0, body.clone())], 40430),
         (
             vec![(0, body.clone()), (1, one.clone()), (1, one.clone())],

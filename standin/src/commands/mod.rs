@@ -373,10 +373,10 @@ fn validate(name: &str, cmd: &Document) -> Result<crate::txn::SessionArgs, CmdEr
         let writes = matches!(name, "insert" | "update" | "delete");
         for k in cmd.keys().skip(1) {
             let k = k.as_str();
-            if !own.contains(&k)
-                && !GENERIC_ARGS.contains(&k)
-                && !(writes && WRITE_BASE.contains(&k))
-            {
+            let known = own.contains(&k)
+                || GENERIC_ARGS.contains(&k)
+                || (writes && WRITE_BASE.contains(&k));
+            if !known {
                 return Err(unknown_field(&format!("{idl}.{k}")));
             }
         }
