@@ -717,3 +717,40 @@ async fn kill_cursors_checks_the_owner() {
     );
     s.shutdown().await;
 }
+
+/// The client metadata document is validated as mongod's `ClientMetadata` constructor does
+/// (src/mongo/rpc/metadata/client_metadata.cpp): `driver.name`, `driver.version` and
+/// `os.type` are required strings (183 ClientMetadataMissingField, 14 TypeMismatch), at most
+/// 512 bytes (185), `application.name` at most 128 bytes (184). A refused hello does not
+/// finalize the metadata.
+#[tokio::test]
+async fn client_metadata_is_validated() {
+    let s = standin().await;
+    let cases = [
+        (doc! {"os": {"type": "linux"}}, 183, "Missing required sub-document 'driver' in the client metadata document"),
+        (doc! {"driver": {"name": "d"}, "os": {"type": "linux"}}, 183, "Missing required field 'driver.version' in the client metadata document"),
+        (doc! {"driver": {"name": "d", "version": "1"}}, 183, "Missing required sub-document 'os' in the client metadata document"),
+        (doc! {"driver": {"name": "d", "version": "1"}, "os": {}}, 183, "Missing required field 'os.type' in the client metadata document"),
+        (doc! {"driver": {"name": "d", "version": 1}, "os": {"type": "linux"}}, 14, "The 'driver.version' field must be a string in the client metadata document"),
+        (doc! {"driver": "d", "os": {"type": "linux"}}, 14, "The 'driver' field is required to be a BSON document in the client metadata document"),
+        (doc! {"application": {"name": "a".repeat(129)}, "driver": {"name": "d", "version": "1"}, "os": {"type": "linux"}}, 184, "The 'application.name' field must be less then or equal to 128 bytes in the client metadata document"),
+        (doc! {"driver": {"name": "d", "version": "1"}, "os": {"type": "linux"}, "platform": "p".repeat(500)}, 185, "The client metadata document must be less then or equal to 512 bytes"),
+    ];
+    for (client, expected, msg) in cases {
+        let mut c = Raw::connect(s.addr()).await;
+        let r = c
+            .command(doc! {"hello": 1, "client": client, "$db": "admin"})
+            .await;
+        assert_eq!(code(&r), expected, "{msg}");
+        assert_eq!(r.get_str("errmsg").unwrap(), msg);
+        // Not finalized: a good first hello still goes through.
+        ok(&c
+            .command(doc! {"hello": 1, "client": metadata(), "$db": "admin"})
+            .await);
+    }
+    let mut c = Raw::connect(s.addr()).await;
+    ok(&c
+        .command(doc! {"hello": 1, "client": {"application": {"name": "app"}, "driver": {"name": "d", "version": "1"}, "os": {"type": "linux", "name": "x"}, "platform": "rust", "extra": 1}, "$db": "admin"})
+        .await);
+    s.shutdown().await;
+}

@@ -21,6 +21,72 @@ pub(crate) fn metadata_cannot_be_mutated() -> CmdError {
     )
 }
 
+/// The client metadata document as mongod's `ClientMetadata` constructor checks it
+/// (src/mongo/rpc/metadata/client_metadata.cpp): at most 512 bytes, `driver` with string
+/// `name` and `version`, `os` with a string `type`, an optional `application` document whose
+/// `name` is a string of at most 128 bytes. Extra fields are allowed.
+fn validate_metadata(client: &Document) -> Result<(), CmdError> {
+    let missing = |what: String| {
+        CmdError::new(
+            183,
+            "ClientMetadataMissingField",
+            format!("Missing required {what} in the client metadata document"),
+        )
+    };
+    let not_doc = |name: &str| {
+        CmdError::type_mismatch(format!(
+            "The '{name}' field is required to be a BSON document in the client metadata document"
+        ))
+    };
+    let not_string = |path: &str| {
+        CmdError::type_mismatch(format!(
+            "The '{path}' field must be a string in the client metadata document"
+        ))
+    };
+    if crate::bsonutil::doc_size(client) > 512 {
+        return Err(CmdError::new(
+            185,
+            "ClientMetadataDocumentTooLarge",
+            "The client metadata document must be less then or equal to 512 bytes",
+        ));
+    }
+    let sub = |name: &str| -> Result<Option<&Document>, CmdError> {
+        match client.get(name) {
+            None => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(d)),
+            Some(_) => Err(not_doc(name)),
+        }
+    };
+    if let Some(app) = sub("application")? {
+        match app.get("name") {
+            None => {}
+            Some(Bson::String(n)) if n.len() > 128 => {
+                return Err(CmdError::new(
+                    184,
+                    "ClientMetadataAppNameTooLarge",
+                    "The 'application.name' field must be less then or equal to 128 bytes in the client metadata document",
+                ))
+            }
+            Some(Bson::String(_)) => {}
+            Some(_) => return Err(not_string("application.name")),
+        }
+    }
+    let driver = sub("driver")?.ok_or_else(|| missing("sub-document 'driver'".into()))?;
+    for field in ["name", "version"] {
+        match driver.get(field) {
+            Some(Bson::String(_)) => {}
+            Some(_) => return Err(not_string(&format!("driver.{field}"))),
+            None => return Err(missing(format!("field 'driver.{field}'"))),
+        }
+    }
+    let os = sub("os")?.ok_or_else(|| missing("sub-document 'os'".into()))?;
+    match os.get("type") {
+        Some(Bson::String(_)) => Ok(()),
+        Some(_) => Err(not_string("os.type")),
+        None => Err(missing("field 'os.type'".into())),
+    }
+}
+
 /// Builds the hello reply. `name` is "hello" or "ismaster" (lower-cased).
 pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
     let shared = ctx.shared;
@@ -31,6 +97,7 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
         None => {}
         Some(_) if ctx.conn.hello_seen => return Err(metadata_cannot_be_mutated()),
         Some(Bson::Document(client)) => {
+            validate_metadata(client)?;
             let keys: Vec<&str> = cmd.keys().map(String::as_str).collect();
             tracing::debug!(conn = ctx.conn.id, ?keys, client = %client, "handshake");
             ctx.conn.client_metadata = Some(client.clone());
