@@ -111,6 +111,10 @@ async fn idle_monitor_keeps_its_connections_and_the_primary() {
     for (i, m) in rs.members().iter().enumerate() {
         let s = m.stats();
         let hellos = s.command_count("hello");
+        println!(
+            "member {i}: {hellos} heartbeats, {} new connections in 2 idle seconds",
+            s.connections_accepted()
+        );
         assert!(hellos >= 10, "member {i}: only {hellos} heartbeats in 2 s");
         assert_eq!(
             s.connections_accepted(),
