@@ -479,7 +479,17 @@ async fn drain_finishes_in_flight_requests_and_stops_accepting() {
 
 #[tokio::test]
 async fn legacy_insert_is_forwarded_without_waiting_for_a_reply() {
-    let (standin, proxy) = stack().await;
+    // An upstream that still serves OP_INSERT: MongoDB 5.0 (wire 13). mongod 6.0+ no longer
+    // applies it, and neither does the stand-in at its default wire version.
+    let standin = StandIn::start(StandInConfig {
+        wire_version: 13,
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut config = Config::for_upstream(&standin.uri()).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
     let mut c = Raw::connect(&proxy).await;
     c.send(&encode_insert(1, 0, "leg.c", &[&rawdoc! {"_id": 1}]))
         .await;

@@ -147,7 +147,15 @@ impl std::fmt::Debug for UpstreamConn {
     }
 }
 
-/// The hello mongoguard sends on its own upstream connections.
+/// The hello of a connection's later checks (the topology monitor's heartbeats): no `client`
+/// metadata, which mongod accepts only in a connection's first hello and refuses afterwards
+/// with ClientMetadataCannotBeMutated (186).
+fn heartbeat_hello() -> RawDocumentBuf {
+    bson::rawdoc! {"hello": 1, "helloOk": true, "$db": "admin"}
+}
+
+/// The first hello mongoguard sends on each of its own upstream connections (with `client`
+/// metadata: only ever once per connection, see [`UpstreamConn::heartbeat`]).
 pub(crate) fn own_hello(sasl_user: Option<&Credentials>) -> RawDocumentBuf {
     let mut hello = bson::rawdoc! {
         "hello": 1,
@@ -266,6 +274,19 @@ impl UpstreamConn {
         Ok((conn, reply))
     }
 
+    /// Says hello again on this connection (whose first hello, with the client metadata, was
+    /// sent when it opened) and records what the server says now. A failed hello (`ok: 0`) is
+    /// an error.
+    pub(crate) async fn heartbeat(&mut self) -> Result<Arc<HelloFacts>, ConnectError> {
+        let reply = self.command(&heartbeat_hello()).await?;
+        let facts = HelloFacts::from_reply(&reply).ok_or_else(|| ConnectError::Handshake {
+            host: self.host.to_string(),
+            reason: format!("hello failed: {}", error_text(&reply)),
+        })?;
+        self.facts = Arc::new(facts);
+        Ok(self.facts.clone())
+    }
+
     /// The hello facts of this connection's server.
     pub fn facts(&self) -> &Arc<HelloFacts> {
         &self.facts
@@ -368,6 +389,15 @@ impl UpstreamConn {
         }
         Ok(())
     }
+}
+
+/// `codeName: errmsg` of a failed reply, for logs (the server's own words, bounded).
+fn error_text(reply: &RawDocument) -> String {
+    let text = |key: &str| match reply.get(key) {
+        Ok(Some(RawBsonRef::String(s))) => s.chars().take(200).collect::<String>(),
+        _ => String::new(),
+    };
+    format!("{}: {}", text("codeName"), text("errmsg"))
 }
 
 /// `(conversationId, payload, done)` of a SASL reply, or its error message.

@@ -395,18 +395,11 @@ impl Topology {
                     conn = Some(c);
                     f
                 }),
+                // A later check on the same connection: a hello without client metadata
+                // (mongod refuses it after a connection's first hello).
                 Some(c) => {
-                    let hello = super::conn::own_hello(None);
-                    match tokio::time::timeout(settings.connect_timeout, c.command(&hello)).await {
-                        Ok(Ok(reply)) => {
-                            HelloFacts::from_reply(&reply).map(Arc::new).ok_or_else(|| {
-                                ConnectError::Handshake {
-                                    host: host.to_string(),
-                                    reason: "hello failed".into(),
-                                }
-                            })
-                        }
-                        Ok(Err(e)) => Err(e),
+                    match tokio::time::timeout(settings.connect_timeout, c.heartbeat()).await {
+                        Ok(r) => r,
                         Err(_) => Err(ConnectError::Timeout {
                             host: host.to_string(),
                             timeout: settings.connect_timeout,

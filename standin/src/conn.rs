@@ -31,6 +31,9 @@ pub(crate) struct ConnState {
     pub(crate) sasl: Option<(crate::scram::Conversation, bool)>,
     /// `client` metadata from the first hello.
     pub(crate) client_metadata: Option<Document>,
+    /// A hello/isMaster already ran on this connection: its client metadata is final (mongod's
+    /// `ClientMetadata::tryFinalize`), any later `client` field is refused with code 186.
+    pub(crate) hello_seen: bool,
 }
 
 struct Conn {
@@ -60,6 +63,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr
             user: None,
             sasl: None,
             client_metadata: None,
+            hello_seen: false,
         },
         shared: shared.clone(),
         reader: BufReader::with_capacity(32 * 1024, r),
@@ -228,7 +232,9 @@ impl Conn {
                 cursor_id,
             } => {
                 self.shared.stats.on_command("op_get_more");
-                let (docs, id, flags, from) = if self.authorized() {
+                let (docs, id, flags, from) = if self.legacy_opcodes_removed() {
+                    (vec![legacy_op_removed("OP_GET_MORE")], 0, 2, 0)
+                } else if self.authorized() {
                     commands::read::legacy_get_more(&self.shared, &ns, n_return, cursor_id)
                 } else {
                     (vec![unauthorized_legacy()], 0, 2, 0)
@@ -238,7 +244,12 @@ impl Conn {
             }
             Request::KillCursors { ids } => {
                 self.shared.stats.on_command("op_kill_cursors");
-                if self.authorized() {
+                if self.legacy_opcodes_removed() {
+                    debug!(
+                        conn = self.state.id,
+                        "OP_KILL_CURSORS is no longer supported"
+                    );
+                } else if self.authorized() {
                     for id in ids {
                         self.shared.cursors.kill(id);
                     }
@@ -282,6 +293,15 @@ impl Conn {
         }
     }
 
+    /// mongod 6.0 (wire 17) and later no longer serve the legacy opcodes, nor commands other
+    /// than hello/isMaster (and a few deprecated ones) through OP_QUERY: see
+    /// src/mongo/db/service_entry_point_common.cpp (`HandleRequest::handleRequest`) and
+    /// src/mongo/rpc/check_allowed_op_query_cmd.cpp. A stand-in configured with an older
+    /// `wire_version` still serves them, for legacy-opcode tests.
+    fn legacy_opcodes_removed(&self) -> bool {
+        self.shared.config.wire_version >= 17
+    }
+
     fn authorized(&self) -> bool {
         self.shared.users.is_empty() || self.state.user.is_some()
     }
@@ -289,6 +309,15 @@ impl Conn {
     /// Runs a legacy write (no reply is ever sent for those). On a replica set member that is
     /// not primary the write is not applied and the connection is closed, as mongod does.
     fn legacy_write(&mut self, db: &str, cmd: &Document) -> io::Result<()> {
+        if self.legacy_opcodes_removed() {
+            // mongod 6.0+: uasserted (5745704-5745706) in a fire-and-forget op: nothing is
+            // applied and no reply is sent.
+            debug!(
+                conn = self.state.id,
+                "legacy write opcode is no longer supported"
+            );
+            return Ok(());
+        }
         if !self.authorized() {
             debug!(conn = self.state.id, "unauthenticated legacy write ignored");
             return Ok(());
@@ -330,6 +359,9 @@ impl Conn {
         };
         let secondary_ok = commands::read_pref_allows_secondary(&m.body);
         let reply_for = |this: &mut Conn| -> Document {
+            if let Some((code, msg)) = &m.section_error {
+                return CmdError::new(*code, "", msg.clone()).to_doc_location();
+            }
             if let Some(k) = &m.duplicate_key {
                 return CmdError::new(
                     40413,
@@ -466,13 +498,25 @@ impl Conn {
             self.shared.stats.on_command(&name);
             let compressor = compressor.filter(|_| !never_compressed(&name));
             let db = db.to_string();
-            let reply = commands::run(&mut self.ctx(&db, secondary_ok), &name, &cmd);
+            let original = cmd.keys().next().map(String::as_str).unwrap_or_default();
+            let reply = if self.legacy_opcodes_removed() && !OP_QUERY_COMMANDS.contains(&original) {
+                CmdError::new(
+                    352,
+                    "UnsupportedOpQueryCommand",
+                    format!("Unsupported OP_QUERY command: {original}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"),
+                )
+                .to_doc()
+            } else {
+                commands::run(&mut self.ctx(&db, secondary_ok), &name, &cmd)
+            };
             // responseFlags: AwaitCapable (bit 3), as mongod sets it.
             return self
                 .send_reply(request_id, 8, 0, 0, &[reply], compressor)
                 .await;
         }
-        let (docs, id, flags) = if !self.authorized() {
+        let (docs, id, flags) = if self.legacy_opcodes_removed() {
+            (vec![legacy_op_removed("OP_QUERY")], 0, 2)
+        } else if !self.authorized() {
             (vec![unauthorized_legacy()], 0, 2)
         } else if !secondary_ok && !self.shared.is_writable_primary() {
             let e = doc! {"$err": "not primary and secondaryOk=false", "code": 13435};
@@ -485,6 +529,30 @@ impl Conn {
         };
         self.send_reply(request_id, flags, id, 0, &docs, compressor)
             .await
+    }
+}
+
+/// The commands mongod 6.0+ still serves through OP_QUERY (`allowed` and
+/// `temporarilyAllowed` in src/mongo/rpc/check_allowed_op_query_cmd.cpp; case-sensitive).
+const OP_QUERY_COMMANDS: &[&str] = &[
+    "hello",
+    "isMaster",
+    "ismaster",
+    "_isSelf",
+    "authenticate",
+    "buildinfo",
+    "buildInfo",
+    "saslContinue",
+    "saslStart",
+];
+
+/// mongod 6.0+'s OP_REPLY to a removed legacy read opcode
+/// (`makeErrorResponseToUnsupportedOpQuery` in src/mongo/db/dbmessage.cpp).
+fn legacy_op_removed(op: &str) -> Document {
+    doc! {
+        "$err": format!("{op} is no longer supported. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"),
+        "code": 5739101,
+        "ok": 0.0,
     }
 }
 

@@ -28,7 +28,20 @@ pub(crate) struct Cursor {
     /// "db.coll" the cursor reads (what getMore's `collection` must match).
     pub(crate) ns: String,
     pub(crate) docs: VecDeque<Document>,
+    /// Who opened it (getMore checks it as mongod does).
+    pub(crate) owner: Owner,
     last_used: Instant,
+}
+
+/// What a getMore must match: the user, the session and the transaction of the command that
+/// opened the cursor (src/mongo/db/commands/query_cmd/getmore_cmd.cpp).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Owner {
+    pub(crate) user: Option<String>,
+    /// `lsid.id` bytes.
+    pub(crate) lsid: Option<Vec<u8>>,
+    /// `txnNumber`, inside a multi-document transaction only.
+    pub(crate) txn_number: Option<i64>,
 }
 
 /// All open cursors of a server, sharded by id.
@@ -70,10 +83,11 @@ impl Cursors {
     }
 
     /// Registers the remaining documents of a result set; returns the new cursor id.
-    pub(crate) fn open(&self, ns: String, docs: VecDeque<Document>) -> i64 {
+    pub(crate) fn open(&self, ns: String, docs: VecDeque<Document>, owner: Owner) -> i64 {
         let cursor = Cursor {
             ns,
             docs,
+            owner,
             last_used: Instant::now(),
         };
         loop {
@@ -94,6 +108,14 @@ impl Cursors {
     pub(crate) fn restore(&self, id: i64, mut cursor: Cursor) {
         cursor.last_used = Instant::now();
         self.shard(id).lock().insert(id, cursor);
+    }
+
+    /// The namespace and the user of a cursor, if it exists.
+    pub(crate) fn owner(&self, id: i64) -> Option<(String, Option<String>)> {
+        self.shard(id)
+            .lock()
+            .get(&id)
+            .map(|c| (c.ns.clone(), c.owner.user.clone()))
     }
 
     /// Kills a cursor; true if it existed.
@@ -130,7 +152,7 @@ mod tests {
         let mut docs: VecDeque<Document> = (0..250).map(|i| doc! {"i": i}).collect();
         let first = take_batch(&mut docs, Some(DEFAULT_FIRST_BATCH));
         assert_eq!(first.len(), 101);
-        let id = cursors.open("d.c".into(), docs);
+        let id = cursors.open("d.c".into(), docs, Owner::default());
         assert!(id > 0);
         let mut c = cursors.checkout(id).unwrap();
         assert_eq!(c.ns, "d.c");

@@ -63,6 +63,7 @@ mod scram;
 mod server;
 mod stats;
 mod store;
+mod txn;
 mod update;
 mod wire;
 
@@ -79,7 +80,9 @@ pub struct StandInConfig {
     /// Address to listen on; port 0 picks a free port (see [`StandIn::addr`]).
     pub listen: SocketAddr,
     /// `maxWireVersion` reported in `hello` (21 = MongoDB 7.0). The `buildInfo` version is
-    /// derived from it (8 -> 4.2.0, 13 -> 5.0.0, 17 -> 6.0.0, 21 -> 7.0.0, 25 -> 8.0.0).
+    /// derived from it (8 -> 4.2.0, 13 -> 5.0.0, 17 -> 6.0.0, 21 -> 7.0.0, 25 -> 8.0.0). From 17
+    /// up the legacy opcodes are refused as mongod 6.0+ refuses them (OP_QUERY only for
+    /// hello/isMaster and a few deprecated commands); use 13 to test legacy opcodes.
     pub wire_version: i32,
     /// `(user, password)` pairs, all defined in database `admin`. Empty = no auth required.
     pub users: Vec<(String, String)>,

@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     /// The data; shared by every member of a [`crate::ReplicaSet`].
     pub(crate) store: Arc<Store>,
     pub(crate) cursors: Cursors,
+    /// Sessions and their transaction numbers (per member, as on mongod).
+    pub(crate) sessions: crate::txn::Sessions,
     pub(crate) users: Arc<UserDb>,
     /// `topologyVersion.processId`, fixed for the life of the server.
     pub(crate) process_id: ObjectId,
@@ -129,6 +131,7 @@ impl StandIn {
             fault: FaultCell::default(),
             store,
             cursors: Cursors::default(),
+            sessions: crate::txn::Sessions::default(),
             users,
             process_id: ObjectId::new(),
             election_id: crate::replset::election_id(1),

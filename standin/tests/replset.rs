@@ -13,10 +13,19 @@ use mongodb::{Client, Collection};
 use mongoguard_standin::{ReplicaSet, ReplicaSetConfig, StandIn, StandInConfig};
 
 async fn set3() -> ReplicaSet {
+    set3_wire(StandInConfig::default().wire_version).await
+}
+
+/// A set claiming `wire_version`: 13 (MongoDB 5.0) for the tests of legacy opcodes, which
+/// mongod 6.0+ no longer serves.
+async fn set3_wire(wire_version: i32) -> ReplicaSet {
     ReplicaSet::start(ReplicaSetConfig {
         name: "rs0".into(),
         members: 3,
-        base: StandInConfig::default(),
+        base: StandInConfig {
+            wire_version,
+            ..StandInConfig::default()
+        },
     })
     .await
     .unwrap()
@@ -55,7 +64,7 @@ async fn hello(addr: std::net::SocketAddr) -> Document {
 
 #[tokio::test]
 async fn roles_shared_data_and_refusals() {
-    let rs = set3().await;
+    let rs = set3_wire(13).await;
     assert_eq!(rs.members().len(), 3);
     assert_eq!(rs.primary(), Some(0));
     let hosts: Vec<String> = rs
@@ -210,7 +219,7 @@ async fn roles_shared_data_and_refusals() {
 
 #[tokio::test]
 async fn fire_and_forget_writes_on_a_secondary_close_the_connection() {
-    let rs = set3().await;
+    let rs = set3_wire(13).await;
     let mut s = Raw::connect(rs.member(2).addr()).await;
     let id = s.next_id();
     s.send(&op_insert(id, "d.c", &[doc! {"_id": 1}])).await;

@@ -163,7 +163,7 @@ pub(crate) fn first_batch_reply(
     let id = if docs.is_empty() {
         0
     } else {
-        ctx.shared.cursors.open(ns.clone(), docs)
+        ctx.shared.cursors.open(ns.clone(), docs, ctx.owner(cmd))
     };
     Ok(cursor_reply(&ns, batch, id, true))
 }

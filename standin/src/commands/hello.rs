@@ -2,20 +2,114 @@
 
 use bson::{doc, Bson, Document};
 
-use super::{auth, CmdResult, Ctx};
+use super::{auth, CmdError, CmdResult, Ctx};
 use crate::compression;
+
+/// mongod's refusal of `client` metadata in any hello/isMaster after a connection's first.
+///
+/// mongod (src/mongo/rpc/metadata/client_metadata.cpp, `ClientMetadata::setFromMetadata`,
+/// called for every hello/isMaster from src/mongo/db/service_entry_point_common.cpp before the
+/// command runs) refuses the `client` field once the connection's metadata is finalized, and
+/// the first hello/isMaster finalizes it whether or not it carried metadata
+/// (`ClientMetadata::tryFinalize` in src/mongo/db/repl/replication_info.cpp). Error code 186
+/// comes from src/mongo/base/error_codes.yml.
+pub(crate) fn metadata_cannot_be_mutated() -> CmdError {
+    CmdError::new(
+        186,
+        "ClientMetadataCannotBeMutated",
+        "The client metadata document may only be sent in the first hello",
+    )
+}
+
+/// The client metadata document as mongod's `ClientMetadata` constructor checks it
+/// (src/mongo/rpc/metadata/client_metadata.cpp): at most 512 bytes, `driver` with string
+/// `name` and `version`, `os` with a string `type`, an optional `application` document whose
+/// `name` is a string of at most 128 bytes. Extra fields are allowed.
+fn validate_metadata(client: &Document) -> Result<(), CmdError> {
+    let missing = |what: String| {
+        CmdError::new(
+            183,
+            "ClientMetadataMissingField",
+            format!("Missing required {what} in the client metadata document"),
+        )
+    };
+    let not_doc = |name: &str| {
+        CmdError::type_mismatch(format!(
+            "The '{name}' field is required to be a BSON document in the client metadata document"
+        ))
+    };
+    let not_string = |path: &str| {
+        CmdError::type_mismatch(format!(
+            "The '{path}' field must be a string in the client metadata document"
+        ))
+    };
+    if crate::bsonutil::doc_size(client) > 512 {
+        return Err(CmdError::new(
+            185,
+            "ClientMetadataDocumentTooLarge",
+            "The client metadata document must be less then or equal to 512 bytes",
+        ));
+    }
+    let sub = |name: &str| -> Result<Option<&Document>, CmdError> {
+        match client.get(name) {
+            None => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(d)),
+            Some(_) => Err(not_doc(name)),
+        }
+    };
+    if let Some(app) = sub("application")? {
+        match app.get("name") {
+            None => {}
+            Some(Bson::String(n)) if n.len() > 128 => {
+                return Err(CmdError::new(
+                    184,
+                    "ClientMetadataAppNameTooLarge",
+                    "The 'application.name' field must be less then or equal to 128 bytes in the client metadata document",
+                ))
+            }
+            Some(Bson::String(_)) => {}
+            Some(_) => return Err(not_string("application.name")),
+        }
+    }
+    let driver = sub("driver")?.ok_or_else(|| missing("sub-document 'driver'".into()))?;
+    for field in ["name", "version"] {
+        match driver.get(field) {
+            Some(Bson::String(_)) => {}
+            Some(_) => return Err(not_string(&format!("driver.{field}"))),
+            None => return Err(missing(format!("field 'driver.{field}'"))),
+        }
+    }
+    let os = sub("os")?.ok_or_else(|| missing("sub-document 'os'".into()))?;
+    match os.get("type") {
+        Some(Bson::String(_)) => Ok(()),
+        Some(_) => Err(not_string("os.type")),
+        None => Err(missing("field 'os.type'".into())),
+    }
+}
 
 /// Builds the hello reply. `name` is "hello" or "ismaster" (lower-cased).
 pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
     let shared = ctx.shared;
     let cfg = &shared.config;
-    if ctx.conn.client_metadata.is_none() {
-        if let Some(Bson::Document(client)) = cmd.get("client") {
+    // As mongod: the metadata is checked before the command runs (so a refused hello does not
+    // finalize it); the hello itself then finalizes it.
+    match cmd.get("client") {
+        None => {}
+        Some(_) if ctx.conn.hello_seen => return Err(metadata_cannot_be_mutated()),
+        Some(Bson::Document(client)) => {
+            validate_metadata(client)?;
             let keys: Vec<&str> = cmd.keys().map(String::as_str).collect();
             tracing::debug!(conn = ctx.conn.id, ?keys, client = %client, "handshake");
             ctx.conn.client_metadata = Some(client.clone());
         }
+        // ClientMetadata::parse (same file): a `client` that is not a document.
+        Some(_) => {
+            return Err(CmdError::type_mismatch(
+                "The client metadata document must be a document",
+            ))
+        }
     }
+    ctx.conn.hello_seen = true;
     let mut r = Document::new();
     if cmd.get("helloOk").is_some_and(crate::bsonutil::truthy) {
         r.insert("helloOk", true);

@@ -22,6 +22,8 @@ pub(crate) struct CmdError {
     pub(crate) code: i32,
     pub(crate) code_name: &'static str,
     pub(crate) msg: String,
+    /// `errorLabels` of the reply (e.g. TransientTransactionError).
+    pub(crate) labels: Vec<String>,
 }
 
 impl CmdError {
@@ -30,7 +32,21 @@ impl CmdError {
             code,
             code_name,
             msg: msg.into(),
+            labels: Vec::new(),
         }
+    }
+
+    /// The error document of a code without a name (mongod's codeName is then
+    /// `Location<code>`).
+    pub(crate) fn to_doc_location(&self) -> Document {
+        let mut d = self.to_doc();
+        d.insert("codeName", format!("Location{}", self.code));
+        d
+    }
+
+    pub(crate) fn with_label(mut self, label: &str) -> CmdError {
+        self.labels.push(label.to_string());
+        self
     }
 
     pub(crate) fn bad_value(msg: impl Into<String>) -> CmdError {
@@ -50,7 +66,11 @@ impl CmdError {
     }
 
     pub(crate) fn to_doc(&self) -> Document {
-        doc! {"ok": 0.0, "errmsg": self.msg.clone(), "code": self.code, "codeName": self.code_name}
+        let mut d = doc! {"ok": 0.0, "errmsg": self.msg.clone(), "code": self.code, "codeName": self.code_name};
+        if !self.labels.is_empty() {
+            d.insert("errorLabels", self.labels.clone());
+        }
+        d
     }
 
     /// The entry of a `writeErrors` array.
@@ -81,6 +101,18 @@ pub(crate) struct Ctx<'a> {
     /// The request allows a secondary to serve reads (OP_MSG `$readPreference` with a mode
     /// other than `primary`, or the OP_QUERY secondaryOk flag).
     pub(crate) secondary_ok: bool,
+}
+
+impl Ctx<'_> {
+    /// The owner of a cursor this command opens.
+    pub(crate) fn owner(&self, cmd: &Document) -> crate::cursor::Owner {
+        let session = crate::txn::parse(cmd).unwrap_or_default();
+        crate::cursor::Owner {
+            user: self.conn.user.clone(),
+            txn_number: session.txn_number.filter(|_| session.in_transaction()),
+            lsid: session.lsid,
+        }
+    }
 }
 
 /// Commands an unauthenticated connection may run while users are configured.
@@ -177,14 +209,25 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
             "Unauthorized",
             format!("command {original} requires authentication"),
         ))
-    } else if let Some(e) = SPELLINGS
-        .contains(&original.as_str())
-        .then(|| role_refusal(ctx, name))
-        .flatten()
-    {
-        Err(e)
+    } else if !SPELLINGS.contains(&original.as_str()) {
+        Err(CmdError::new(
+            59,
+            "CommandNotFound",
+            format!("no such command: '{original}'"),
+        ))
     } else {
-        dispatch(ctx, name, &original, cmd)
+        validate(name, cmd).and_then(|session| {
+            if let Some(e) = role_refusal(ctx, name) {
+                return Err(e);
+            }
+            ctx.shared.sessions.begin_or_continue(
+                name,
+                &session,
+                ctx.shared.topology_counter(),
+                ctx.shared.is_writable_primary(),
+            )?;
+            dispatch(ctx, name, &original, cmd)
+        })
     };
     match res {
         Ok(mut d) => {
@@ -195,6 +238,273 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
         }
         Err(e) => e.to_doc(),
     }
+}
+
+/// Generic arguments every command accepts (src/mongo/idl/generic_argument.idl, API v1 and
+/// unstable lists).
+const GENERIC_ARGS: &[&str] = &[
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "$db",
+    "maxTimeMS",
+    "readConcern",
+    "writeConcern",
+    "lsid",
+    "clientOperationKey",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "stmtId",
+    "comment",
+    "$readPreference",
+    "$clusterTime",
+    "$audit",
+    "$client",
+    "$configServerState",
+    "allowImplicitCollectionCreation",
+    "$oplogQueryData",
+    "$queryOptions",
+    "$replData",
+    "databaseVersion",
+    "shardVersion",
+    "tracking_info",
+    "coordinator",
+    "maxTimeMSOpOnly",
+    "$configTime",
+    "$topologyTime",
+    "txnRetryCounter",
+    "mayBypassWriteBlocking",
+    "$tenant",
+    "expectPrefix",
+];
+
+/// Fields of the write commands' common base (`WriteCommandRequestBase` in
+/// src/mongo/db/ops/write_ops.idl).
+const WRITE_BASE: &[&str] = &[
+    "bypassDocumentValidation",
+    "ordered",
+    "stmtIds",
+    "isTimeseriesNamespace",
+    "collectionUUID",
+    "encryptionInformation",
+    "bypassEmptyTsReplacement",
+    "rawData",
+];
+
+/// The command-specific fields of the commands whose IDL is `strict: true`: an unknown
+/// top-level field is refused with 40415 (src/mongo/idl/idl_parser.cpp,
+/// `IDLParserContext::throwUnknownField`).
+fn strict_fields(name: &str) -> Option<(&'static str, &'static [&'static str])> {
+    Some(match name {
+        // src/mongo/db/query/find_command.idl
+        "find" => (
+            "find",
+            &[
+                "filter",
+                "projection",
+                "sort",
+                "hint",
+                "collation",
+                "skip",
+                "limit",
+                "batchSize",
+                "ntoreturn",
+                "singleBatch",
+                "allowDiskUse",
+                "min",
+                "max",
+                "returnKey",
+                "showRecordId",
+                "tailable",
+                "oplogReplay",
+                "noCursorTimeout",
+                "awaitData",
+                "allowPartialResults",
+                "let",
+                "options",
+                "term",
+                "readOnce",
+                "allowSpeculativeMajorityRead",
+                "$_requestResumeToken",
+                "$_resumeAfter",
+                "$_startAt",
+                "runtimeConstants",
+                "collectionUUID",
+                "encryptionInformation",
+                "includeQueryStatsMetrics",
+                "isTimeseriesNamespace",
+                "rawData",
+            ],
+        ),
+        // src/mongo/db/ops/write_ops.idl (plus WRITE_BASE)
+        "insert" => ("insert", &["documents"]),
+        "update" => ("update", &["updates", "let", "runtimeConstants"]),
+        "delete" => ("delete", &["deletes", "let", "runtimeConstants"]),
+        // src/mongo/db/query/getmore_command.idl
+        "getmore" => (
+            "getMore",
+            &[
+                "collection",
+                "batchSize",
+                "term",
+                "lastKnownCommittedOpTime",
+                "includeQueryStatsMetrics",
+            ],
+        ),
+        // src/mongo/db/query/kill_cursors.idl
+        "killcursors" => ("killCursors", &["cursors"]),
+        _ => return None,
+    })
+}
+
+fn unknown_field(path: &str) -> CmdError {
+    CmdError::new(
+        40415,
+        "Location40415",
+        format!("BSON field '{path}' is an unknown field."),
+    )
+}
+
+/// What mongod checks before running a command: unknown fields of strict commands, the
+/// write concern, and the session fields; returns the session fields.
+fn validate(name: &str, cmd: &Document) -> Result<crate::txn::SessionArgs, CmdError> {
+    if let Some((idl, own)) = strict_fields(name) {
+        let writes = matches!(name, "insert" | "update" | "delete");
+        for k in cmd.keys().skip(1) {
+            let k = k.as_str();
+            let known = own.contains(&k)
+                || GENERIC_ARGS.contains(&k)
+                || (writes && WRITE_BASE.contains(&k));
+            if !known {
+                return Err(unknown_field(&format!("{idl}.{k}")));
+            }
+        }
+        // The statements are strict structs too (UpdateOpEntry, DeleteOpEntry).
+        let entries: Option<(&str, &[&str], &[&str])> = match name {
+            "update" => Some((
+                "updates",
+                &[
+                    "q",
+                    "u",
+                    "c",
+                    "arrayFilters",
+                    "hint",
+                    "multi",
+                    "upsert",
+                    "upsertSupplied",
+                    "collation",
+                    "sampleId",
+                    "$_allowShardKeyUpdatesWithoutFullShardKeyInQuery",
+                ],
+                &["q", "u"],
+            )),
+            "delete" => Some((
+                "deletes",
+                &["q", "limit", "hint", "collation", "sampleId"],
+                &["q", "limit"],
+            )),
+            _ => None,
+        };
+        if let Some((field, allowed, required)) = entries {
+            if let Some(Bson::Array(items)) = cmd.get(field) {
+                for item in items {
+                    let Bson::Document(d) = item else { continue };
+                    if let Some(k) = d.keys().find(|k| !allowed.contains(&k.as_str())) {
+                        return Err(unknown_field(&format!("{idl}.{field}.{k}")));
+                    }
+                    if let Some(k) = required.iter().find(|k| !d.contains_key(**k)) {
+                        return Err(CmdError::new(
+                            40414,
+                            "Location40414",
+                            format!(
+                                "BSON field '{idl}.{field}.{k}' is missing but a required field"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(wc) = cmd.get("writeConcern") {
+        validate_write_concern(wc)?;
+    }
+    let session = crate::txn::parse(cmd)?;
+    if session.in_transaction() {
+        // src/mongo/db/transaction_validation.cpp (validateWriteConcernForTransaction).
+        if cmd.contains_key("writeConcern")
+            && !matches!(name, "committransaction" | "aborttransaction")
+        {
+            return Err(CmdError::new(
+                72,
+                "InvalidOptions",
+                "writeConcern is not allowed within a multi-statement transaction",
+            ));
+        }
+        // src/mongo/db/service_entry_point_common.cpp.
+        if cmd.contains_key("readConcern") && session.start_transaction.is_none() {
+            return Err(CmdError::new(
+                72,
+                "InvalidOptions",
+                "Only the first command in a transaction may specify a readConcern",
+            ));
+        }
+    }
+    Ok(session)
+}
+
+/// `writeConcern` as mongod parses it (src/mongo/db/write_concern_idl.cpp,
+/// `deserializeWriteConcernW` and `parseWTimeoutFromBSON`; 50 = ReplSetConfig::kMaxMembers).
+fn validate_write_concern(wc: &Bson) -> Result<(), CmdError> {
+    let Bson::Document(wc) = wc else {
+        return Err(CmdError::type_mismatch(format!(
+            "BSON field 'writeConcern' is the wrong type '{}', expected type 'object'",
+            crate::bsonutil::type_name(wc)
+        )));
+    };
+    match wc.get("w") {
+        None | Some(Bson::Null) | Some(Bson::Undefined) | Some(Bson::String(_)) => {}
+        Some(Bson::Double(d)) if d.is_nan() => {
+            return Err(CmdError::failed_to_parse("w cannot be NaN"))
+        }
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => {
+            let n = crate::bsonutil::as_i64(v).unwrap_or(-1);
+            if !(0..=50).contains(&n) {
+                return Err(CmdError::failed_to_parse(format!(
+                    "w has to be a non-negative number and not greater than 50; found: {n}"
+                )));
+            }
+        }
+        Some(Bson::Document(tags)) => {
+            if tags.is_empty() {
+                return Err(CmdError::failed_to_parse(
+                    "tagged write concern requires tags",
+                ));
+            }
+            if let Some((k, v)) = tags
+                .iter()
+                .find(|(_, v)| crate::bsonutil::as_i64(v).is_none())
+            {
+                return Err(CmdError::failed_to_parse(format!(
+                    "tags must be a single level document with only number values; found: {k}: {v}"
+                )));
+            }
+        }
+        Some(other) => {
+            return Err(CmdError::failed_to_parse(format!(
+                "w has to be a number, string, or object; found: {}",
+                crate::bsonutil::type_name(other)
+            )))
+        }
+    }
+    if let Some(t) = wc.get("wtimeout") {
+        if crate::bsonutil::as_i64(t).is_some_and(|n| n > i64::from(i32::MAX)) {
+            return Err(CmdError::failed_to_parse(
+                "wtimeout must be a 32-bit integer",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The spellings mongod accepts: command lookup is case-sensitive, with a few historical
@@ -262,8 +572,13 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
     }
     match name {
         "hello" | "ismaster" => hello::hello(ctx, name, cmd),
-        "ping" | "collmod" | "committransaction" | "aborttransaction" | "endsessions"
-        | "killsessions" | "killallsessions" | "refreshsessions" | "logout"
+        "endsessions" | "killsessions" => {
+            let ids = crate::txn::session_ids(cmd.values().next());
+            ctx.shared.sessions.end(&ids);
+            Ok(Document::new())
+        }
+        "ping" | "collmod" | "committransaction" | "aborttransaction" | "killallsessions"
+        | "refreshsessions" | "logout"
         | "resetstats" => Ok(Document::new()),
         "getlasterror" | "getlasterr" => Ok(doc! {"n": 0, "err": Bson::Null}),
         "buildinfo" => Ok(admin::build_info(ctx)),

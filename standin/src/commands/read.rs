@@ -99,7 +99,7 @@ pub(crate) fn find(ctx: &Ctx, cmd: &Document) -> CmdResult {
     let id = if single_batch || docs.is_empty() {
         0
     } else {
-        ctx.shared.cursors.open(ns.clone(), docs)
+        ctx.shared.cursors.open(ns.clone(), docs, ctx.owner(cmd))
     };
     Ok(cursor_reply(&ns, batch, id, true))
 }
@@ -126,14 +126,9 @@ pub(crate) fn get_more(ctx: &Ctx, cmd: &Document) -> CmdResult {
             format!("cursor id {id} not found"),
         ));
     };
-    if cursor.ns != ns {
-        let owner = cursor.ns.clone();
+    if let Err(e) = check_get_more(ctx, cmd, id, &ns, &cursor) {
         ctx.shared.cursors.restore(id, cursor);
-        return Err(CmdError::new(
-            13,
-            "Unauthorized",
-            format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {owner}"),
-        ));
+        return Err(e);
     }
     let batch = take_batch(&mut cursor.docs, batch_size.filter(|&n| n > 0));
     let out_id = if cursor.docs.is_empty() {
@@ -145,6 +140,66 @@ pub(crate) fn get_more(ctx: &Ctx, cmd: &Document) -> CmdResult {
     Ok(cursor_reply(&ns, batch, out_id, false))
 }
 
+/// mongod's getMore checks, in its order (src/mongo/db/commands/query_cmd/getmore_cmd.cpp:
+/// `validateAuthorization`, `validateNamespace`, `validateLSID`, `validateTxnNumber`).
+fn check_get_more(
+    ctx: &Ctx,
+    cmd: &Document,
+    id: i64,
+    ns: &str,
+    cursor: &crate::cursor::Cursor,
+) -> Result<(), CmdError> {
+    let unauthorized = |msg: String| CmdError::new(13, "Unauthorized", msg);
+    let me = ctx.owner(cmd);
+    let owner = &cursor.owner;
+    if me.user != owner.user {
+        return Err(unauthorized(format!(
+            "cursor id {id} was not created by the authenticated user"
+        )));
+    }
+    if cursor.ns != ns {
+        return Err(unauthorized(format!(
+            "Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}",
+            cursor.ns
+        )));
+    }
+    let hex = |b: &Vec<u8>| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    match (&me.lsid, &owner.lsid) {
+        (Some(mine), None) => {
+            return Err(CmdError::new(50736, "Location50736", format!(
+                "Cannot run getMore on cursor {id}, which was not created in a session, in session {}",
+                hex(mine)
+            )))
+        }
+        (None, Some(theirs)) => {
+            return Err(CmdError::new(50737, "Location50737", format!(
+                "Cannot run getMore on cursor {id}, which was created in session {}, without an lsid",
+                hex(theirs)
+            )))
+        }
+        (Some(mine), Some(theirs)) if mine != theirs => {
+            return Err(CmdError::new(50738, "Location50738", format!(
+                "Cannot run getMore on cursor {id}, which was created in session {}, in session {}",
+                hex(theirs),
+                hex(mine)
+            )))
+        }
+        _ => {}
+    }
+    match (me.txn_number, owner.txn_number) {
+        (Some(mine), None) => Err(CmdError::new(50739, "Location50739", format!(
+            "Cannot run getMore on cursor {id}, which was not created in a transaction, in transaction {mine}"
+        ))),
+        (None, Some(theirs)) => Err(CmdError::new(50740, "Location50740", format!(
+            "Cannot run getMore on cursor {id}, which was created in transaction {theirs}, without a txnNumber"
+        ))),
+        (Some(mine), Some(theirs)) if mine != theirs => Err(CmdError::new(50741, "Location50741", format!(
+            "Cannot run getMore on cursor {id}, which was created in transaction {theirs}, in transaction {mine}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn kill_cursors(ctx: &Ctx, cmd: &Document) -> CmdResult {
     coll_name(cmd)?;
     let Some(Bson::Array(ids)) = cmd.get("cursors") else {
@@ -152,11 +207,27 @@ pub(crate) fn kill_cursors(ctx: &Ctx, cmd: &Document) -> CmdResult {
             "BSON field 'killCursors.cursors' is missing but a required field",
         ));
     };
-    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
+    let mut wanted = Vec::with_capacity(ids.len());
     for v in ids {
         let Some(id) = as_i64(v) else {
             return Err(CmdError::type_mismatch("cursor ids must be longs"));
         };
+        // As mongod (killcursors_cmd.cpp doCheckAuthorization, auth::checkAuthForKillCursors in
+        // src/mongo/db/auth/authorization_checks.cpp): another user's cursor fails the whole
+        // command, before anything is killed; an unknown one is reported as not found.
+        if let Some((ns, user)) = ctx.shared.cursors.owner(id) {
+            if user != ctx.conn.user {
+                return Err(CmdError::new(
+                    13,
+                    "Unauthorized",
+                    format!("not authorized to kill cursor on {ns}"),
+                ));
+            }
+        }
+        wanted.push(id);
+    }
+    let (mut killed, mut not_found) = (Vec::new(), Vec::new());
+    for id in wanted {
         if ctx.shared.cursors.kill(id) {
             killed.push(Bson::Int64(id));
         } else {
@@ -270,7 +341,9 @@ pub(crate) fn legacy_query(
     let id = if single || docs.is_empty() {
         0
     } else {
-        shared.cursors.open(format!("{db}.{coll}"), docs)
+        shared
+            .cursors
+            .open(format!("{db}.{coll}"), docs, Default::default())
     };
     Ok((first, id))
 }

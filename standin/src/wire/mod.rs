@@ -60,6 +60,9 @@ pub(crate) struct OpMsg {
     pub(crate) body: Document,
     /// Set when the body repeats a top-level key (the command is then rejected).
     pub(crate) duplicate_key: Option<String>,
+    /// A section rule mongod answers with an error (the connection stays open): `(code,
+    /// errmsg)`, see [`parse_op_msg`].
+    pub(crate) section_error: Option<(i32, String)>,
 }
 
 /// A decoded OP_QUERY.
@@ -377,14 +380,20 @@ fn parse_op_msg(body: &[u8], whole: Option<&[u8]>) -> Result<Request, WireError>
             }
         }
     }
+    // Section rules as src/mongo/rpc/op_msg.cpp (`OpMsg::parse`): a third document sequence is
+    // TooManyDocumentSequences, connection-fatal like unknown required flags (error class
+    // ConnectionFatalMessageParseError in src/mongo/base/error_codes.yml); the other rule
+    // violations are answered with their error and the connection stays open.
     let mut r = Reader::new(&body[4..sections_end]);
     let mut main: Option<(Document, Option<String>)> = None;
     let mut sequences: Vec<(String, Vec<bson::Bson>)> = Vec::new();
-    while r.remaining() > 0 {
+    let mut section_error: Option<(i32, String)> = None;
+    while r.remaining() > 0 && section_error.is_none() {
         match r.u8()? {
             0 => {
                 if main.is_some() {
-                    return err("OP_MSG has more than one kind-0 section");
+                    section_error = Some((40430, "Multiple body sections in message".into()));
+                    continue;
                 }
                 let raw = r.raw_doc()?;
                 let doc = decode_doc(raw)?;
@@ -392,6 +401,9 @@ fn parse_op_msg(body: &[u8], whole: Option<&[u8]>) -> Result<Request, WireError>
                 main = Some((doc, dup));
             }
             1 => {
+                if sequences.len() >= 2 {
+                    return err("Too many document sequences in OP_MSG");
+                }
                 let size = r.i32()?;
                 let size = usize::try_from(size)
                     .ok()
@@ -399,20 +411,34 @@ fn parse_op_msg(body: &[u8], whole: Option<&[u8]>) -> Result<Request, WireError>
                     .ok_or_else(|| WireError(format!("bad kind-1 section size {size}")))?;
                 let mut s = Reader::new(r.bytes(size - 4)?);
                 let id = s.cstring()?;
+                if sequences.iter().any(|(n, _)| n == &id) {
+                    section_error = Some((40431, format!("Duplicate document sequence: {id}")));
+                    continue;
+                }
                 let mut docs = Vec::new();
                 while s.remaining() > 0 {
                     docs.push(bson::Bson::Document(s.doc()?));
                 }
                 sequences.push((id, docs));
             }
-            k => return err(format!("unknown OP_MSG section kind {k}")),
+            k => section_error = Some((40432, format!("Unknown section kind {k}"))),
         }
     }
-    let (mut body, mut duplicate_key) =
-        main.ok_or_else(|| WireError("OP_MSG without body".into()))?;
+    let (mut body, duplicate_key) = match main {
+        Some(m) => m,
+        None => {
+            if section_error.is_none() {
+                section_error = Some((40587, "OP_MSG messages must have a body".into()));
+            }
+            (Document::new(), None)
+        }
+    };
     for (id, docs) in sequences {
-        if body.contains_key(&id) && duplicate_key.is_none() {
-            duplicate_key = Some(id.clone());
+        if section_error.is_none() && body.contains_key(&id) {
+            section_error = Some((
+                40433,
+                format!("Duplicate field between body and document sequence {id}"),
+            ));
         }
         body.insert(id, docs);
     }
@@ -420,6 +446,7 @@ fn parse_op_msg(body: &[u8], whole: Option<&[u8]>) -> Result<Request, WireError>
         flags,
         body,
         duplicate_key,
+        section_error,
     }))
 }
 

@@ -1,0 +1,299 @@
+//! Logical sessions and transaction numbers, checked the way mongod checks them.
+//!
+//! There are still no transaction *semantics* (writes apply at once, abort undoes nothing),
+//! but the state machine a driver and a proxy see is mongod's: what a `txnNumber`,
+//! `autocommit` and `startTransaction` may be (src/mongo/db/initialize_operation_session_info.cpp),
+//! which transaction a statement may start or continue, commit and abort of unknown,
+//! committed or aborted transactions (`TransactionParticipant::beginOrContinue` and friends in
+//! src/mongo/db/transaction/transaction_participant.cpp), and a step-down aborting every
+//! transaction in progress on the member.
+
+use std::collections::HashMap;
+
+use bson::{Bson, Document};
+use parking_lot::Mutex;
+
+use crate::commands::CmdError;
+
+/// Sessions known to one server (transactions live on the member that ran them).
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    inner: Mutex<HashMap<Vec<u8>, Session>>,
+}
+
+/// Sessions kept at most (oldest-unused evicted first would need more bookkeeping: the table
+/// is simply cleared when full; a test never gets near it).
+const MAX_SESSIONS: usize = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The active txnNumber is a retryable write (no `autocommit`).
+    Retryable,
+    InProgress,
+    Committed,
+    Aborted,
+}
+
+#[derive(Debug)]
+struct Session {
+    txn_number: i64,
+    state: State,
+    /// The member's topologyVersion counter when the transaction started: a role change
+    /// since (a step-down) has aborted it.
+    counter: i64,
+}
+
+/// The session fields of a command.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SessionArgs {
+    /// `lsid.id` bytes.
+    pub(crate) lsid: Option<Vec<u8>>,
+    pub(crate) txn_number: Option<i64>,
+    pub(crate) autocommit: Option<bool>,
+    pub(crate) start_transaction: Option<bool>,
+}
+
+impl SessionArgs {
+    /// Inside a multi-document transaction (`autocommit: false`).
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.autocommit == Some(false)
+    }
+}
+
+fn invalid_options(msg: impl Into<String>) -> CmdError {
+    CmdError::new(72, "InvalidOptions", msg)
+}
+
+/// Parses and validates the session fields (initialize_operation_session_info.cpp).
+pub(crate) fn parse(cmd: &Document) -> Result<SessionArgs, CmdError> {
+    let mut a = SessionArgs::default();
+    match cmd.get("lsid") {
+        None => {}
+        Some(Bson::Document(l)) => match l.get("id") {
+            Some(Bson::Binary(b)) if b.subtype == bson::spec::BinarySubtype::Uuid => {
+                a.lsid = Some(b.bytes.clone())
+            }
+            _ => {
+                return Err(CmdError::new(
+                    40414,
+                    "Location40414",
+                    "BSON field 'OperationSessionInfo.lsid.id' is missing but a required field",
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(CmdError::type_mismatch(format!(
+                "BSON field 'OperationSessionInfo.lsid' is the wrong type '{:?}', expected type 'object'",
+                other.element_type()
+            )))
+        }
+    }
+    a.txn_number = match cmd.get("txnNumber") {
+        None => None,
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Int32(n)) => Some(i64::from(*n)),
+        Some(other) => {
+            return Err(CmdError::type_mismatch(format!(
+                "BSON field 'OperationSessionInfo.txnNumber' is the wrong type '{:?}', expected type 'long'",
+                other.element_type()
+            )))
+        }
+    };
+    let flag = |key: &str| -> Result<Option<bool>, CmdError> {
+        match cmd.get(key) {
+            None => Ok(None),
+            Some(Bson::Boolean(b)) => Ok(Some(*b)),
+            Some(other) => Err(CmdError::type_mismatch(format!(
+                "BSON field 'OperationSessionInfo.{key}' is the wrong type '{:?}', expected type 'bool'",
+                other.element_type()
+            ))),
+        }
+    };
+    a.autocommit = flag("autocommit")?;
+    a.start_transaction = flag("startTransaction")?;
+    if a.txn_number.is_some() && a.lsid.is_none() {
+        return Err(invalid_options(
+            "Transaction number requires a session ID to also be specified",
+        ));
+    }
+    if a.txn_number.is_some_and(|n| n < 0) {
+        return Err(CmdError::bad_value("Transaction number cannot be negative"));
+    }
+    if a.autocommit.is_some() && a.txn_number.is_none() {
+        return Err(invalid_options(
+            "'autocommit' field requires a transaction number to also be specified",
+        ));
+    }
+    if a.autocommit == Some(true) {
+        return Err(invalid_options(
+            "Specifying autocommit=true is not allowed.",
+        ));
+    }
+    if a.start_transaction.is_some() && a.autocommit.is_none() {
+        return Err(invalid_options(
+            "'startTransaction' field requires 'autocommit' field to also be specified",
+        ));
+    }
+    if a.start_transaction == Some(false) {
+        return Err(invalid_options(
+            "Specifying startTransaction=false is not allowed.",
+        ));
+    }
+    Ok(a)
+}
+
+/// NoSuchTransaction, labelled TransientTransactionError as mongod labels it for statements
+/// of a transaction and for commit/abort (src/mongo/db/error_labels.cpp).
+fn no_such_transaction(msg: String) -> CmdError {
+    CmdError::new(251, "NoSuchTransaction", msg).with_label("TransientTransactionError")
+}
+
+fn committed(n: i64) -> CmdError {
+    CmdError::new(
+        256,
+        "TransactionCommitted",
+        format!("Transaction with {{ txnNumber: {n} }} has been committed."),
+    )
+}
+
+impl Sessions {
+    /// Begins or continues the command's transaction or retryable write. `counter` is the
+    /// member's topologyVersion counter, `primary` whether it can accept writes now.
+    pub(crate) fn begin_or_continue(
+        &self,
+        name: &str,
+        a: &SessionArgs,
+        counter: i64,
+        primary: bool,
+    ) -> Result<(), CmdError> {
+        let (Some(lsid), Some(n)) = (&a.lsid, a.txn_number) else {
+            if matches!(name, "committransaction" | "aborttransaction") {
+                return Err(invalid_options(format!(
+                    "{} must be run within a transaction",
+                    if name == "committransaction" {
+                        "commitTransaction"
+                    } else {
+                        "abortTransaction"
+                    }
+                )));
+            }
+            return Ok(());
+        };
+        if matches!(name, "committransaction" | "aborttransaction") && !a.in_transaction() {
+            return Err(invalid_options(
+                "'autocommit' field is required for commitTransaction and abortTransaction",
+            ));
+        }
+        if !primary {
+            return Err(CmdError::new(
+                10107,
+                "NotWritablePrimary",
+                "Not primary so we cannot begin or continue a transaction",
+            ));
+        }
+        let mut map = self.inner.lock();
+        if map.len() >= MAX_SESSIONS && !map.contains_key(lsid) {
+            map.clear();
+        }
+        let s = map.entry(lsid.clone()).or_insert(Session {
+            txn_number: -1,
+            state: State::Retryable,
+            counter,
+        });
+        // A role change since the transaction started aborted it (mongod aborts every
+        // transaction in progress at step-down).
+        if s.state == State::InProgress && s.counter != counter {
+            s.state = State::Aborted;
+        }
+        if n < s.txn_number {
+            let what = if s.state == State::Retryable {
+                "retryable write"
+            } else {
+                "transaction"
+            };
+            let msg = if a.in_transaction() {
+                format!("Cannot start transaction with {{ txnNumber: {n} }} on session because a newer {what} with txnNumber {} has already started on this session.", s.txn_number)
+            } else {
+                format!("Retryable write with txnNumber {n} is prohibited on session because a newer {what} with txnNumber {} has already started on this session.", s.txn_number)
+            };
+            return Err(CmdError::new(225, "TransactionTooOld", msg));
+        }
+        if !a.in_transaction() {
+            // A retryable write (mongod: converting an open transaction's number to a
+            // retryable write is refused; a new number starts one).
+            if n == s.txn_number && s.state != State::Retryable {
+                return Err(CmdError::new(
+                    50911,
+                    "Location50911",
+                    format!("Cannot start a retryable write with txnNumber {n} on a session whose transaction with the same number is already started"),
+                ));
+            }
+            s.txn_number = n;
+            s.state = State::Retryable;
+            return Ok(());
+        }
+        if a.start_transaction == Some(true) {
+            if n == s.txn_number {
+                // _verifyCanBeginMultiDocumentTransaction: the same number again.
+                return Err(CmdError::new(
+                    50911,
+                    "Location50911",
+                    format!("Cannot start a transaction at given transaction number {n} a transaction with the same number is in state {:?}", s.state),
+                ));
+            }
+            s.txn_number = n;
+            s.state = State::InProgress;
+            s.counter = counter;
+            return Ok(());
+        }
+        // Continue (a statement, commitTransaction or abortTransaction).
+        if n != s.txn_number || s.state == State::Retryable {
+            return Err(no_such_transaction(format!(
+                "Given transaction number {n} does not match any in-progress transactions. The active transaction number is {}",
+                s.txn_number
+            )));
+        }
+        match (s.state, name) {
+            (State::Aborted, _) => Err(no_such_transaction(format!(
+                "Transaction with {{ txnNumber: {n} }} has been aborted."
+            ))),
+            // A commit may be retried after it succeeded.
+            (State::Committed, "committransaction") => Ok(()),
+            (State::Committed, _) => Err(committed(n)),
+            (State::InProgress, "committransaction") => {
+                s.state = State::Committed;
+                Ok(())
+            }
+            (State::InProgress, "aborttransaction") => {
+                s.state = State::Aborted;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// endSessions / killSessions: forget these sessions (aborting their transactions).
+    pub(crate) fn end(&self, ids: &[Vec<u8>]) {
+        let mut map = self.inner.lock();
+        for id in ids {
+            map.remove(id);
+        }
+    }
+}
+
+/// `lsid.id` bytes of every `{id: UUID}` in an endSessions/killSessions array.
+pub(crate) fn session_ids(v: Option<&Bson>) -> Vec<Vec<u8>> {
+    match v {
+        Some(Bson::Array(a)) => a
+            .iter()
+            .filter_map(|x| match x {
+                Bson::Document(d) => match d.get("id") {
+                    Some(Bson::Binary(b)) => Some(b.bytes.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
