@@ -132,6 +132,24 @@ impl HelloFacts {
     }
 }
 
+impl HelloFacts {
+    /// A server that has not said hello yet: mongod's default limits, serving nothing.
+    fn not_yet_known() -> HelloFacts {
+        HelloFacts {
+            min_wire_version: 0,
+            max_wire_version: 0,
+            max_bson_object_size: 16 * 1024 * 1024,
+            max_message_size_bytes: 48_000_000,
+            max_write_batch_size: 100_000,
+            logical_session_timeout_minutes: None,
+            role: Role::Other,
+            set_name: None,
+            hosts: Vec::new(),
+            election_id: None,
+        }
+    }
+}
+
 /// One upstream connection: the socket, framed for reading, and what its hello said.
 pub struct UpstreamConn {
     io: FramedRead<crate::net::UpstreamStream, MessageCodec>,
@@ -262,7 +280,8 @@ impl UpstreamConn {
         let stream = connect(host, timeout, tls).await?;
         let mut conn = UpstreamConn {
             io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
-            facts: Arc::new(HelloFacts::from_reply(&bson::rawdoc! {"ok": 1}).expect("ok")),
+            // Replaced by the hello's below, before the connection is handed out.
+            facts: Arc::new(HelloFacts::not_yet_known()),
             host: host.clone(),
         };
         let reply = conn.command(&own_hello(creds)).await?;
