@@ -377,8 +377,10 @@ impl WireConn {
         }
         let hello = bson::rawdoc! {
             "hello": 1,
+            // mongod requires driver.name, driver.version and os.type (code 183 otherwise).
             "client": { "application": { "name": "mongoguard-guard-test" },
-                        "driver": { "name": "mongoguard-tests", "version": "0" } },
+                        "driver": { "name": "mongoguard-tests", "version": "0" },
+                        "os": { "type": std::env::consts::OS } },
             "compression": arr,
             "$db": "admin",
         };
