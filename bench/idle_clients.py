@@ -7,7 +7,8 @@ connections, completes a hello on each, prints "open N" and holds them for SECON
   idle_clients.py idle  --port P --pid PID -n N [--hold S] [--after S] [--json]
       RSS of PID (VmRSS from /proc/PID/status) before; then N connections, each with a hello
       answered; RSS once all are open and idle for --hold seconds; then all close, and RSS
-      --after seconds later.
+      --after seconds later. Also the process's open descriptors (/proc/PID/fd) while idle
+      and after close, to tell memory the allocator keeps from sessions still open.
   idle_clients.py burst --port P --pid PID -c C [--mb 4] [--rounds 1] [--after S] [--json]
       C concurrent connections each send one insert of a --mb MiB document (OP_MSG, kind-1
       document sequence), read the reply and close; --rounds times. Reports the peak RSS seen
@@ -72,6 +73,13 @@ def rss_kib(pid):
     raise RuntimeError("no VmRSS")
 
 
+def fd_count(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
 def raise_nofile():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -101,10 +109,12 @@ def cmd_idle(a):
     opened_s = time.monotonic() - t0
     time.sleep(a.hold)
     held = rss_kib(a.pid)
+    fds_idle = fd_count(a.pid)
     for s in socks:
         s.close()
     time.sleep(a.after)
     after = rss_kib(a.pid)
+    fds_after = fd_count(a.pid)
     out = {
         "clients": a.n,
         "rss_before_kib": before,
@@ -113,6 +123,8 @@ def cmd_idle(a):
         "rss_after_close_kib": after,
         "after_s": a.after,
         "open_seconds": round(opened_s, 2),
+        "fds_idle": fds_idle,
+        "fds_after_close": fds_after,
     }
     report(a, out)
 

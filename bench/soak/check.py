@@ -6,6 +6,9 @@
       mongoguard) and writes {"t_start", "t_end", "ids": {coll: [_id, ...]}}. t_start is taken
       before the first read: every insert acknowledged before it must be in the snapshot.
 
+  check.py stepdown --uri URI --event-log FILE [--gap-ms 1000]
+      Sends {standinStepDown: 1} to a stand-in member and logs the event.
+
   check.py check --run-dir DIR --target NAME=COLL [...] [--warmup-min 1]
       DIR holds events.jsonl (written by soak.sh), ledger-NAME.tsv (driver.py), snap-E.json
       (one per store epoch) and rss.tsv. Prints the per-minute table, the events with the time
@@ -47,8 +50,26 @@ def cmd_snapshot(a):
         json.dump(out, f)
     os.replace(tmp, a.out)
     client.close()
+    if a.event_log:
+        with open(a.event_log, "a") as f:
+            f.write(json.dumps({"t": t_start, "kind": a.kind, "file": os.path.basename(a.out),
+                                "counts": {c: len(v) for c, v in ids.items()}}) + "\n")
     print(json.dumps({"snapshot": a.out, "t_start": t_start, "seconds": round(out["t_end"] - t_start, 2),
                       "counts": {c: len(v) for c, v in ids.items()}}))
+
+
+def cmd_stepdown(a):
+    """{standinStepDown: 1} on one member; appends a stepdown event with the new primary."""
+    import pymongo
+
+    client = pymongo.MongoClient(a.uri, directConnection=True, serverSelectionTimeoutMS=10000)
+    t = time.time()
+    reply = client.admin.command({"standinStepDown": 1, "gapMs": a.gap_ms})
+    client.close()
+    with open(a.event_log, "a") as f:
+        f.write(json.dumps({"t": t, "kind": "stepdown", "new_primary": reply["newPrimary"],
+                            "gap_ms": a.gap_ms}) + "\n")
+    print(json.dumps({"stepdown": True, "new_primary": reply["newPrimary"]}))
 
 
 def load_events(path):
@@ -270,6 +291,12 @@ def main():
     s.add_argument("--db", default="soak")
     s.add_argument("--coll", action="append", required=True)
     s.add_argument("--out", required=True)
+    s.add_argument("--event-log", help="append a snapshot event here")
+    s.add_argument("--kind", default="snapshot", choices=["snapshot", "final-snapshot"])
+    sd = sub.add_parser("stepdown")
+    sd.add_argument("--uri", required=True)
+    sd.add_argument("--gap-ms", type=int, default=1000)
+    sd.add_argument("--event-log", required=True)
     c = sub.add_parser("check")
     c.add_argument("--run-dir", required=True)
     c.add_argument("--target", action="append", required=True, help="NAME=COLLECTION")
@@ -277,6 +304,9 @@ def main():
     a = p.parse_args()
     if a.cmd == "snapshot":
         cmd_snapshot(a)
+        return 0
+    if a.cmd == "stepdown":
+        cmd_stepdown(a)
         return 0
     return cmd_check(a)
 

@@ -15,7 +15,8 @@
 # with LD_PRELOAD of the distribution's shared library (Debian: libjemalloc2, libmimalloc2.0;
 # installed with apt-get when missing and we are root). Rust's default global allocator calls
 # malloc/free, so the preload replaces it for every Rust allocation; a binary with its own
-# #[global_allocator] is not affected by the preload (run it as "asbuilt").
+# #[global_allocator] is not affected by the preload (run it as "asbuilt"). "glibc-arena2" is
+# the binary as built with GLIBC_TUNABLES=glibc.malloc.arena_max=2 (glibc with fewer arenas).
 #
 # Env (defaults in brackets):
 #   ALLOCATORS [asbuilt,jemalloc,mimalloc]  MODES [passthrough,pooled]  IDLE_COUNTS [5000,10000]
@@ -57,17 +58,21 @@ for b in mongoguard-standin mongoguard loadgen; do
     [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
 done
 
-# Passthrough holds two sockets per idle client; the stand-in one.
-ulimit -n 65536 2>/dev/null || die "cannot raise ulimit -n to 65536 (needed for 10,000 clients)"
+# Passthrough holds two sockets per idle client (client + upstream), pooled one. Raise the soft
+# limit to the hard one; a passthrough count that does not fit is lowered to what fits (logged
+# and marked "capped" in the results): raising the hard limit needs CAP_SYS_RESOURCE.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE="$(ulimit -n)"
+log "ulimit -n: $NOFILE"
 
 LIBDIR="$(dirname "$(gcc -print-file-name=libc.so.6 2>/dev/null || echo /usr/lib/x86_64-linux-gnu/libc.so.6)")"
 [[ -d "$LIBDIR" ]] || LIBDIR=/usr/lib/x86_64-linux-gnu
 preload_of() {
     case "$1" in
-        asbuilt) echo "" ;;
+        asbuilt | glibc-arena2) echo "" ;;
         jemalloc) echo "${JEMALLOC_SO:-$LIBDIR/libjemalloc.so.2}" ;;
         mimalloc) echo "${MIMALLOC_SO:-$LIBDIR/libmimalloc.so.2}" ;;
-        *) die "unknown allocator $1 (asbuilt, jemalloc, mimalloc)" ;;
+        *) die "unknown allocator $1 (asbuilt, glibc-arena2, jemalloc, mimalloc)" ;;
     esac
 }
 for a in ${ALLOCATORS//,/ }; do
@@ -96,6 +101,23 @@ stop_pid() {
     wait "$1" 2>/dev/null || true
 }
 
+# start_mg ALLOC MODE PORT: a fresh mongoguard (pid in MG_PID), listening, 1 s settled.
+start_mg() {
+    local alloc="$1" mode="$2" gp="$3" so
+    so="$(preload_of "$alloc")"
+    local tunables="${GLIBC_TUNABLES:-}"
+    [[ "$alloc" != glibc-arena2 ]] || tunables="glibc.malloc.arena_max=2"
+    GLIBC_TUNABLES="$tunables" LD_PRELOAD="$so" "$BIN/mongoguard" --admin-listen off --config "$WORK/mg-$mode.toml" \
+        >>"$WORK/mongoguard-$alloc-$mode.log" 2>&1 &
+    MG_PID=$!
+    PIDS+=("$MG_PID")
+    wait_for_port "$gp" "$MG_PID" "mongoguard-$alloc-$mode" || die "mongoguard ($alloc, $mode) did not start"
+    if [[ -n "$so" ]]; then
+        grep -q "$(basename "$so")" "/proc/$MG_PID/maps" || die "$so is not mapped into mongoguard"
+    fi
+    sleep 1
+}
+
 run_one() {
     local alloc="$1" mode="$2" label="$1"
     [[ "$alloc" != asbuilt || -z "${LABEL:-}" ]] || label="$LABEL"
@@ -122,25 +144,25 @@ uri = "mongodb://127.0.0.1:$sp"
 allow_unauthenticated = true
 TOML
     [[ "$mode" == pooled ]] || sed -i '/^\[auth\]/,$d' "$WORK/mg-$mode.toml"
-    local so
-    so="$(preload_of "$alloc")"
-    LD_PRELOAD="$so" "$BIN/mongoguard" --admin-listen off --config "$WORK/mg-$mode.toml" \
-        >"$WORK/mongoguard-$alloc-$mode.log" 2>&1 &
-    local mg=$!
-    PIDS+=("$mg")
-    wait_for_port "$gp" "$mg" "mongoguard-$alloc-$mode" || die "mongoguard ($alloc, $mode) did not start"
-    if [[ -n "$so" ]]; then
-        grep -q "$(basename "$so")" "/proc/$mg/maps" || die "$so is not mapped into mongoguard"
-    fi
-    sleep 1
-    emit "$label" "$mode" start "{\"rss_kib\": $(awk '/^VmRSS/{print $2}' "/proc/$mg/status")}"
-
-    local n
-    for n in ${IDLE_COUNTS//,/ }; do
-        log "$label $mode: $n idle clients"
-        emit "$label" "$mode" "idle-$n" "$("$PY" bench/idle_clients.py idle --port "$gp" --pid "$mg" -n "$n" \
+    local n want per_client=1 mg
+    [[ "$mode" != passthrough ]] || per_client=2
+    for want in ${IDLE_COUNTS//,/ }; do
+        n="$want"
+        if ((n * per_client + 200 > NOFILE)); then
+            n=$(((NOFILE - 200) / per_client / 100 * 100))
+            log "$label $mode: $want idle clients need $((want * per_client)) descriptors (ulimit -n $NOFILE): measuring $n"
+        fi
+        start_mg "$alloc" "$mode" "$gp"
+        mg="$MG_PID"
+        log "$label $mode: $n idle clients (fresh mongoguard)"
+        emit "$label" "$mode" "idle-$want" "$("$PY" bench/idle_clients.py idle --port "$gp" --pid "$mg" -n "$n" \
             --hold "$HOLD_S" --after "$AFTER_S" --json)"
+        stop_pid "$mg"
     done
+
+    start_mg "$alloc" "$mode" "$gp"
+    mg="$MG_PID"
+    emit "$label" "$mode" start "{\"rss_kib\": $(awk '/^VmRSS/{print $2}' "/proc/$mg/status")}"
     log "$label $mode: burst of $BURST_CLIENTS x $BURST_MB MiB inserts, $BURST_ROUNDS rounds"
     emit "$label" "$mode" burst "$("$PY" bench/idle_clients.py burst --port "$gp" --pid "$mg" -c "$BURST_CLIENTS" \
         --mb "$BURST_MB" --rounds "$BURST_ROUNDS" --after "$AFTER_S" --json)"
@@ -194,22 +216,27 @@ for r in rows:
         keys.append(k)
 def mib(k):
     return f"{k / 1024:.1f}"
-print("| allocator | mode | RSS at rest MiB | idle clients | per idle client KiB | RSS idle MiB | RSS after close MiB | burst peak MiB | after burst MiB | insert ops/s | find ops/s | CPU µs/op | RSS end MiB |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("Idle clients (a fresh mongoguard per row):")
+print()
+print("| allocator | mode | clients | RSS at rest MiB | RSS idle MiB | KiB per idle client | RSS after close MiB | fds idle / after close |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
+for a, m in keys:
+    for r in rows:
+        if r["allocator"] == a and r["mode"] == m and r["step"].startswith("idle-"):
+            print(f"| {a} | {m} | {r['clients']:,} | {mib(r['rss_before_kib'])} | {mib(r['rss_idle_kib'])} | "
+                  f"{r['per_client_kib']:.1f} | {mib(r['rss_after_close_kib'])} | {r.get('fds_idle')} / {r.get('fds_after_close')} |")
+print()
+print("Burst (clients x MiB insert, rounds) then a loadgen point, on one fresh mongoguard:")
+print()
+print("| allocator | mode | RSS at rest MiB | burst peak MiB | after burst MiB | insert ops/s | find ops/s | mongoguard CPU µs/op | RSS after load MiB |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for a, m in keys:
     rs = {r["step"]: r for r in rows if r["allocator"] == a and r["mode"] == m}
-    start = rs.get("start", {}).get("rss_kib")
-    b = rs.get("burst", {})
-    l = rs.get("load", {})
-    end = rs.get("end", {}).get("rss_kib")
-    idles = [r for s, r in rs.items() if s.startswith("idle-")]
-    for i, r in enumerate(idles):
-        head = [a, m, mib(start) if start and i == 0 else ""]
-        tail = ([mib(b["rss_peak_kib"]), mib(b["rss_after_kib"]), str(l.get("insert_ops_s", "")),
-                 str(l.get("find_ops_s", "")), str(l.get("cpu_us_per_op", "")), mib(end) if end else ""]
-                if i == len(idles) - 1 and b else [""] * 6)
-        print("| " + " | ".join(head + [f"{r['clients']:,}", f"{r['per_client_kib']:.1f}",
-              mib(r["rss_idle_kib"]), mib(r["rss_after_close_kib"])] + tail) + " |")
+    b, l = rs.get("burst", {}), rs.get("load", {})
+    start, end = rs.get("start", {}).get("rss_kib"), rs.get("end", {}).get("rss_kib")
+    print(f"| {a} | {m} | {mib(start) if start else '-'} | {mib(b['rss_peak_kib']) if b else '-'} | "
+          f"{mib(b['rss_after_kib']) if b else '-'} | {l.get('insert_ops_s', '-')} | {l.get('find_ops_s', '-')} | "
+          f"{l.get('cpu_us_per_op', '-')} | {mib(end) if end else '-'} |")
 PY
 if [[ "$OUT_JSONL" == "$WORK/"* ]]; then
     cp "$OUT_JSONL" "$ROOT/target/bench-memory-last.jsonl" 2>/dev/null || true
