@@ -63,12 +63,15 @@ def cmd_stepdown(a):
     import pymongo
 
     client = pymongo.MongoClient(a.uri, directConnection=True, serverSelectionTimeoutMS=10000)
-    t = time.time()
+    sent = time.time()
     reply = client.admin.command({"standinStepDown": 1, "gapMs": a.gap_ms})
+    # The stand-in has stepped down when it replies: from here on no write is accepted until
+    # the new primary is elected (gapMs later), so the event's time is the reply's.
+    t = time.time()
     client.close()
     with open(a.event_log, "a") as f:
         f.write(json.dumps({"t": t, "kind": "stepdown", "new_primary": reply["newPrimary"],
-                            "gap_ms": a.gap_ms}) + "\n")
+                            "gap_ms": a.gap_ms, "sent": sent}) + "\n")
     print(json.dumps({"stepdown": True, "new_primary": reply["newPrimary"]}))
 
 
