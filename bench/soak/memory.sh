@@ -16,7 +16,9 @@
 # installed with apt-get when missing and we are root). Rust's default global allocator calls
 # malloc/free, so the preload replaces it for every Rust allocation; a binary with its own
 # #[global_allocator] is not affected by the preload (run it as "asbuilt"). "glibc-arena2" is
-# the binary as built with GLIBC_TUNABLES=glibc.malloc.arena_max=2 (glibc with fewer arenas).
+# the binary as built with GLIBC_TUNABLES=glibc.malloc.arena_max=2 (glibc with fewer arenas);
+# "jemalloc-bg" the jemalloc preload with MALLOC_CONF=background_thread:true (jemalloc's own
+# thread purges freed memory while the process is otherwise idle).
 #
 # Env (defaults in brackets):
 #   ALLOCATORS [asbuilt,jemalloc,mimalloc]  MODES [passthrough,pooled]  IDLE_COUNTS [5000,10000]
@@ -70,9 +72,9 @@ LIBDIR="$(dirname "$(gcc -print-file-name=libc.so.6 2>/dev/null || echo /usr/lib
 preload_of() {
     case "$1" in
         asbuilt | glibc-arena2) echo "" ;;
-        jemalloc) echo "${JEMALLOC_SO:-$LIBDIR/libjemalloc.so.2}" ;;
+        jemalloc | jemalloc-bg) echo "${JEMALLOC_SO:-$LIBDIR/libjemalloc.so.2}" ;;
         mimalloc) echo "${MIMALLOC_SO:-$LIBDIR/libmimalloc.so.2}" ;;
-        *) die "unknown allocator $1 (asbuilt, glibc-arena2, jemalloc, mimalloc)" ;;
+        *) die "unknown allocator $1 (asbuilt, glibc-arena2, jemalloc, jemalloc-bg, mimalloc)" ;;
     esac
 }
 for a in ${ALLOCATORS//,/ }; do
@@ -107,7 +109,9 @@ start_mg() {
     so="$(preload_of "$alloc")"
     local tunables="${GLIBC_TUNABLES:-}"
     [[ "$alloc" != glibc-arena2 ]] || tunables="glibc.malloc.arena_max=2"
-    GLIBC_TUNABLES="$tunables" LD_PRELOAD="$so" "$BIN/mongoguard" --admin-listen off --config "$WORK/mg-$mode.toml" \
+    local mconf="${MALLOC_CONF:-}"
+    [[ "$alloc" != jemalloc-bg ]] || mconf="background_thread:true"
+    MALLOC_CONF="$mconf" GLIBC_TUNABLES="$tunables" LD_PRELOAD="$so" "$BIN/mongoguard" --admin-listen off --config "$WORK/mg-$mode.toml" \
         >>"$WORK/mongoguard-$alloc-$mode.log" 2>&1 &
     MG_PID=$!
     PIDS+=("$MG_PID")
@@ -206,38 +210,7 @@ for alloc in ${ALLOCATORS//,/ }; do
 done
 
 log "results ($OUT_JSONL):"
-"$PY" - "$OUT_JSONL" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-keys = []
-for r in rows:
-    k = (r["allocator"], r["mode"])
-    if k not in keys:
-        keys.append(k)
-def mib(k):
-    return f"{k / 1024:.1f}"
-print("Idle clients (a fresh mongoguard per row):")
-print()
-print("| allocator | mode | clients | RSS at rest MiB | RSS idle MiB | KiB per idle client | RSS after close MiB | fds idle / after close |")
-print("|---|---|---:|---:|---:|---:|---:|---|")
-for a, m in keys:
-    for r in rows:
-        if r["allocator"] == a and r["mode"] == m and r["step"].startswith("idle-"):
-            print(f"| {a} | {m} | {r['clients']:,} | {mib(r['rss_before_kib'])} | {mib(r['rss_idle_kib'])} | "
-                  f"{r['per_client_kib']:.1f} | {mib(r['rss_after_close_kib'])} | {r.get('fds_idle')} / {r.get('fds_after_close')} |")
-print()
-print("Burst (clients x MiB insert, rounds) then a loadgen point, on one fresh mongoguard:")
-print()
-print("| allocator | mode | RSS at rest MiB | burst peak MiB | after burst MiB | insert ops/s | find ops/s | mongoguard CPU µs/op | RSS after load MiB |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-for a, m in keys:
-    rs = {r["step"]: r for r in rows if r["allocator"] == a and r["mode"] == m}
-    b, l = rs.get("burst", {}), rs.get("load", {})
-    start, end = rs.get("start", {}).get("rss_kib"), rs.get("end", {}).get("rss_kib")
-    print(f"| {a} | {m} | {mib(start) if start else '-'} | {mib(b['rss_peak_kib']) if b else '-'} | "
-          f"{mib(b['rss_after_kib']) if b else '-'} | {l.get('insert_ops_s', '-')} | {l.get('find_ops_s', '-')} | "
-          f"{l.get('cpu_us_per_op', '-')} | {mib(end) if end else '-'} |")
-PY
+"$PY" bench/soak/memtable.py "$OUT_JSONL"
 if [[ "$OUT_JSONL" == "$WORK/"* ]]; then
     cp "$OUT_JSONL" "$ROOT/target/bench-memory-last.jsonl" 2>/dev/null || true
 fi
