@@ -12,8 +12,9 @@
 # stand-in's store is in memory and dies with a kill -9, so the ledger is checked per store
 # epoch: right before each kill a snapshot of every _id is read straight from a member; the
 # last snapshot is taken after the drivers stop (bench/soak/check.py explains the rules).
-# Exit status: 0 = nothing acknowledged lost, nothing doubled, no unknown document, both
-# mongoguards alive at the end; 1 otherwise. Everything started here is stopped on exit.
+# Exit status: 0 = nothing acknowledged lost, nothing doubled, no unknown document, each mode
+# acknowledged new inserts within RESUME_LIMIT seconds of every event, both mongoguards alive at
+# the end; 1 otherwise. Everything started here is stopped on exit.
 #
 # Env (defaults in brackets):
 #   SOAK_MINUTES [30]  EVENT_INTERVAL [120] seconds between fault events
@@ -23,6 +24,8 @@
 #   RESTART_GAP [2]  STEPDOWN_GAP_MS [1000]
 #   WRITERS [4] READERS [2] per driver  RATE [0] inserts/s per writer (0: unthrottled)
 #   WARMUP_MIN [1] minutes left out of the RSS trend
+#   RESUME_LIMIT [15] seconds: a mode that acknowledges no insert sent after a step-down or kill
+#     within this long fails the run (0: not checked)
 #   SOAK_DIR [target/soak/<UTC time>] ledgers, snapshots, logs and report.md (kept)
 #   STANDIN_PORT [27400, members on +1 and +2]  PASSTHROUGH_PORT [27410]  POOLED_PORT [27411]
 #   POOL_SIZE [8]  RUST_LOG [info]  PY [integration/.venv/bin/python, created if missing]
@@ -41,6 +44,7 @@ WRITERS="${WRITERS:-4}"
 READERS="${READERS:-2}"
 RATE="${RATE:-0}"
 WARMUP_MIN="${WARMUP_MIN:-1}"
+RESUME_LIMIT="${RESUME_LIMIT:-15}"
 POOL_SIZE="${POOL_SIZE:-8}"
 SOAK_DIR="${SOAK_DIR:-$ROOT/target/soak/$(date -u +%Y%m%dT%H%M%SZ)}"
 export RUST_LOG="${RUST_LOG:-info}"
@@ -219,6 +223,7 @@ sample_rss "$MINUTE"
 
 # --- stop the drivers, final snapshot, check -------------------------------------
 log "stopping the drivers"
+event stop
 for t in passthrough pooled; do
     kill -TERM "${DRIVER_PID[$t]}" 2>/dev/null || true
 done
@@ -246,11 +251,11 @@ set +e
     echo "# Soak run $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo ""
     echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty)')"
-    echo "- command: \`SOAK_MINUTES=$SOAK_MINUTES EVENT_INTERVAL=$EVENT_INTERVAL EVENTS=$EVENTS WRITERS=$WRITERS READERS=$READERS RATE=$RATE bench/soak.sh\`"
+    echo "- command: \`SOAK_MINUTES=$SOAK_MINUTES EVENT_INTERVAL=$EVENT_INTERVAL EVENTS=$EVENTS WRITERS=$WRITERS READERS=$READERS RATE=$RATE RESUME_LIMIT=$RESUME_LIMIT bench/soak.sh\`"
     echo "- stand-in: 3 members, one process, restarted $((STANDIN_STARTS - 1)) times; pooled pool_size = $POOL_SIZE; pymongo $("$PY" -c 'import pymongo; print(pymongo.version)')"
     echo ""
     "$PY" bench/soak/check.py check --run-dir "$SOAK_DIR" --target passthrough=ledger_passthrough \
-        --target pooled=ledger_pooled --warmup-min "$WARMUP_MIN"
+        --target pooled=ledger_pooled --warmup-min "$WARMUP_MIN" --resume-limit "$RESUME_LIMIT"
     echo "check exit status: $?" >"$SOAK_DIR/check.rc"
     echo ""
     for t in passthrough pooled; do
@@ -265,7 +270,7 @@ cat "$SOAK_DIR/report.md"
 CHECK_RC="$(sed 's/.*: //' "$SOAK_DIR/check.rc")"
 log "report: $SOAK_DIR/report.md"
 if [[ "$CHECK_RC" != 0 || ${#FAILURES[@]} -gt 0 ]]; then
-    log "soak FAILED (check exit $CHECK_RC, ${#FAILURES[@]} other failures)"
+    log "soak FAILED (check exit $CHECK_RC: see LEDGER and RESUME in the report; ${#FAILURES[@]} other failures)"
     exit 1
 fi
 log "soak passed"

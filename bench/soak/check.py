@@ -13,7 +13,9 @@
       DIR holds events.jsonl (written by soak.sh), ledger-NAME.tsv (driver.py), snap-E.json
       (one per store epoch) and rss.tsv. Prints the per-minute table, the events with the time
       to the next acknowledged write, the ledger verdict per target, and exits 1 when a write
-      was lost, doubled, or a document appears that no ledger line accounts for.
+      was lost, doubled, or a document appears that no ledger line accounts for, or (with
+      --resume-limit S) when a mode acknowledged no insert sent after a step-down or kill
+      within S seconds.
 
 Store epochs. The stand-in keeps its data in memory: a kill -9 destroys it. Each kill closes an
 epoch: soak.sh takes a snapshot right before the kill (S_e), kills (K_e), waits, restarts
@@ -236,6 +238,8 @@ def cmd_check(a):
     print("| t (s) | event | " + " | ".join(n for n, _ in targets) + " |")
     print("|---:|---|" + "---:|" * len(targets))
     acks_sent = {n: sorted((row[2], row[3]) for row in l if row[0] == "ack") for n, l in ledgers.items()}
+    stop = next((e["t"] for e in events if e["kind"] == "stop"), None)
+    slow = []
     for e in events:
         if e["kind"] not in ("stepdown", "kill"):
             continue
@@ -243,10 +247,14 @@ def cmd_check(a):
         for n, _ in targets:
             xs = acks_sent[n]
             i = bisect.bisect_right(xs, (e["t"], float("inf")))
-            if i < len(xs):
-                cells.append(f"{xs[i][1] - e['t']:.1f}")
-            else:
-                cells.append("never")
+            waited = xs[i][1] - e["t"] if i < len(xs) else None
+            cells.append("never" if waited is None else f"{waited:.1f}")
+            if a.resume_limit > 0:
+                # "never" counts only when the run went on for longer than the limit.
+                if waited is None and stop is not None and stop - e["t"] <= a.resume_limit:
+                    continue
+                if waited is None or waited > a.resume_limit:
+                    slow.append((n, e["kind"], round(e["t"] - start), "never" if waited is None else round(waited, 1)))
         label = e["kind"] + (f" (new primary {e['new_primary']})" if "new_primary" in e else "")
         print(f"| {e['t'] - start:.0f} | {label} | " + " | ".join(cells) + " |")
     print()
@@ -283,7 +291,11 @@ def cmd_check(a):
     with open(os.path.join(run_dir, "verdict.json"), "w") as f:
         json.dump({"failed": failed, "results": results}, f)
     print("LEDGER: FAIL (lost, doubled or unknown writes)" if failed else "LEDGER: OK (nothing acknowledged lost, nothing doubled)")
-    return 1 if failed else 0
+    if a.resume_limit > 0:
+        for n, kind, t, waited in slow:
+            print(f"- {n}: no acknowledged insert within {a.resume_limit:g} s after the {kind} at {t} s (waited: {waited})")
+        print(f"RESUME: FAIL ({len(slow)} events)" if slow else f"RESUME: OK (every mode acknowledged a new insert within {a.resume_limit:g} s of every event)")
+    return 1 if failed or slow else 0
 
 
 def main():
@@ -304,6 +316,8 @@ def main():
     c.add_argument("--run-dir", required=True)
     c.add_argument("--target", action="append", required=True, help="NAME=COLLECTION")
     c.add_argument("--warmup-min", type=int, default=1)
+    c.add_argument("--resume-limit", type=float, default=0.0,
+                   help="fail when a mode acknowledges no insert sent after an event within this many seconds (0: off)")
     a = p.parse_args()
     if a.cmd == "snapshot":
         cmd_snapshot(a)

@@ -96,3 +96,40 @@ def test_unfinished_run_is_an_error(tmp_path):
         f.write("\n".join(lines[:-1]) + "\n")
     rc, out, _ = run_check(d)
     assert rc != 0 and "final-snapshot" in out
+
+
+def run_check_resume(d, limit):
+    p = subprocess.run([sys.executable, os.path.join(HERE, "check.py"), "check", "--run-dir", str(d),
+                        "--target", "a=ledger_a", "--resume-limit", str(limit)],
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def add_events(d, extra):
+    lines = open(d / "events.jsonl").read().splitlines()
+    final = lines.pop()
+    lines += [json.dumps(e) for e in extra] + [final]
+    with open(d / "events.jsonl", "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_resume_limit(tmp_path):
+    # A step-down at 10; the next insert sent after it is acknowledged at 30 (20 s later).
+    ledger = [("ack", "x1", 1, 2), ("err", "x2", 11, 16), ("ack", "x3", 25, 30)]
+    d = make_run(tmp_path, ledger, [(100, ["x1", "x3"])], [])
+    add_events(d, [{"t": 10.0, "kind": "stepdown", "new_primary": 1}, {"t": 90.0, "kind": "stop"}])
+    rc, out = run_check_resume(d, 15)
+    assert rc == 1 and "RESUME: FAIL (1 events)" in out, out
+    rc, out = run_check_resume(d, 25)
+    assert rc == 0 and "RESUME: OK" in out, out
+
+
+def test_resume_never_near_the_end_is_not_counted(tmp_path):
+    ledger = [("ack", "x1", 1, 2)]
+    d = make_run(tmp_path, ledger, [(100, ["x1"])], [])
+    add_events(d, [{"t": 85.0, "kind": "stepdown", "new_primary": 1}, {"t": 90.0, "kind": "stop"}])
+    rc, out = run_check_resume(d, 15)
+    assert rc == 0, out
+    add_events(d, [{"t": 50.0, "kind": "stepdown", "new_primary": 2}])
+    rc, out = run_check_resume(d, 15)
+    assert rc == 1 and "never" in out, out
