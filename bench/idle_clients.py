@@ -1,22 +1,240 @@
 #!/usr/bin/env python3
-"""Opens N client connections to mongoguard, completes a hello on each, then holds them idle
-for a while so the proxy's memory per idle client can be read from /proc/PID/status.
+"""Memory of a mongoguard process under idle clients and under a burst of large inserts.
 
-Usage: integration/.venv/bin/python bench/idle_clients.py N PORT SECONDS
+Two subcommands (the legacy form `idle_clients.py N PORT SECONDS` still works: it only opens N
+connections, completes a hello on each, prints "open N" and holds them for SECONDS):
+
+  idle_clients.py idle  --port P --pid PID -n N [--hold S] [--after S] [--json]
+      RSS of PID (VmRSS from /proc/PID/status) before; then N connections, each with a hello
+      answered; RSS once all are open and idle for --hold seconds; then all close, and RSS
+      --after seconds later. Also the process's open descriptors (/proc/PID/fd) while idle
+      and after close, to tell memory the allocator keeps from sessions still open.
+  idle_clients.py burst --port P --pid PID -c C [--mb 4] [--rounds 1] [--after S] [--json]
+      C concurrent connections each send one insert of a --mb MiB document (OP_MSG, kind-1
+      document sequence), read the reply and close; --rounds times. Reports the peak RSS seen
+      (sampled every 50 ms) and the RSS --after seconds after the last client left.
+
+Only the standard library and `bson` (from pymongo, integration/.venv) are used. The script
+raises its own RLIMIT_NOFILE to its hard limit; the proxy needs `ulimit -n` raised by whoever
+starts it (passthrough holds two sockets per client).
+
+Example: integration/.venv/bin/python bench/idle_clients.py idle --port 27101 --pid 1234 -n 5000
 """
-import socket, struct, sys, time, os
-import bson  # from pymongo (integration/.venv)
-N=int(sys.argv[1]); port=int(sys.argv[2])
-def hello(i):
-    body=bson.encode({"hello":1,"$db":"admin"})
-    payload=struct.pack("<I",0)+b"\x00"+body
-    return struct.pack("<iiii",16+len(payload),i,0,2013)+payload
-socks=[]
-for i in range(N):
-    s=socket.create_connection(("127.0.0.1",port))
-    s.sendall(hello(i+1))
-    hdr=s.recv(16); n=struct.unpack("<i",hdr[:4])[0]; rest=n-16
-    while rest>0: rest-=len(s.recv(rest))
-    socks.append(s)
-print("open",len(socks),flush=True)
-time.sleep(float(sys.argv[3]))
+import argparse
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+import threading
+import time
+
+import bson
+
+OP_MSG = 2013
+
+
+def op_msg(request_id, body, seq=None):
+    """An OP_MSG with a kind-0 body and optionally one kind-1 sequence (identifier, docs)."""
+    payload = struct.pack("<I", 0) + b"\x00" + bson.encode(body)
+    if seq is not None:
+        ident, docs = seq
+        inner = ident.encode() + b"\x00" + b"".join(bson.encode(d) for d in docs)
+        payload += b"\x01" + struct.pack("<i", 4 + len(inner)) + inner
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
+
+
+def recv_exact(s, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed by the server")
+        buf += chunk
+    return bytes(buf)
+
+
+def read_reply(s):
+    """The reply body of an OP_MSG (kind-0 section) as a dict."""
+    hdr = recv_exact(s, 16)
+    length, _, _, opcode = struct.unpack("<iiii", hdr)
+    rest = recv_exact(s, length - 16)
+    if opcode != OP_MSG or rest[4] != 0:
+        raise ValueError(f"unexpected reply opcode {opcode}")
+    return bson.decode(rest[5:])
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def fd_count(pid):
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def open_idle(port, n):
+    socks = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(op_msg(i + 1, {"hello": 1, "$db": "admin"}))
+        reply = read_reply(s)
+        if reply.get("ok") != 1:
+            raise RuntimeError(f"hello {i} failed: {reply}")
+        socks.append(s)
+    return socks
+
+
+def cmd_idle(a):
+    hard = raise_nofile()
+    if a.n + 64 > hard:
+        sys.exit(f"RLIMIT_NOFILE hard limit {hard} is below {a.n} sockets: raise ulimit -n")
+    before = rss_kib(a.pid)
+    t0 = time.monotonic()
+    socks = open_idle(a.port, a.n)
+    opened_s = time.monotonic() - t0
+    time.sleep(a.hold)
+    held = rss_kib(a.pid)
+    fds_idle = fd_count(a.pid)
+    for s in socks:
+        s.close()
+    time.sleep(a.after)
+    after = rss_kib(a.pid)
+    fds_after = fd_count(a.pid)
+    out = {
+        "clients": a.n,
+        "rss_before_kib": before,
+        "rss_idle_kib": held,
+        "per_client_kib": round((held - before) / a.n, 2),
+        "rss_after_close_kib": after,
+        "after_s": a.after,
+        "open_seconds": round(opened_s, 2),
+        "fds_idle": fds_idle,
+        "fds_after_close": fds_after,
+    }
+    report(a, out)
+
+
+def cmd_burst(a):
+    raise_nofile()
+    size = a.mb * 1024 * 1024
+    doc_pad = b"x" * (size - 64)
+    errors = []
+    peak = [rss_kib(a.pid)]
+    before = peak[0]
+    done = threading.Event()
+
+    def sampler():
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], rss_kib(a.pid))
+            except OSError:
+                return
+            time.sleep(0.05)
+
+    seq_lock = threading.Lock()
+    next_id = [0]
+
+    def client():
+        with seq_lock:
+            next_id[0] += 1
+            my = next_id[0]
+        try:
+            s = socket.create_connection(("127.0.0.1", a.port), timeout=60)
+            s.sendall(op_msg(1, {"hello": 1, "$db": "admin"}))
+            read_reply(s)
+            doc = {"_id": f"burst-{os.getpid()}-{my}", "pad": bson.Binary(doc_pad)}
+            s.sendall(op_msg(2, {"insert": a.coll, "$db": a.db}, ("documents", [doc])))
+            reply = read_reply(s)
+            if reply.get("ok") != 1 or reply.get("writeErrors"):
+                errors.append(str(reply)[:200])
+            s.close()
+        except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the burst
+            errors.append(repr(e)[:200])
+
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    for _ in range(a.rounds):
+        threads = [threading.Thread(target=client) for _ in range(a.c)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    elapsed = time.monotonic() - t0
+    done.set()
+    th.join()
+    time.sleep(a.after)
+    out = {
+        "clients": a.c,
+        "rounds": a.rounds,
+        "mib_per_insert": a.mb,
+        "seconds": round(elapsed, 2),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "rss_before_kib": before,
+        "rss_peak_kib": peak[0],
+        "rss_after_kib": rss_kib(a.pid),
+        "after_s": a.after,
+    }
+    report(a, out)
+    if errors:
+        sys.exit(1)
+
+
+def report(a, out):
+    if a.json:
+        print(json.dumps(out), flush=True)
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}", flush=True)
+
+
+def legacy(argv):
+    n, port, seconds = int(argv[0]), int(argv[1]), float(argv[2])
+    raise_nofile()
+    socks = open_idle(port, n)
+    print("open", len(socks), flush=True)
+    time.sleep(seconds)
+
+
+def main():
+    if len(sys.argv) == 4 and sys.argv[1].isdigit():
+        legacy(sys.argv[1:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("idle", help="RSS with N idle clients and after they leave")
+    i.add_argument("-n", type=int, required=True)
+    i.add_argument("--hold", type=float, default=3.0)
+    b = sub.add_parser("burst", help="RSS during and after C clients sending one large insert")
+    b.add_argument("-c", type=int, default=64)
+    b.add_argument("--mb", type=int, default=4)
+    b.add_argument("--rounds", type=int, default=1)
+    b.add_argument("--db", default="membench")
+    b.add_argument("--coll", default="burst")
+    for q in (i, b):
+        q.add_argument("--port", type=int, required=True)
+        q.add_argument("--pid", type=int, required=True, help="the mongoguard process to sample")
+        q.add_argument("--after", type=float, default=5.0, help="seconds to wait after close")
+        q.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    {"idle": cmd_idle, "burst": cmd_burst}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()

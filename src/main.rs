@@ -18,6 +18,12 @@ use mongoguard::{
     proxy::Proxy,
 };
 
+/// The allocator of the whole process: jemalloc, with its background thread returning freed
+/// memory to the system. With glibc's malloc the memory of closed connections stays resident
+/// (RSS stayed at its peak after 5,000 idle clients left). Measurements: docs/memory.md.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// `mongoguard --version`: the package version and the git commit it was built from.
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
