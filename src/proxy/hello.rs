@@ -246,10 +246,16 @@ fn rewrite_op_reply(
     request_id: i32,
     response_to: i32,
 ) -> Result<Option<Bytes>, WireError> {
-    let Some(doc) = r.documents().next() else {
-        return Ok(None);
+    let mut docs = r.documents();
+    let (Some(doc), None) = (docs.next(), docs.next()) else {
+        // A hello reply is one document. Anything else may carry member fields in a document
+        // the rewrite does not look at: refused (found by the hello_rewrite fuzz target).
+        return Err(WireError::bad_doc(
+            "hello reply",
+            format!("OP_REPLY with {} documents", r.number_returned),
+        ));
     };
-    if r.number_returned != 1 || !needs_rewrite(doc) {
+    if !needs_rewrite(doc) {
         return Ok(None);
     }
     let body = rewrite_document(doc)?;
@@ -268,6 +274,16 @@ mod tests {
     use super::*;
     use crate::wire::{builder::encode_msg_reply, DEFAULT_MAX_MESSAGE_SIZE};
     use bson::rawdoc;
+
+    #[test]
+    fn an_op_reply_hello_with_other_than_one_document_is_refused() {
+        let member = member_reply();
+        for docs in [vec![], vec![&*member, &*member]] {
+            let bytes = encode_reply(1, 1, 0, 0, 0, &docs);
+            let frame = Frame::from_bytes(bytes).unwrap();
+            assert!(rewrite_reply(&frame, DEFAULT_MAX_MESSAGE_SIZE).is_err());
+        }
+    }
 
     fn member_reply() -> RawDocumentBuf {
         rawdoc! {
