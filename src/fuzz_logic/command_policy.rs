@@ -325,3 +325,46 @@ fn fingerprint<'a>(d: &Decision<'a>) -> (Mode, Fingerprint<'a>) {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::{Action, Decision, Mode, RuleId, Violation};
+
+    fn g001(action: Action, mode: Mode) -> Decision<'static> {
+        Decision {
+            violations: vec![Violation {
+                rule: RuleId::G001,
+                action,
+                statement: None,
+                filter: None,
+                detail: Some("unreadable"),
+            }],
+            mode,
+        }
+    }
+
+    #[test]
+    fn g001_blocks_in_enforce_and_warns_in_audit() {
+        super::check_decision("t", &g001(Action::Block, Mode::Enforce), None);
+        super::check_decision("t", &g001(Action::Warn, Mode::Audit), None);
+    }
+
+    /// The oracle refuses a G001 that lets the command through in enforce mode.
+    #[test]
+    #[should_panic(expected = "G001 in Enforce mode")]
+    fn an_unreadable_command_warned_in_enforce_mode_is_caught() {
+        super::check_decision("t", &g001(Action::Warn, Mode::Enforce), None);
+    }
+
+    /// The oracle refuses a statement index past the batch.
+    #[test]
+    #[should_panic(expected = "points past")]
+    fn a_statement_past_the_batch_is_caught() {
+        let mut d = g001(Action::Block, Mode::Enforce);
+        if let Some(v) = d.violations.first_mut() {
+            v.rule = RuleId::W001;
+            v.statement = Some(2);
+        }
+        super::check_decision("t", &d, Some(2));
+    }
+}

@@ -243,3 +243,35 @@ fn check_rewritten(original: &Frame, out: &[u8]) {
     );
     assert!(before.op_code() != Some(OpCode::Compressed));
 }
+
+#[cfg(test)]
+mod tests {
+    use bson::rawdoc;
+
+    use crate::wire::{
+        builder::{encode_msg_reply, encode_reply},
+        Frame,
+    };
+
+    /// The oracle sees a member field in what a driver reads.
+    #[test]
+    #[should_panic(expected = "carries \"setName\"")]
+    fn a_member_field_is_caught() {
+        super::assert_clean(&rawdoc! {"ok": 1, "setName": "rs0"}, "a reply");
+    }
+
+    /// A member's reply is rewritten and the rewrite passes every check; the same checks
+    /// refuse the original as if it had been forwarded.
+    #[test]
+    fn a_member_reply_passes_rewritten_and_fails_as_forwarded() {
+        let doc = rawdoc! {"isWritablePrimary": true, "hosts": ["a:1"], "me": "a:1", "ok": 1.0};
+        let bytes = encode_msg_reply(1, 2, &doc);
+        super::run(&bytes);
+        let frame = Frame::from_bytes(bytes).unwrap();
+        let forwarded = std::panic::catch_unwind(|| {
+            super::assert_clean(super::read_by_driver(frame.bytes()).unwrap(), "forwarded")
+        });
+        assert!(forwarded.is_err());
+        super::run(&encode_reply(1, 2, 0, 0, 0, &[&doc]));
+    }
+}
