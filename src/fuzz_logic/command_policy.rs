@@ -262,7 +262,7 @@ fn count_statements(view: &CommandView<'_>) -> Option<usize> {
     // createIndexes numbers its index specs (I001, I003).
     if plain.kind() == crate::command::Kind::CreateIndexes {
         if let Some(body) = plain.body() {
-            plain
+            let _ = plain
                 .each_entry(body, "indexes", "createIndexes", &mut |i, _| {
                     n = n.max(i + 1);
                     ControlFlow::Continue(())
