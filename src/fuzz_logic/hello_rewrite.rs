@@ -109,11 +109,15 @@ fn check_metadata(doc: &RawDocument) {
         return;
     };
     let client = match doc.get("client") {
-        Ok(Some(RawBsonRef::Document(c))) => c,
-        _ => {
-            assert!(false, "metadata read from a document without client");
-            return;
-        }
+        Ok(Some(RawBsonRef::Document(c))) => Some(c),
+        _ => None,
+    };
+    assert!(
+        client.is_some(),
+        "metadata read from a document without client"
+    );
+    let Some(client) = client else {
+        return;
     };
     let sub = |d: &str, k: &str| match client.get(d) {
         Ok(Some(RawBsonRef::Document(x))) => match x.get(k) {
@@ -164,8 +168,9 @@ fn assert_clean(doc: &RawDocument, what: &str) {
 }
 
 fn check_rewritten(original: &Frame, out: &[u8]) {
-    let Some(before) = decompressed(original) else {
-        assert!(false, "rewrote a reply that does not decompress");
+    let before = decompressed(original);
+    assert!(before.is_some(), "rewrote a reply that does not decompress");
+    let Some(before) = before else {
         return;
     };
     let out_frame = Frame::from_bytes(bytes::Bytes::copy_from_slice(out));
@@ -178,6 +183,16 @@ fn check_rewritten(original: &Frame, out: &[u8]) {
     );
     let old = Message::parse(before.bytes(), DEFAULT_MAX_MESSAGE_SIZE);
     let new = Message::parse(out, DEFAULT_MAX_MESSAGE_SIZE);
+    let same_opcode = matches!(
+        (&old, &new),
+        (Ok(Message::Msg(_)), Ok(Message::Msg(_))) | (Ok(Message::Reply(_)), Ok(Message::Reply(_)))
+    );
+    assert!(
+        same_opcode,
+        "the rewritten reply is not a valid reply of the same opcode: {:?} -> {:?}",
+        old.as_ref().map(Message::op_code),
+        new.as_ref().map(Message::op_code)
+    );
     let (old_doc, new_doc) = match (&old, &new) {
         (Ok(Message::Msg(a)), Ok(Message::Msg(b))) => {
             let keep = a.flags().0 & !MsgFlags::CHECKSUM_PRESENT;
@@ -193,23 +208,17 @@ fn check_rewritten(original: &Frame, out: &[u8]) {
                 "OP_REPLY header fields changed"
             );
             assert_eq!(b.number_returned, 1);
-            match (a.documents().next(), b.documents().next()) {
-                (Some(x), Some(y)) => (x, y),
-                _ => {
-                    assert!(false, "OP_REPLY without a document");
-                    return;
-                }
-            }
-        }
-        _ => {
+            let docs = (a.documents().next(), b.documents().next());
             assert!(
-                false,
-                "the rewritten reply is not a valid reply of the same opcode: {:?} -> {:?}",
-                old.as_ref().map(Message::op_code),
-                new.as_ref().map(Message::op_code)
+                docs.0.is_some() && docs.1.is_some(),
+                "OP_REPLY without a document"
             );
-            return;
+            let (Some(x), Some(y)) = docs else {
+                return;
+            };
+            (x, y)
         }
+        _ => return,
     };
     assert_clean(new_doc, "the rewritten reply");
     // Every other field kept, in order, with its value; `msg` added when absent.

@@ -18,9 +18,12 @@ pub mod scram_server;
 #[cfg(test)]
 mod seeds;
 
+/// A target's entry point.
+pub type Run = fn(&[u8]);
+
 /// Every target: its name (the directory under `fuzz/seeds/` and `fuzz/regressions/`) and its
 /// entry point.
-pub const TARGETS: [(&str, fn(&[u8])); 6] = [
+pub const TARGETS: [(&str, Run); 6] = [
     ("command_policy", command_policy::run),
     ("hello_rewrite", hello_rewrite::run),
     ("reply_facts", reply_facts::run),

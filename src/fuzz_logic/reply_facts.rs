@@ -58,8 +58,9 @@ pub fn run(data: &[u8]) {
         return;
     };
     let exhaust = choice & 1 == 1;
-    let Some(req) = request(exhaust) else {
-        assert!(false, "the fixed request does not inspect");
+    let req = request(exhaust);
+    assert!(req.is_some(), "the fixed request does not inspect");
+    let Some(req) = req else {
         return;
     };
     assert_eq!(req.exhaust_allowed, exhaust);

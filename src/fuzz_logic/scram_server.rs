@@ -98,8 +98,9 @@ impl Switches {
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
-    let Some(users) = users() else {
-        assert!(false, "the fixed users file does not load");
+    let users = users();
+    assert!(users.is_some(), "the fixed users file does not load");
+    let Some(users) = users else {
         return;
     };
     let Some((&first, rest)) = data.split_first() else {
@@ -238,21 +239,24 @@ fn control(users: &Users, sw: Switches, rest: &[u8]) {
         [lo, hi, x, ..] => (usize::from(u16::from_le_bytes([*lo, *hi])), *x),
         _ => (0, 0),
     };
-    let Ok(mut client) = ClientConversation::new(sw.mechanism(), USER, PASSWORD) else {
-        assert!(false, "the fixed password is refused");
+    let client = ClientConversation::new(sw.mechanism(), USER, PASSWORD);
+    assert!(client.is_ok(), "the fixed password is refused");
+    let Ok(mut client) = client else {
         return;
     };
     let mut session = SaslSession::new();
     let reply = start(users, &mut session, sw, &client.client_first());
-    let Some((id, _, server_first)) = reply.as_deref().and_then(step_of) else {
-        assert!(
-            false,
-            "saslStart of a well-formed client-first failed: {reply:?}"
-        );
+    let step = reply.as_deref().and_then(step_of);
+    assert!(
+        step.is_some(),
+        "saslStart of a well-formed client-first failed: {reply:?}"
+    );
+    let Some((id, _, server_first)) = step else {
         return;
     };
-    let Ok(client_final) = client.handle_server_first(server_first) else {
-        assert!(false, "the client refused server-first");
+    let client_final = client.handle_server_first(server_first);
+    assert!(client_final.is_ok(), "the client refused server-first");
+    let Ok(client_final) = client_final else {
         return;
     };
     let tampered = tamper(&client_final, index, xor);
@@ -265,8 +269,9 @@ fn control(users: &Users, sw: Switches, rest: &[u8]) {
         );
         return;
     }
-    let Some((_, done, server_final)) = step_of(&reply) else {
-        assert!(false, "the right proof was refused: {reply:?}");
+    let step = step_of(&reply);
+    assert!(step.is_some(), "the right proof was refused: {reply:?}");
+    let Some((_, done, server_final)) = step else {
         return;
     };
     assert!(
@@ -376,6 +381,10 @@ fn check_reply(reply: &RawDocument) {
         Ok(Some(RawBsonRef::Int32(c))) => c,
         _ => -1,
     };
+    assert!(
+        [AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE, PROTOCOL_ERROR].contains(&code),
+        "unexpected failure code {code}: {reply:?}"
+    );
     let want = match code {
         AUTHENTICATION_FAILED => crate::auth::sasl::auth_failed(),
         MECHANISM_UNAVAILABLE => crate::wire::builder::error_document(
@@ -388,10 +397,7 @@ fn check_reply(reply: &RawDocument) {
             "ProtocolError",
             "No SASL session state found",
         ),
-        other => {
-            assert!(false, "unexpected failure code {other}: {reply:?}");
-            return;
-        }
+        _ => return,
     };
     assert_eq!(
         reply.as_bytes(),
