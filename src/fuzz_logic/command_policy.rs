@@ -15,8 +15,9 @@
 //! - a violation is never `Off`, is reported once per (rule, statement), and a statement
 //!   index points inside the batch.
 //!
-//! An input the view refuses outright (`from_message` fails) is answered with G001 by
-//! `proxy::guard::judge` before `evaluate` runs; that branch is tested in `tests/`.
+//! An input the view refuses outright (`from_message` fails, e.g. an OP_MSG without `$db`) is
+//! answered with G001 by `proxy::guard::judge` before `evaluate` runs. That branch needs the
+//! proxy's `Context` and is not exercised here; only the determinism of the refusal is.
 
 use std::{net::IpAddr, ops::ControlFlow, sync::OnceLock};
 
