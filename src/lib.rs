@@ -45,6 +45,8 @@ pub mod auth;
 pub mod check;
 pub mod command;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzz_logic;
 pub mod logging;
 pub mod metrics;
 pub mod net;

@@ -6,13 +6,13 @@
 mod client_io;
 mod error;
 pub mod guard;
-mod hello;
-mod inspect;
+pub(crate) mod hello;
+pub(crate) mod inspect;
 mod listener;
 mod observe;
 mod pooled;
-mod routing;
-mod session;
+pub(crate) mod routing;
+pub(crate) mod session;
 
 use std::{
     net::SocketAddr,

@@ -1,0 +1,3 @@
+#![no_main]
+// The logic and its assertions live in the crate: src/fuzz_logic/command_policy.rs.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| mongoguard::fuzz_logic::command_policy::run(data));

@@ -1,0 +1,3 @@
+#![no_main]
+// The logic and its assertions live in the crate: src/fuzz_logic/config_parse.rs.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| mongoguard::fuzz_logic::config_parse::run(data));
