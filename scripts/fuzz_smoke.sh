@@ -31,21 +31,23 @@ else
 fi
 
 cargo fuzz build --sanitizer "$sanitizer" --debug-assertions
+# Run the built binaries directly: `cargo fuzz run` passes other profile settings than
+# `cargo fuzz build` and recompiled the whole crate before every target.
+bin="target/$(rustc -vV | sed -n 's/^host: //p')/release"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for t in "${targets[@]}"; do
     corpus="$work/$t"
-    mkdir -p "$corpus"
+    mkdir -p "$corpus" "artifacts/$t"
     cp seeds/"$t"/* "$corpus"/
     if [ -d "regressions/$t" ]; then
         find "regressions/$t" -type f ! -name 'open-*' -exec cp {} "$corpus"/ \;
     fi
     echo "== $t: ${seconds}s"
     status=0
-    cargo fuzz run --sanitizer "$sanitizer" --debug-assertions "$t" "$corpus" -- \
-        -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
-        >"$work/$t.log" 2>&1 || status=$?
+    "$bin/$t" "$corpus" -artifact_prefix="artifacts/$t/" -max_total_time="$seconds" \
+        -rss_limit_mb=2048 -print_final_stats=1 >"$work/$t.log" 2>&1 || status=$?
     grep -E '^(#[0-9]+ *DONE|Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added)|SUMMARY|thread .* panicked|==[0-9]+==)' \
         "$work/$t.log" || true
     if [ "$status" -ne 0 ]; then
