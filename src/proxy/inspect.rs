@@ -39,7 +39,6 @@ pub(crate) struct Request {
 
 /// Parses and validates a client message, and asks `judge` (the policy) about it while the
 /// (possibly decompressed) view is alive.
-#[cfg(test)]
 pub(crate) fn inspect(
     frame: &Frame,
     max_message_size: usize,
