@@ -166,35 +166,54 @@ pub(crate) enum Incoming {
     End(End),
 }
 
-/// Writes a whole message to the client within `limit` (zero: no limit), never past `kill`.
+/// Runs a write within `limit` (zero: no limit), never past `kill`; `side` says whose socket
+/// it is, for the error.
+pub(crate) async fn bounded_write(
+    write: impl Future<Output = std::io::Result<()>>,
+    limit: Duration,
+    kill: &CancellationToken,
+    side: Side,
+) -> Result<(), SessionError> {
+    tokio::select! {
+        biased;
+        _ = kill.cancelled() => Err(SessionError::Killed),
+        r = write => r.map_err(|e| match side {
+            Side::Client => SessionError::ClientIo(e),
+            Side::Upstream => SessionError::UpstreamIo(e),
+        }),
+        _ = super::session::sleep_unless_zero(limit) => Err(match side {
+            Side::Client => SessionError::ClientWriteTimeout(limit),
+            // An upstream that does not read is as dead as one that does not answer.
+            Side::Upstream => SessionError::ReplyTimeout(limit),
+        }),
+    }
+}
+
+/// Whose socket a write goes to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Side {
+    Client,
+    Upstream,
+}
+
+/// Writes a whole message to the client within `limit` (`client_write_timeout`).
 pub(crate) async fn send_to_client<W: tokio::io::AsyncWrite + Unpin>(
     out: &mut W,
     bytes: &[u8],
     limit: Duration,
     kill: &CancellationToken,
 ) -> Result<(), SessionError> {
-    tokio::select! {
-        biased;
-        _ = kill.cancelled() => Err(SessionError::Killed),
-        r = crate::net::send(out, bytes) => r.map_err(SessionError::ClientIo),
-        _ = super::session::sleep_unless_zero(limit) => Err(SessionError::ClientWriteTimeout(limit)),
-    }
+    bounded_write(crate::net::send(out, bytes), limit, kill, Side::Client).await
 }
 
-/// Writes a whole message to the upstream within `limit` (zero: no limit), never past `kill`.
-/// An upstream that does not read is as dead as one that does not answer.
+/// Writes a whole message to the upstream within `limit` (`reply_timeout`).
 pub(crate) async fn send_to_upstream<W: tokio::io::AsyncWrite + Unpin>(
     out: &mut W,
     bytes: &[u8],
     limit: Duration,
     kill: &CancellationToken,
 ) -> Result<(), SessionError> {
-    tokio::select! {
-        biased;
-        _ = kill.cancelled() => Err(SessionError::Killed),
-        r = crate::net::send(out, bytes) => r.map_err(SessionError::UpstreamIo),
-        _ = super::session::sleep_unless_zero(limit) => Err(SessionError::ReplyTimeout(limit)),
-    }
+    bounded_write(crate::net::send(out, bytes), limit, kill, Side::Upstream).await
 }
 
 /// What one poll of the client socket produced.

@@ -24,7 +24,10 @@ use tokio_util::{codec::FramedRead, sync::CancellationToken};
 use tracing::{debug, warn};
 
 use super::{
-    client_io::{receive, send_to_client, wait_for_request, watch_client, Incoming, Limits, Next},
+    client_io::{
+        bounded_write, receive, send_to_client, wait_for_request, watch_client, Incoming, Limits,
+        Next, Side,
+    },
     error::SessionError,
     guard::{self, Who},
     hello::{self, ClientMetadata, HelloAuth},
@@ -811,12 +814,8 @@ impl Session {
     ) -> Result<Trip, SessionError> {
         let sent = std::time::Instant::now();
         let reply_timeout = self.ctx.config.upstream.reply_timeout;
-        let written = tokio::select! {
-            biased;
-            _ = self.kill.cancelled() => Err(SessionError::Killed),
-            r = checkout.send(frame.bytes()) => r.map_err(SessionError::UpstreamIo),
-            _ = sleep_unless_zero(reply_timeout) => Err(SessionError::ReplyTimeout(reply_timeout)),
-        };
+        let send = checkout.send(frame.bytes());
+        let written = bounded_write(send, reply_timeout, &self.kill, Side::Upstream).await;
         if let Err(e) = written {
             checkout.discard();
             return Err(e);
