@@ -407,14 +407,7 @@ impl Session {
             let mut routing = Routing::default();
             let request = self.inspect(frame, received.inner.as_ref(), &mut routing)?;
             if let Some(meta) = &request.metadata {
-                let span = tracing::Span::current();
-                span.record("app", meta.application.as_deref().unwrap_or("-"));
-                span.record("driver", meta.driver.as_deref().unwrap_or("-"));
-                debug!("client handshake");
-                self.ctx
-                    .audit
-                    .event_with(|| super::session::handshake_event(self.peer, meta));
-                self.metadata = Some(meta.clone());
+                self.metadata = Some(super::session::record_handshake(&self.ctx, self.peer, meta));
             }
             self.obs
                 .inspected(&request, self.metadata.as_ref(), started);

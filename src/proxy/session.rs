@@ -143,14 +143,7 @@ impl Session {
             let frame = &received.frame;
             let request = self.inspect(frame, received.inner.as_ref())?;
             if let Some(meta) = &request.metadata {
-                let span = tracing::Span::current();
-                span.record("app", meta.application.as_deref().unwrap_or("-"));
-                span.record("driver", meta.driver.as_deref().unwrap_or("-"));
-                debug!("client handshake");
-                self.ctx
-                    .audit
-                    .event_with(|| handshake_event(self.peer, meta));
-                self.metadata = Some(meta.clone());
+                self.metadata = Some(record_handshake(&self.ctx, self.peer, meta));
             }
             self.obs
                 .inspected(&request, self.metadata.as_ref(), started);
@@ -597,6 +590,21 @@ pub(crate) async fn sleep_unless_zero(d: Duration) {
 }
 
 /// Logs the end of a session at a level that matches whose fault it was.
+/// A client's first hello with metadata, in both modes: names the connection's log span,
+/// writes the handshake event, and returns the metadata for the session to keep.
+pub(crate) fn record_handshake(
+    ctx: &Context,
+    peer: SocketAddr,
+    meta: &ClientMetadata,
+) -> ClientMetadata {
+    let span = tracing::Span::current();
+    span.record("app", meta.application.as_deref().unwrap_or("-"));
+    span.record("driver", meta.driver.as_deref().unwrap_or("-"));
+    debug!("client handshake");
+    ctx.audit.event_with(|| handshake_event(peer, meta));
+    meta.clone()
+}
+
 /// The event for a client's first hello.
 pub(crate) fn handshake_event(client: SocketAddr, meta: &ClientMetadata) -> crate::audit::Event {
     crate::audit::Event::ClientHandshake {
