@@ -323,6 +323,13 @@ impl ProxyHandle {
         }
     }
 
+    /// Does what SIGHUP does, for this proxy only: reloads the policy file, the users file
+    /// (pooled mode) and reopens the audit file sinks. Each part keeps what it had when it
+    /// fails. For embedding and tests (a signal reaches every proxy of the process).
+    pub fn hangup(&self) {
+        reload_everything(&self.ctx);
+    }
+
     /// The violation log (counters, flush).
     pub fn audit(&self) -> Arc<AuditLog> {
         self.ctx.audit.clone()
