@@ -25,8 +25,11 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use super::{error::SessionError, session::Reader};
-use crate::wire::{codec::CodecError, le_u32, Frame, OpCode, HEADER_LEN};
+use super::error::{client_error, SessionError};
+use crate::wire::{codec::CodecError, le_u32, Frame, MessageCodec, OpCode, HEADER_LEN};
+
+/// A client's socket, read as messages.
+pub(crate) type Reader = tokio_util::codec::FramedRead<crate::net::ClientRead, MessageCodec>;
 
 /// Messages up to this size are not counted against the budget: every connection may hold
 /// one (the connection cap bounds them), and counting them would cost a semaphore operation
@@ -181,7 +184,7 @@ pub(crate) async fn bounded_write(
             Side::Client => SessionError::ClientIo(e),
             Side::Upstream => SessionError::UpstreamIo(e),
         }),
-        _ = super::session::sleep_unless_zero(limit) => Err(match side {
+        _ = sleep_unless_zero(limit) => Err(match side {
             Side::Client => SessionError::ClientWriteTimeout(limit),
             // An upstream that does not read is as dead as one that does not answer.
             Side::Upstream => SessionError::ReplyTimeout(limit),
@@ -204,16 +207,6 @@ pub(crate) async fn send_to_client<W: tokio::io::AsyncWrite + Unpin>(
     kill: &CancellationToken,
 ) -> Result<(), SessionError> {
     bounded_write(crate::net::send(out, bytes), limit, kill, Side::Client).await
-}
-
-/// Writes a whole message to the upstream within `limit` (`reply_timeout`).
-pub(crate) async fn send_to_upstream<W: tokio::io::AsyncWrite + Unpin>(
-    out: &mut W,
-    bytes: &[u8],
-    limit: Duration,
-    kill: &CancellationToken,
-) -> Result<(), SessionError> {
-    bounded_write(crate::net::send(out, bytes), limit, kill, Side::Upstream).await
 }
 
 /// What one poll of the client socket produced.
@@ -268,7 +261,7 @@ pub(crate) async fn wait_for_request(
     failure: impl Future<Output = SessionError>,
 ) -> Result<Incoming, SessionError> {
     tokio::pin!(failure);
-    let idle_timer = super::session::sleep_unless_zero(limits.idle);
+    let idle_timer = sleep_unless_zero(limits.idle);
     tokio::pin!(idle_timer);
     let mut permit = None;
     loop {
@@ -287,7 +280,7 @@ pub(crate) async fn wait_for_request(
         match step {
             Step::Next(None) => return Ok(Incoming::End(End::ClientClosed)),
             Step::Next(Some(Ok(frame))) => return Ok(Incoming::Frame(frame, permit)),
-            Step::Next(Some(Err(e))) => return Err(super::session::client_error(e)),
+            Step::Next(Some(Err(e))) => return Err(client_error(e)),
             Step::ReadTimeout => {
                 info!(timeout = ?limits.read, "client did not finish its message; closing");
                 return Err(SessionError::ClientReadTimeout(limits.read));
@@ -490,7 +483,7 @@ fn compressed_original_op(frame: &Frame) -> OpCode {
 pub(crate) async fn watch_client(client_in: &mut Reader) -> Result<Option<Frame>, SessionError> {
     match poll_message(client_in, Duration::ZERO, false).await {
         Step::Next(Some(Ok(f))) => Ok(Some(f)),
-        Step::Next(Some(Err(e))) => Err(super::session::client_error(e)),
+        Step::Next(Some(Err(e))) => Err(client_error(e)),
         Step::Next(None) => Err(SessionError::ClientGone),
         Step::NeedsBudget(_) | Step::ReadTimeout => Ok(None),
     }
@@ -505,5 +498,18 @@ async fn refuse_over_budget(
     kill: &CancellationToken,
 ) -> Result<(), SessionError> {
     let doc = over_budget_document();
-    super::session::send_reply(ctx, out, op, request_id, &doc, limits.write, kill).await
+    let our_id = ctx.request_ids.next();
+    if let Some(bytes) = crate::wire::builder::reply_for(op, request_id, our_id, &doc) {
+        send_to_client(out, &bytes, limits.write, kill).await?;
+    }
+    Ok(())
+}
+
+/// A timer for `d`, or one that never fires when `d` is zero (disabled).
+pub(crate) async fn sleep_unless_zero(d: Duration) {
+    if d.is_zero() {
+        std::future::pending::<()>().await;
+    } else {
+        tokio::time::sleep(d).await;
+    }
 }

@@ -91,3 +91,19 @@ impl SessionError {
         )
     }
 }
+
+/// A client socket's read error, as a session error.
+pub(crate) fn client_error(e: crate::wire::codec::CodecError) -> SessionError {
+    match e {
+        crate::wire::codec::CodecError::Io(e) => SessionError::ClientIo(e),
+        crate::wire::codec::CodecError::Wire(e) => SessionError::ClientProtocol(e),
+    }
+}
+
+/// An upstream socket's read error, as a session error.
+pub(crate) fn upstream_error(e: crate::wire::codec::CodecError) -> SessionError {
+    match e {
+        crate::wire::codec::CodecError::Io(e) => SessionError::UpstreamIo(e),
+        crate::wire::codec::CodecError::Wire(e) => SessionError::UpstreamProtocol(e),
+    }
+}

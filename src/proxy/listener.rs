@@ -79,11 +79,17 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                 let mut accounting = Accounting::open(task_ctx.clone(), peer, opened, permit);
                 let result = match task_ctx.config.proxy.mode {
                     crate::config::Mode::Passthrough => {
-                        session::run(task_ctx.clone(), socket, peer).await
+                        let side = super::passthrough::Passthrough::new(task_ctx.clone());
+                        session::run(task_ctx.clone(), socket, peer, side).await
                     }
-                    crate::config::Mode::Pooled => {
-                        super::pooled::run(task_ctx.clone(), socket, peer).await
-                    }
+                    crate::config::Mode::Pooled => match task_ctx.pooled.clone() {
+                        Some(pooled) => {
+                            let side =
+                                super::pooled::strategy::PooledSide::new(task_ctx.clone(), pooled);
+                            session::run(task_ctx.clone(), socket, peer, side).await
+                        }
+                        None => Err(super::SessionError::UpstreamClosed),
+                    },
                 };
                 accounting.result = Some(result);
             }

@@ -10,9 +10,12 @@ pub(crate) mod hello;
 pub(crate) mod inspect;
 mod listener;
 mod observe;
+mod passthrough;
+mod pins;
 mod pooled;
 pub(crate) mod routing;
 pub(crate) mod session;
+mod strategy;
 
 use std::{
     net::SocketAddr,
@@ -29,7 +32,8 @@ use tracing::{info, warn};
 pub use client_io::{MEMORY_BUDGET_CODE, MEMORY_BUDGET_CODE_NAME};
 pub use error::{ProxyError, SessionError};
 pub use hello::ClientMetadata;
-pub use pooled::{PinnedCounts, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
+pub use pins::PinnedCounts;
+pub use pooled::{CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 
 use crate::{
     audit::{AuditLog, CloseReason, Event},
@@ -109,7 +113,7 @@ pub(crate) struct Context {
     pub pooled: Option<Arc<pooled::Pooled>>,
     /// Where the upstream servers are and which is primary (both modes; pooled mode's is
     /// the same as `pooled.topology`).
-    pub topology: Option<Arc<crate::upstream::topology::Topology>>,
+    pub topology: Arc<crate::upstream::topology::Topology>,
     /// The process-wide budget of client message bytes in flight.
     pub budget: Arc<client_io::MemoryBudget>,
     /// Stops the background tasks (topology monitors) at the end of shutdown.
@@ -205,7 +209,7 @@ impl Proxy {
         ));
         let ctx = Arc::new(Context {
             pooled,
-            topology: Some(topology),
+            topology,
             budget,
             background,
             server_tls,
@@ -311,7 +315,7 @@ impl ProxyHandle {
             sum.unusable += s.unusable;
             sum.timeouts += s.timeouts;
         }
-        Some((sum, &p.pinned))
+        Some((sum, &p.pins.counts))
     }
 
     /// Pooled mode: reads the users file again (as SIGHUP does); the users in force stay if

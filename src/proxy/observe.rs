@@ -12,7 +12,7 @@ use super::{hello::ClientMetadata, inspect::Request, pooled::Pooled, Context, Pr
 use crate::{
     audit::ViolationRecord,
     metrics::{commands, ClientEntry, Metrics, Pinned, PoolRow, Scrape, ShapeScratch, Snapshot},
-    wire::{Frame, Message},
+    wire::Message,
 };
 
 /// Reads the proxy's own counters at scrape time.
@@ -46,10 +46,10 @@ impl Scrape for ProxyScrape {
                     })
                     .collect();
                 let pinned = Pinned {
-                    exhaust: p.pinned.exhaust.get(),
-                    transaction: p.pinned.transaction.get(),
-                    cursor: p.pinned.cursor.get(),
-                    legacy_write: p.pinned.legacy_write.get(),
+                    exhaust: p.pins.counts.exhaust.get(),
+                    transaction: p.pins.counts.transaction.get(),
+                    cursor: p.pins.counts.cursor.get(),
+                    legacy_write: p.pins.counts.legacy_write.get(),
                 };
                 (Some(pools), pinned)
             }
@@ -181,14 +181,7 @@ impl SessionObs {
         }
     }
 
-    /// Looks at the first reply of a forwarded request when its shape is tracked.
-    pub(crate) fn first_reply(&mut self, reply: &Frame) {
-        if self.scratch.active {
-            self.reply_error = reply_is_error(reply);
-        }
-    }
-
-    /// Whether [`SessionObs::first_reply`] would read the reply (a tracked query shape).
+    /// Whether the first reply's error status is wanted (a tracked query shape).
     pub(crate) fn wants_first_reply(&self) -> bool {
         self.scratch.active
     }
@@ -265,10 +258,4 @@ pub(crate) fn command_label(msg: &Message<'_>, name: Option<&str>) -> usize {
         (Some(name), _) => commands::index_of(name),
         (None, m) => commands::legacy(m.op_code()),
     }
-}
-
-/// True when a reply's document says `ok: 0` (an OP_MSG body or the first OP_REPLY
-/// document; compressed replies are not opened for this).
-pub(crate) fn reply_is_error(reply: &Frame) -> bool {
-    super::routing::ReplyFacts::read(reply).error
 }

@@ -1,0 +1,224 @@
+//! What pooled mode answers itself: hello (emulated from the topology), the SCRAM
+//! conversation against the users file, and the refusals before authentication.
+
+use std::{sync::Arc, time::Duration};
+
+use bson::{RawDocument, RawDocumentBuf};
+use tracing::{debug, warn};
+
+use super::strategy::{PooledSide, HOST_UNREACHABLE, UNAUTHORIZED};
+use crate::{
+    auth::sasl,
+    proxy::{
+        client_io::Received,
+        error::SessionError,
+        hello::{self, HelloAuth},
+        inspect::Request,
+        routing::{Class, Routing},
+        session::Client,
+    },
+    upstream::{
+        pool::PoolKey,
+        topology::{Kind, ReadPref},
+        HelloFacts,
+    },
+    wire::{builder::error_document, Message, WireError},
+};
+
+/// mongod's code for a malformed argument (an `lsid.id` that is not a UUID).
+const BAD_VALUE: (i32, &str) = (2, "BadValue");
+
+impl PooledSide {
+    /// Answers hello, authentication, a ping before authentication, a malformed `lsid`, and
+    /// anything else before authentication (refused). True when answered.
+    pub(super) async fn answer(
+        &mut self,
+        client: &mut Client,
+        received: &Received,
+        request: &Request,
+        routing: &Routing,
+    ) -> Result<bool, SessionError> {
+        let doc = match routing.class() {
+            Class::Hello => self.hello(client, received).await?,
+            class @ (Class::SaslStart | Class::SaslContinue | Class::OtherAuth) => {
+                let doc = self.auth_step(client, received, class)?;
+                client.reply(request, &doc).await?;
+                self.after_auth_step(client, &doc, class);
+                return Ok(true);
+            }
+            Class::Ping if self.identity.is_none() => bson::rawdoc! {"ok": 1.0},
+            _ if routing.bad_lsid => error_document(
+                BAD_VALUE.0,
+                BAD_VALUE.1,
+                "lsid.id must be a UUID (BSON binary subtype 4, 16 bytes)",
+            ),
+            _ if self.identity.is_none() => error_document(
+                UNAUTHORIZED.0,
+                UNAUTHORIZED.1,
+                "command requires authentication (mongoguard pooled mode: authenticate \
+                 with the credentials of the mongoguard users file)",
+            ),
+            _ => return Ok(false),
+        };
+        client.reply(request, &doc).await?;
+        Ok(true)
+    }
+
+    /// The emulated hello reply: the topology's facts, this connection's id, and the
+    /// mechanisms and speculative authentication of the users file.
+    async fn hello(
+        &mut self,
+        client: &Client,
+        received: &Received,
+    ) -> Result<RawDocumentBuf, SessionError> {
+        let cmd = body(received, client.ctx.config.proxy.max_message_size)?;
+        let timeout = self.ctx.config.upstream.connect_timeout;
+        let facts = match self.pooled.topology.facts(Duration::ZERO).await {
+            Some(f) => Some(f),
+            None => {
+                tokio::select! {
+                    biased;
+                    _ = client.kill.cancelled() => return Err(SessionError::Killed),
+                    f = self.learn_facts(timeout) => f,
+                }
+            }
+        };
+        let Some(facts) = facts else {
+            return Ok(error_document(
+                HOST_UNREACHABLE.0,
+                HOST_UNREACHABLE.1,
+                "mongoguard: no upstream server has answered hello yet",
+            ));
+        };
+        let mut auth = HelloAuth::default();
+        if let Some(users) = self.pooled.users().as_deref() {
+            if let Ok(Some(bson::RawBsonRef::String(who))) = cmd.get("saslSupportedMechs") {
+                auth.mechanisms = Some(sasl::supported_mechs(users, who));
+            }
+            if self.user.is_none() {
+                if let Ok(Some(bson::RawBsonRef::Document(spec))) =
+                    cmd.get("speculativeAuthenticate")
+                {
+                    auth.speculative = self.sasl.speculative_authenticate(users, spec);
+                }
+            }
+        }
+        Ok(hello::emulated_reply(
+            &cmd,
+            &facts,
+            self.connection_id,
+            auth,
+        ))
+    }
+
+    /// A single upstream server is not monitored: its limits come from a pooled connection.
+    async fn learn_facts(&self, timeout: Duration) -> Option<Arc<HelloFacts>> {
+        let topo = &self.pooled.topology;
+        if *topo.kind() != Kind::Single {
+            return topo.facts(timeout).await;
+        }
+        let host = topo.select(ReadPref::Primary, timeout).await.ok()?;
+        let identity = self.pooled.identities.default_identity().name.clone();
+        match self
+            .pooled
+            .pool
+            .checkout(&PoolKey::new(host, identity))
+            .await
+        {
+            Ok(c) => {
+                let facts = c.facts().clone();
+                c.release();
+                Some(facts)
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot reach the upstream for its hello");
+                None
+            }
+        }
+    }
+
+    /// One step of the SCRAM conversation (or its refusal).
+    fn auth_step(
+        &mut self,
+        client: &Client,
+        received: &Received,
+        class: Class,
+    ) -> Result<RawDocumentBuf, SessionError> {
+        let refuse = |msg: &str| error_document(UNAUTHORIZED.0, UNAUTHORIZED.1, msg);
+        if self.user.is_some() {
+            return Ok(refuse(
+                "mongoguard: this connection is already authenticated; authentication commands \
+                 after the handshake are refused (open a new connection to change users)",
+            ));
+        }
+        if class == Class::OtherAuth {
+            return Ok(refuse(
+                "mongoguard pooled mode supports SCRAM-SHA-256 and SCRAM-SHA-1 (saslStart) only",
+            ));
+        }
+        let Some(users) = self.pooled.users() else {
+            return Ok(sasl::auth_failed());
+        };
+        let cmd = body(received, client.ctx.config.proxy.max_message_size)?;
+        Ok(if class == Class::SaslStart {
+            self.sasl.sasl_start(&users, &cmd)
+        } else {
+            self.sasl.sasl_continue(&cmd)
+        })
+    }
+
+    /// Records a failed step; binds the session to the user's upstream identity once a
+    /// conversation completed.
+    fn after_auth_step(&mut self, client: &Client, reply: &RawDocument, class: Class) {
+        if sasl::is_failure(reply) {
+            let user = self
+                .sasl
+                .attempted_user()
+                .filter(|_| class != Class::OtherAuth);
+            let event = crate::audit::Event::AuthFailed {
+                client: client.peer,
+                user,
+            };
+            self.ctx.audit.event(event);
+        }
+        if self.user.is_some() {
+            return;
+        }
+        let Some(user) = self.sasl.authenticated() else {
+            return;
+        };
+        let Some(users) = self.pooled.users() else {
+            return;
+        };
+        let mapped = users
+            .user(&user.db, &user.name)
+            .and_then(|u| u.upstream.as_deref())
+            .unwrap_or(crate::upstream::DEFAULT_IDENTITY);
+        let Some(identity) = self.pooled.identities.get(mapped) else {
+            return;
+        };
+        debug!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
+        self.ctx
+            .audit
+            .event_with(|| crate::audit::Event::AuthSucceeded {
+                client: client.peer,
+                user: format!("{}.{}", user.db, user.name),
+                mechanism: user.mechanism.name(),
+                identity: identity.name.to_string(),
+            });
+        self.user = Some(format!("{}.{}", user.db, user.name));
+        self.identity = Some(identity.clone());
+    }
+}
+
+/// The command body of a hello or authentication message (decompressed, unwrapped).
+fn body(received: &Received, max: usize) -> Result<RawDocumentBuf, SessionError> {
+    let frame = received.inner.as_ref().unwrap_or(&received.frame);
+    let result = match Message::parse(frame.bytes(), max) {
+        Ok(Message::Msg(m)) => Ok(m.body().to_owned()),
+        Ok(Message::Query(q)) => Ok(q.command().to_owned()),
+        Ok(other) => Err(WireError::UnknownOpCode(other.op_code() as i32)),
+        Err(e) => Err(e),
+    };
+    result.map_err(SessionError::ClientProtocol)
+}

@@ -1,0 +1,177 @@
+//! Pooled mode: mongoguard authenticates clients itself, answers their hello, and runs each
+//! request on a pre-authenticated upstream connection checked out for exactly one round
+//! trip (the whole stream, for exhaust), then returned.
+//!
+//! Shared state ([`Pooled`], here): the users file, the upstream identities, the topology,
+//! the pools, and the pins ([`super::pins`]) that keep a cursor's getMores and a
+//! transaction's statements on the server that holds them. A client session's upstream side
+//! ([`strategy::PooledSide`]) holds no upstream connection between requests, except right
+//! after a legacy fire-and-forget write, whose getLastError must run on the same connection;
+//! [`local`] answers hello and authentication.
+
+mod local;
+pub(crate) mod strategy;
+
+use std::{
+    sync::{atomic::AtomicI32, Arc, PoisonError},
+    time::Duration,
+};
+
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::{pins::Pins, ProxyError};
+use crate::{
+    auth::users::Users,
+    config::Config,
+    upstream::{
+        pool::{Pool, PoolKey},
+        topology::{Kind, MongoConnector, MonitorSettings, Topology},
+        Identities,
+    },
+};
+
+/// A full pool: mongoguard's own code, outside every code drivers retry or treat as a
+/// network error, so a saturated pool does not turn into a retry storm.
+pub const CHECKOUT_TIMEOUT_CODE: i32 = 65_002;
+/// The codeName paired with [`CHECKOUT_TIMEOUT_CODE`].
+pub const CHECKOUT_TIMEOUT_CODE_NAME: &str = "MongoguardPoolTimeout";
+
+/// The pooled-mode state shared by every session.
+pub(crate) struct Pooled {
+    /// The users file in force (replaced whole on SIGHUP).
+    users: std::sync::RwLock<Option<Arc<Users>>>,
+    users_file: Option<std::path::PathBuf>,
+    pub(crate) identities: Identities,
+    pub topology: Arc<Topology>,
+    pub pool: Pool<MongoConnector>,
+    pub pins: Arc<Pins>,
+    pub(crate) connection_ids: AtomicI32,
+    cancel: CancellationToken,
+}
+
+impl Pooled {
+    /// Loads the users file and identities, and starts the topology monitors and the pool
+    /// maintenance. Every user must map to a configured identity.
+    pub(crate) fn start(
+        config: &Config,
+        upstream_tls: Option<crate::tls::UpstreamTls>,
+    ) -> Result<Arc<Pooled>, ProxyError> {
+        let identities = Identities::from_config(&config.upstream)
+            .map_err(|e| ProxyError::Pooled(e.to_string()))?;
+        let users = match &config.auth.users_file {
+            Some(path) => Some(Arc::new(
+                load_users(path, &identities).map_err(ProxyError::Pooled)?,
+            )),
+            None => None,
+        };
+        let topology = Topology::from_uri(&config.upstream.uri);
+        let connector = MongoConnector::new(
+            identities.clone(),
+            topology.clone(),
+            config.upstream.connect_timeout,
+            config.proxy.max_message_size,
+            upstream_tls.clone(),
+        );
+        let pool = Pool::new(connector, config.pool.pool_config())
+            .map_err(|e| ProxyError::Pooled(e.to_string()))?;
+        let cancel = CancellationToken::new();
+        topology.spawn_monitors(
+            MonitorSettings {
+                heartbeat: config.upstream.heartbeat_interval,
+                connect_timeout: config.upstream.connect_timeout,
+                max_message_size: config.proxy.max_message_size,
+                tls: upstream_tls,
+            },
+            cancel.clone(),
+        );
+        if *topology.kind() == Kind::Single {
+            // Known ahead of the first client, so min_idle connections open at once.
+            for host in &config.upstream.uri.hosts {
+                pool.register(&PoolKey::new(
+                    host.clone(),
+                    crate::upstream::DEFAULT_IDENTITY,
+                ));
+            }
+        }
+        let pooled = Arc::new(Pooled {
+            users: std::sync::RwLock::new(users),
+            users_file: config.auth.users_file.clone(),
+            identities,
+            topology,
+            pool,
+            pins: Arc::new(Pins::default()),
+            connection_ids: AtomicI32::new(1),
+            cancel,
+        });
+        tokio::spawn(maintain(pooled.clone()));
+        Ok(pooled)
+    }
+
+    /// The users file in force.
+    pub(crate) fn users(&self) -> Option<Arc<Users>> {
+        self.users
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// True when a users file is configured (SIGHUP reloads it).
+    pub(crate) fn has_users_file(&self) -> bool {
+        self.users_file.is_some()
+    }
+
+    /// Reads the users file again and swaps it in if it is valid (every user mapping to a
+    /// configured identity); otherwise the users in force stay. Connections already
+    /// authenticated keep their user. Returns the number of users.
+    pub(crate) fn reload_users(&self) -> Result<usize, String> {
+        let Some(path) = &self.users_file else {
+            return Err("no auth.users_file configured".into());
+        };
+        let users = load_users(path, &self.identities)?;
+        let n = users.len();
+        *self.users.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(users));
+        Ok(n)
+    }
+
+    /// Stops monitors and maintenance and closes the pools.
+    pub(crate) fn close(&self) {
+        self.cancel.cancel();
+        self.pool.close();
+    }
+}
+
+/// Reads and checks a users file: every user must map to a configured upstream identity.
+fn load_users(path: &std::path::Path, identities: &Identities) -> Result<Users, String> {
+    let users = Users::load(path).map_err(|e| e.to_string())?;
+    for user in users.iter() {
+        let id = user
+            .upstream
+            .as_deref()
+            .unwrap_or(crate::upstream::DEFAULT_IDENTITY);
+        if identities.get(id).is_none() {
+            return Err(format!(
+                "users file: user {:?} maps to upstream identity {id:?}, which is not \
+                 configured under [upstream.identities]",
+                user.name
+            ));
+        }
+    }
+    Ok(users)
+}
+
+/// Every second: close expired idle connections, open up to `min_idle`, expire pins.
+async fn maintain(pooled: Arc<Pooled>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = pooled.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = pooled.pool.maintain().await {
+            debug!(error = %e, "pool maintenance could not open min_idle connections");
+        }
+        pooled.pins.expire(tokio::time::Instant::now());
+    }
+}

@@ -1,0 +1,383 @@
+//! Pooled mode's upstream side of one client session: a server chosen per request (read
+//! preference, cursor and transaction pins), a pooled connection checked out for the round
+//! trip, cursor pins read off the replies, one re-send after a "not primary" reply.
+
+use std::{future::Future, sync::Arc};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::{Pooled, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
+use crate::{
+    auth::sasl::SaslSession,
+    proxy::{
+        client_io::Received,
+        error::SessionError,
+        inspect::Request,
+        observe::SessionObs,
+        pins::{ExhaustHeld, Sticky},
+        routing::{self, Class, CursorReply, ReplyFacts, Routing},
+        session::Client,
+        strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
+        Context,
+    },
+    upstream::{
+        pool::{Checkout, PoolError, PoolKey},
+        topology::ReadPref,
+        Host, Identity, UpstreamConn,
+    },
+    wire::{builder::error_document, codec::CodecError, Frame, Message},
+};
+
+/// mongod's codes used by pooled mode.
+pub(super) const UNAUTHORIZED: (i32, &str) = (13, "Unauthorized");
+pub(super) const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
+const FAILED_TO_SATISFY_READ_PREFERENCE: (i32, &str) = (133, "FailedToSatisfyReadPreference");
+
+type Conn = Checkout<UpstreamConn>;
+
+impl Link for Conn {
+    fn host(&self) -> &Host {
+        let conn: &UpstreamConn = self;
+        conn.host()
+    }
+
+    fn send<'a>(
+        &'a mut self,
+        bytes: &'a [u8],
+    ) -> impl Future<Output = std::io::Result<()>> + Send + 'a {
+        let conn: &mut UpstreamConn = self;
+        conn.send(bytes)
+    }
+
+    fn next(&mut self) -> impl Future<Output = Option<Result<Frame, CodecError>>> + Send + '_ {
+        let conn: &mut UpstreamConn = self;
+        conn.next()
+    }
+}
+
+/// The upstream side of one pooled client session.
+pub(crate) struct PooledSide {
+    pub(super) ctx: Arc<Context>,
+    pub(super) pooled: Arc<Pooled>,
+    /// The connection id this client's hello reports.
+    pub(super) connection_id: i32,
+    pub(super) sasl: SaslSession,
+    /// The upstream identity requests run as: set by authentication (or at once when
+    /// unauthenticated access is allowed).
+    pub(super) identity: Option<Arc<Identity>>,
+    /// `db.user` the client authenticated as, for the policy and records.
+    pub(super) user: Option<String>,
+    /// The connection of a legacy fire-and-forget write, kept for its getLastError.
+    sticky: Sticky<Conn>,
+    /// That connection, taken for the getLastError that arrived (acquired next).
+    for_last_error: Option<Conn>,
+    /// The current round trip runs on the kept legacy-write connection: never re-sent.
+    on_kept: bool,
+}
+
+impl PooledSide {
+    pub(crate) fn new(ctx: Arc<Context>, pooled: Arc<Pooled>) -> PooledSide {
+        let identity = ctx
+            .config
+            .auth
+            .allow_unauthenticated
+            .then(|| pooled.identities.default_identity().clone());
+        PooledSide {
+            connection_id: pooled
+                .connection_ids
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            sasl: SaslSession::new(),
+            identity,
+            user: None,
+            sticky: Sticky::default(),
+            for_last_error: None,
+            on_kept: false,
+            pooled,
+            ctx,
+        }
+    }
+
+    /// Where the request goes: the server of its cursor or transaction, else by read
+    /// preference (writes and transactions: the primary).
+    async fn choose_server(
+        &self,
+        request: &Request,
+        routing: &Routing,
+        kill: &CancellationToken,
+    ) -> Result<Host, Option<String>> {
+        let p = &self.pooled;
+        let now = Instant::now();
+        if p.topology.is_multi_server() {
+            if let Some(h) = routing.cursor.and_then(|id| p.pins.cursor_server(id, now)) {
+                return Ok(h);
+            }
+            if let Some(h) = routing.txn.as_ref().and_then(|t| p.pins.txn_server(t, now)) {
+                return Ok(h);
+            }
+        }
+        let pref = if request.is_write || routing.txn.is_some() {
+            ReadPref::Primary
+        } else {
+            routing.read_pref
+        };
+        let timeout = self.ctx.config.upstream.server_selection_timeout;
+        let host = tokio::select! {
+            biased;
+            _ = kill.cancelled() => return Err(None),
+            h = p.topology.select(pref, timeout) => h.map_err(|e| Some(e.to_string()))?,
+        };
+        if let (Some(t), true) = (&routing.txn, routing.starts_txn) {
+            p.pins.pin_txn(t, &host, now);
+        }
+        Ok(host)
+    }
+
+    /// Checks out a connection to `host` as `identity`, never past `kill`.
+    async fn checkout(
+        &self,
+        host: Host,
+        identity: &Identity,
+        kill: &CancellationToken,
+    ) -> Result<Conn, PoolError> {
+        let key = PoolKey::new(host, identity.name.clone());
+        tokio::select! {
+            biased;
+            _ = kill.cancelled() => Err(PoolError::Closed { pool: key.clone() }),
+            c = self.pooled.pool.checkout(&key) => c,
+        }
+    }
+
+    /// The answer to a request whose checkout failed.
+    fn checkout_failed(&self, host: &Host, e: PoolError) -> Acquired<Conn> {
+        let (code, name) = match &e {
+            PoolError::CheckoutTimeout { .. } => {
+                warn!(error = %e, "checkout timeout");
+                (CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME)
+            }
+            PoolError::Connect { .. } => {
+                warn!(error = %e, "cannot open an upstream connection");
+                self.pooled.topology.mark_unknown(host);
+                HOST_UNREACHABLE
+            }
+            PoolError::Closed { .. } => return refused_end(SessionError::Killed),
+        };
+        Acquired::Refused {
+            answer: Some(error_document(code, name, &format!("mongoguard: {e}"))),
+            end: None,
+        }
+    }
+
+    fn release_kept(&mut self) {
+        if let Some(c) = self.for_last_error.take() {
+            c.release();
+        }
+        if let Some(c) = self.sticky.take(&self.pooled.pins.counts) {
+            c.release();
+        }
+    }
+}
+
+fn refused_end(e: SessionError) -> Acquired<Conn> {
+    Acquired::Refused {
+        answer: None,
+        end: Some(e),
+    }
+}
+
+impl Strategy for PooledSide {
+    type Link = Conn;
+    type Route = Routing;
+    type Exhaust = Option<ExhaustHeld>;
+    const REUSES_LINKS: bool = true;
+
+    fn route(&self, msg: &Message<'_>) -> (Routing, bool) {
+        let routing = routing::of_message(msg);
+        // mongoguard answers these itself; nothing to judge.
+        let judge = !matches!(
+            routing.class(),
+            Class::Hello | Class::SaslStart | Class::SaslContinue | Class::OtherAuth
+        );
+        (routing, judge)
+    }
+
+    fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    fn wire_version(&self) -> Option<i32> {
+        self.pooled.topology.max_wire_version()
+    }
+
+    /// Between requests a pooled session holds no upstream connection to watch (a kept
+    /// legacy-write connection is checked when it is used).
+    fn idle_watch(&mut self) -> impl Future<Output = SessionError> + Send + '_ {
+        std::future::pending()
+    }
+
+    /// A kept legacy-write connection serves only that write's getLastError.
+    fn request_arrived(&mut self, request: &Request, _route: &Routing, last_write_ok: bool) {
+        if let Some(c) = self.for_last_error.take() {
+            c.release();
+        }
+        if let Some(kept) = self.sticky.take(&self.pooled.pins.counts) {
+            if request.is_get_last_error && last_write_ok {
+                self.for_last_error = Some(kept);
+            } else {
+                kept.release();
+            }
+        }
+    }
+
+    async fn answer_locally(
+        &mut self,
+        client: &mut Client,
+        received: &Received,
+        request: &Request,
+        route: &Routing,
+    ) -> Result<bool, SessionError> {
+        self.answer(client, received, request, route).await
+    }
+
+    async fn acquire(
+        &mut self,
+        request: &Request,
+        route: &Routing,
+        _obs: &mut SessionObs,
+        kill: &CancellationToken,
+    ) -> Acquired<Conn> {
+        self.on_kept = false;
+        if let Some(kept) = self.for_last_error.take() {
+            self.on_kept = true;
+            return Acquired::Link(kept);
+        }
+        let Some(identity) = self.identity.clone() else {
+            return Acquired::Refused {
+                answer: Some(error_document(
+                    UNAUTHORIZED.0,
+                    UNAUTHORIZED.1,
+                    "command requires authentication",
+                )),
+                end: None,
+            };
+        };
+        let host = match self.choose_server(request, route, kill).await {
+            Ok(h) => h,
+            Err(None) => return refused_end(SessionError::Killed),
+            Err(Some(e)) => {
+                let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
+                return Acquired::Refused {
+                    answer: Some(error_document(code, name, &format!("mongoguard: {e}"))),
+                    end: None,
+                };
+            }
+        };
+        match self.checkout(host.clone(), &identity, kill).await {
+            Ok(c) => Acquired::Link(c),
+            Err(e) => self.checkout_failed(&host, e),
+        }
+    }
+
+    /// The transaction's server, if it is pinned (a transaction that never reached a server
+    /// has nothing to abort).
+    async fn acquire_for_abort(
+        &mut self,
+        route: &Routing,
+        _obs: &mut SessionObs,
+        kill: &CancellationToken,
+    ) -> Option<Conn> {
+        let txn = route.txn.as_ref()?;
+        let host = self.pooled.pins.txn_server(txn, Instant::now())?;
+        let identity = self.identity.clone()?;
+        self.checkout(host, &identity, kill).await.ok()
+    }
+
+    fn wants_reply_facts(&self) -> bool {
+        self.pooled.topology.is_multi_server()
+    }
+
+    /// Cursor pins (several servers only): an open cursor is pinned to the server that
+    /// answered, a finished one forgotten.
+    fn observe_reply(&mut self, host: &Host, route: &Routing, facts: &ReplyFacts) {
+        if !self.pooled.topology.is_multi_server() {
+            return;
+        }
+        let pins = &self.pooled.pins;
+        match &facts.cursor {
+            CursorReply::Open(id) if route.may_open_cursor => {
+                pins.pin_cursor(*id, host, Instant::now());
+            }
+            CursorReply::Closed => {
+                if let Some(id) = route.cursor {
+                    pins.unpin_cursor(id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn exhaust_started(&self) -> Option<ExhaustHeld> {
+        Some(self.pooled.pins.exhaust())
+    }
+
+    /// The connection goes back to the pool only after a complete exchange; a legacy write's
+    /// connection is kept for its getLastError; a broken one is discarded.
+    fn finished(&mut self, link: Conn, outcome: Outcome, route: &Routing) {
+        match outcome {
+            Outcome::Broken => link.discard(),
+            Outcome::Sent if route.class() == Class::LegacyWrite && !self.on_kept => {
+                if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
+                    old.release();
+                }
+            }
+            Outcome::Sent => link.release(),
+            Outcome::Replied => {
+                let pins = &self.pooled.pins;
+                // Killing a cursor ends its pin even when the reply lists it as killed.
+                if route.kills_cursor && self.pooled.topology.is_multi_server() {
+                    if let Some(id) = route.cursor {
+                        pins.unpin_cursor(id);
+                    }
+                }
+                if route.ends_txn {
+                    if let Some(t) = &route.txn {
+                        pins.unpin_txn(t);
+                    }
+                }
+                link.release();
+            }
+        }
+    }
+
+    fn aborted(&mut self, link: Conn, ok: bool, route: &Routing) {
+        if let Some(t) = &route.txn {
+            self.pooled.pins.unpin_txn(t);
+        }
+        if ok {
+            link.release();
+        } else {
+            link.discard();
+        }
+    }
+
+    fn not_primary(&mut self, host: &Host, route: &Routing, resent: bool) -> AfterNotPrimary {
+        if let Some(txn) = &route.txn {
+            // A transaction lives on one node: a re-send would go back to the pinned, stale
+            // server. Drop the pin and relay the error (mongod labels it
+            // TransientTransactionError, so the driver retries the whole transaction).
+            self.pooled.pins.unpin_txn(txn);
+            return AfterNotPrimary::Relay;
+        }
+        if resent || self.on_kept {
+            // A getLastError answers for its own connection: never elsewhere.
+            return AfterNotPrimary::Relay;
+        }
+        debug!(upstream = %host, "not primary; re-sending to the new primary");
+        AfterNotPrimary::Resend
+    }
+
+    fn close(&mut self) {
+        self.release_kept();
+    }
+}

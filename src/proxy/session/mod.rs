@@ -1,0 +1,339 @@
+//! One client connection, in either mode: the request pipeline.
+//!
+//! ```text
+//! wait for a request ─► receive (budget, decompress) ─► inspect + judge ─► record
+//!     ▲                                                                      │
+//!     │        ┌───────── answered locally (strategy: hello, auth; guard: blocked) ◄┤
+//!     │        │                                                                     │
+//!     └────────┴── relay the reply / exhaust stream ◄── acquire + send ◄─────────────┘
+//! ```
+//!
+//! The upstream side is a [`Strategy`]: passthrough keeps one connection per client,
+//! pooled mode checks one out per request. Everything else — the timeouts, the kill and drain
+//! tokens, the relay loop, responseTo checks, moreToCome, the abort of a blocked transaction,
+//! not-primary handling — is here, once.
+//!
+//! MongoDB clients do not pipeline: a connection carries one request at a time, except for
+//! moreToCome requests (no reply) and exhaust streams (several replies). The session therefore
+//! has two states, waiting for a request and waiting for replies, and in each it watches the
+//! client, the upstream, the timers and the shutdown tokens, so nothing can hang it.
+
+mod relay;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use bson::RawDocument;
+use tokio_util::{codec::FramedRead, sync::CancellationToken};
+use tracing::{debug, info, warn};
+
+use super::{
+    client_io::{receive, send_to_client, wait_for_request, Incoming, Limits, Next, Reader},
+    error::SessionError,
+    guard::{self, Judgement, Who},
+    hello::ClientMetadata,
+    inspect::{inspect_with, Request},
+    observe::SessionObs,
+    strategy::{Acquired, AfterNotPrimary, Link, Strategy},
+    Context,
+};
+use crate::{
+    net::{ClientStream, ClientWrite},
+    wire::{builder::reply_for, Frame, MessageCodec},
+};
+
+pub(crate) use super::client_io::End;
+pub(crate) use relay::{primary_moved, reply_more_to_come};
+
+/// The client side of a session: its socket halves, limits, shutdown tokens, and what it
+/// sent ahead while a request was in flight.
+pub(crate) struct Client {
+    pub ctx: Arc<Context>,
+    pub input: Reader,
+    pub out: ClientWrite,
+    pub peer: SocketAddr,
+    pub limits: Limits,
+    /// Per-session children of the proxy's shutdown tokens: waiting on the shared tokens
+    /// would take their one mutex twice per request in every session.
+    pub drain: CancellationToken,
+    pub kill: CancellationToken,
+    /// A request the client sent while its previous one was still in flight.
+    pub pending: Option<Frame>,
+    /// The client left with a request in flight (its reply is read, not relayed).
+    pub gone: bool,
+}
+
+impl Client {
+    /// Answers `request` with mongoguard's own `doc`, in the request's opcode family, within
+    /// the client write timeout. Nothing is sent for a request that expects no reply.
+    pub(crate) async fn reply(
+        &mut self,
+        request: &Request,
+        doc: &RawDocument,
+    ) -> Result<(), SessionError> {
+        if !request.expects_reply {
+            return Ok(());
+        }
+        let our_id = self.ctx.request_ids.next();
+        if let Some(bytes) = reply_for(request.op, request.request_id, our_id, doc) {
+            send_to_client(&mut self.out, &bytes, self.limits.write, &self.kill).await?;
+        }
+        Ok(())
+    }
+}
+
+/// One client connection and its upstream strategy.
+pub(crate) struct Session<S: Strategy> {
+    ctx: Arc<Context>,
+    client: Client,
+    strategy: S,
+    max: usize,
+    metadata: Option<ClientMetadata>,
+    /// The upstream's maxWireVersion, from a hello reply relayed to this client.
+    wire_version: Option<i32>,
+    /// The error of the last fire-and-forget write mongoguard dropped, for the client's next
+    /// getLastError (legacy applications learn about write errors only that way).
+    last_blocked: Option<String>,
+    obs: SessionObs,
+}
+
+/// Runs one client connection to its end with `strategy` as its upstream side.
+pub(crate) async fn run<S: Strategy>(
+    ctx: Arc<Context>,
+    socket: ClientStream,
+    peer: SocketAddr,
+    strategy: S,
+) -> Result<End, SessionError> {
+    let (read, write) = socket.split();
+    let max = ctx.config.proxy.max_message_size;
+    let mut session = Session {
+        client: Client {
+            input: FramedRead::new(read, MessageCodec::new(max)),
+            out: write,
+            peer,
+            limits: Limits::from_config(&ctx.config.proxy),
+            drain: ctx.drain.child_token(),
+            kill: ctx.kill.child_token(),
+            pending: None,
+            gone: false,
+            ctx: ctx.clone(),
+        },
+        strategy,
+        max,
+        metadata: None,
+        wire_version: None,
+        last_blocked: None,
+        obs: SessionObs::new(ctx.metrics.clone()),
+        ctx,
+    };
+    let result = session.serve().await;
+    session.strategy.close();
+    result
+}
+
+impl<S: Strategy> Session<S> {
+    async fn serve(&mut self) -> Result<End, SessionError> {
+        loop {
+            self.obs.end();
+            let incoming = match self.client.pending.take() {
+                Some(f) => Incoming::Frame(f, None),
+                None => self.next_request().await?,
+            };
+            let started = self.obs.begin();
+            let c = &mut self.client;
+            let received = match receive(&self.ctx, &mut c.out, incoming, c.limits, &c.kill).await?
+            {
+                Next::Request(r) => r,
+                Next::Refused => continue,
+                Next::End(end) => return Ok(end),
+            };
+            let (request, route) = self.inspect(&received.frame, received.inner.as_ref())?;
+            if let Some(meta) = &request.metadata {
+                self.metadata = Some(record_handshake(&self.ctx, self.client.peer, meta));
+            }
+            self.obs
+                .inspected(&request, self.metadata.as_ref(), started);
+            let last_write_ok = self.last_blocked.is_none();
+            self.strategy
+                .request_arrived(&request, &route, last_write_ok);
+            if self
+                .strategy
+                .answer_locally(&mut self.client, &received, &request, &route)
+                .await?
+            {
+                continue;
+            }
+            if self.answer_blocked(&request, &route).await? {
+                continue;
+            }
+            self.forward(&received.frame, &request, &route).await?;
+        }
+    }
+
+    /// Waits for the next client request, while the strategy watches what it holds.
+    async fn next_request(&mut self) -> Result<Incoming, SessionError> {
+        let c = &mut self.client;
+        let watch = self.strategy.idle_watch();
+        wait_for_request(
+            &mut c.input,
+            &c.drain,
+            &c.kill,
+            c.limits,
+            &self.ctx.budget,
+            watch,
+        )
+        .await
+    }
+
+    /// Parses, validates and judges a client message; the strategy reads its route.
+    fn inspect(
+        &mut self,
+        frame: &Frame,
+        inner: Option<&Frame>,
+    ) -> Result<(Request, S::Route), SessionError> {
+        let meta = self.metadata.as_ref();
+        let strategy = &self.strategy;
+        let who = Who {
+            peer: self.client.peer,
+            app: meta.and_then(|m| m.application.as_deref()),
+            driver: meta.and_then(|m| m.driver.as_deref()),
+            user: strategy.user(),
+            upstream_wire_version: self.wire_version.or_else(|| strategy.wire_version()),
+        };
+        let request_id = frame.header().request_id;
+        let mut route = S::Route::default();
+        let (ctx, scratch) = (&self.ctx, &mut self.obs.scratch);
+        let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg| {
+            let (r, judge) = strategy.route(msg);
+            route = r;
+            if judge {
+                guard::judge(ctx, msg, &who, request_id, scratch)
+            } else {
+                Judgement::Forward
+            }
+        })
+        .map_err(SessionError::ClientProtocol)?;
+        Ok((request, route))
+    }
+
+    /// Answers a blocked command (or drops it when it expects no reply), first aborting its
+    /// transaction upstream; and a legacy getLastError that follows a dropped write. True
+    /// when the request was handled here.
+    async fn answer_blocked(
+        &mut self,
+        request: &Request,
+        route: &S::Route,
+    ) -> Result<bool, SessionError> {
+        let (answer, abort) = match guard::local_answer(&self.ctx, request, &mut self.last_blocked)
+        {
+            guard::Local::Forward => return Ok(false),
+            guard::Local::Handled { answer, abort } => (answer, abort),
+        };
+        let blocked = matches!(request.judgement, Judgement::Block { .. });
+        self.obs.answered_locally(blocked);
+        if let Some(abort) = abort {
+            self.abort_transaction(abort, route).await;
+        }
+        if let Some(doc) = answer {
+            self.client.reply(request, &doc).await?;
+        }
+        Ok(true)
+    }
+
+    /// Forwards `frame` on a connection the strategy acquires and relays its reply; a
+    /// not-primary reply is re-sent or relayed as the strategy says.
+    async fn forward(
+        &mut self,
+        frame: &Frame,
+        request: &Request,
+        route: &S::Route,
+    ) -> Result<(), SessionError> {
+        let mut resent = false;
+        loop {
+            let acquired = self
+                .strategy
+                .acquire(request, route, &mut self.obs, &self.client.kill)
+                .await;
+            let link = match acquired {
+                Acquired::Link(link) => link,
+                Acquired::Refused { answer, end } => {
+                    if let Some(doc) = answer {
+                        let sent = self.client.reply(request, &doc).await;
+                        if end.is_none() {
+                            sent?;
+                        }
+                    }
+                    return end.map_or(Ok(()), Err);
+                }
+            };
+            let host = link.host().clone();
+            let reply = match self.round_trip(link, frame, request, route).await? {
+                relay::Trip::Done => return Ok(()),
+                relay::Trip::NotPrimary(reply) => reply,
+            };
+            // Not executed: the server is no longer primary.
+            self.ctx.topology.mark_unknown(&host);
+            let after = self.strategy.not_primary(&host, route, resent);
+            debug!(upstream = %host, ?after, "not primary");
+            let end = match after {
+                AfterNotPrimary::Resend => {
+                    resent = true;
+                    continue;
+                }
+                AfterNotPrimary::Relay => None,
+                AfterNotPrimary::RelayAndEnd(e) => Some(e),
+            };
+            if request.expects_reply {
+                let c = &mut self.client;
+                send_to_client(&mut c.out, reply.bytes(), c.limits.write, &c.kill).await?;
+            }
+            return end.map_or(Ok(()), Err);
+        }
+    }
+}
+
+/// A client's first hello with metadata: names the connection's log span, writes the
+/// handshake event, and returns the metadata for the session to keep.
+pub(crate) fn record_handshake(
+    ctx: &Context,
+    peer: SocketAddr,
+    meta: &ClientMetadata,
+) -> ClientMetadata {
+    let span = tracing::Span::current();
+    span.record("app", meta.application.as_deref().unwrap_or("-"));
+    span.record("driver", meta.driver.as_deref().unwrap_or("-"));
+    debug!("client handshake");
+    ctx.audit
+        .event_with(|| crate::audit::Event::ClientHandshake {
+            client: peer,
+            app: meta.application.clone(),
+            driver: meta.driver.clone(),
+        });
+    meta.clone()
+}
+
+/// Logs the end of a session at a level that matches whose fault it was.
+pub(crate) fn log_end(result: &Result<End, SessionError>) {
+    match result {
+        Ok(end) => debug!(?end, "client session ended"),
+        Err(SessionError::ClientIo(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            // A client closing abruptly is the client's business, not an operator's.
+            debug!(error = %e, "client connection reset")
+        }
+        // Per-connection and expected (a failover closes every session of the old primary;
+        // a serverless fleet churns thousands of connections a second): not for `info`.
+        Err(
+            e @ (SessionError::ClientGone | SessionError::Killed | SessionError::PrimaryChanged(_)),
+        ) => debug!(error = %e, "client session closed"),
+        Err(e @ (SessionError::ClientWriteTimeout(_) | SessionError::ClientReadTimeout(_))) => {
+            info!(error = %e, "client session closed")
+        }
+        Err(e) => warn!(error = %e, "client session closed"),
+    }
+}

@@ -1,0 +1,335 @@
+//! The round trip of a forwarded request: send it, relay its reply or exhaust stream, and
+//! mongoguard's own abortTransaction for a blocked statement of a transaction.
+
+use std::time::{Duration, Instant};
+
+use bson::RawDocumentBuf;
+
+use super::Session;
+use crate::{
+    proxy::{
+        client_io::{bounded_write, send_to_client, sleep_unless_zero, watch_client, Side},
+        error::{upstream_error, SessionError},
+        hello,
+        inspect::Request,
+        routing::ReplyFacts,
+        strategy::{Link, Outcome, Strategy},
+    },
+    upstream::{
+        topology::{Kind, Topology},
+        Host,
+    },
+    wire::{Frame, Message, MsgFlags, OpCode, WireError, HEADER_LEN},
+};
+
+/// Replies meaning "this server is not (or no longer) the primary".
+pub(crate) const NOT_PRIMARY_CODES: [i32; 3] = [10107, 13435, 13436];
+
+/// How long the reply of a client that left mid-request is still awaited, so that its
+/// upstream connection can be reused; past it the connection is discarded.
+const ABANDONED_REPLY_BUDGET: Duration = Duration::from_secs(1);
+
+/// How a round trip ended.
+pub(super) enum Trip {
+    /// The reply was relayed (or the request expects none).
+    Done,
+    /// The server answered "not primary" (nothing relayed yet): the reply, to re-send the
+    /// request to the new primary or relay it.
+    NotPrimary(Frame),
+}
+
+impl<S: Strategy> Session<S> {
+    /// Sends the request on `link` and relays its reply (or exhaust stream). The strategy
+    /// gets the connection back after a complete exchange, or as broken after any error, a
+    /// timeout, or a client that left mid-stream.
+    pub(super) async fn round_trip(
+        &mut self,
+        mut link: S::Link,
+        frame: &Frame,
+        request: &Request,
+        route: &S::Route,
+    ) -> Result<Trip, SessionError> {
+        let sent = Instant::now();
+        let reply_timeout = self.ctx.config.upstream.reply_timeout;
+        let kill = &self.client.kill;
+        let written = bounded_write(
+            link.send(frame.bytes()),
+            reply_timeout,
+            kill,
+            Side::Upstream,
+        );
+        if let Err(e) = written.await {
+            self.strategy.finished(link, Outcome::Broken, route);
+            return Err(e);
+        }
+        self.ctx.stats.requests.inc();
+        if !request.expects_reply {
+            self.strategy.finished(link, Outcome::Sent, route);
+            return Ok(Trip::Done);
+        }
+        match self.relay(&mut link, request, route).await {
+            Ok(trip) => {
+                self.strategy.finished(link, Outcome::Replied, route);
+                if self.client.gone {
+                    return Err(SessionError::ClientGone);
+                }
+                if matches!(trip, Trip::Done) {
+                    self.obs.forwarded(sent.elapsed());
+                }
+                Ok(trip)
+            }
+            Err(e) => {
+                self.strategy.finished(link, Outcome::Broken, route);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads the replies to `request` on `link` and relays them to the client, until the
+    /// last one (no moreToCome). While waiting it keeps reading the client: a request sent
+    /// ahead is kept for later, a client that leaves is noticed.
+    async fn relay(
+        &mut self,
+        link: &mut S::Link,
+        request: &Request,
+        route: &S::Route,
+    ) -> Result<Trip, SessionError> {
+        let Session {
+            ctx,
+            client,
+            strategy,
+            obs,
+            wire_version,
+            max,
+            ..
+        } = &mut *self;
+        let reply_timeout = ctx.config.upstream.reply_timeout;
+        let topology: &Topology = &ctx.topology;
+        let replica_set = matches!(topology.kind(), Kind::ReplicaSet(_));
+        let streaming_hello = request.is_hello && request.exhaust_allowed;
+        let host = link.host().clone();
+        let mut expected = request.request_id;
+        let mut first = true;
+        let mut exhaust = None;
+        // A large message the client started meanwhile is not read on (see watch_client).
+        let mut client_paused = false;
+        loop {
+            // A client that left gets its reply read only briefly (pooled mode: so the
+            // connection goes back clean; drivers do this on close — the Node driver sends
+            // endSessions and closes without waiting).
+            let budget = match (client.gone, reply_timeout.is_zero()) {
+                (true, true) => ABANDONED_REPLY_BUDGET,
+                (true, false) => reply_timeout.min(ABANDONED_REPLY_BUDGET),
+                (false, _) => reply_timeout,
+            };
+            let timer = sleep_unless_zero(budget);
+            tokio::pin!(timer);
+            let watch_client_now = client.pending.is_none() && !client.gone && !client_paused;
+            let reply = tokio::select! {
+                biased;
+                _ = client.kill.cancelled() => return Err(SessionError::Killed),
+                // A streaming hello (monitoring) never ends by itself: cut it at drain, and
+                // when its server stops being the primary.
+                _ = client.drain.cancelled(), if streaming_hello => {
+                    return Err(SessionError::Killed);
+                }
+                e = primary_moved(topology, &host), if streaming_hello => return Err(e),
+                next = link.next() => match next {
+                    None => return Err(SessionError::UpstreamClosed),
+                    Some(Err(e)) => return Err(upstream_error(e)),
+                    Some(Ok(f)) => f,
+                },
+                next = watch_client(&mut client.input), if watch_client_now => {
+                    match next {
+                        Err(SessionError::ClientGone) if S::REUSES_LINKS && exhaust.is_none() => {
+                            client.gone = true;
+                        }
+                        Err(e) => return Err(e),
+                        Ok(Some(f)) => client.pending = Some(f),
+                        Ok(None) => client_paused = true,
+                    }
+                    continue;
+                }
+                _ = &mut timer => return Err(if client.gone {
+                    SessionError::ClientGone
+                } else {
+                    SessionError::ReplyTimeout(reply_timeout)
+                }),
+            };
+            let header = reply.header();
+            if header.response_to != expected {
+                return Err(SessionError::UpstreamProtocol(WireError::bad_doc(
+                    "upstream reply",
+                    format!(
+                        "responseTo {} does not answer request {expected}",
+                        header.response_to
+                    ),
+                )));
+            }
+            expected = header.request_id;
+            let more = reply_more_to_come(&reply, request, *max)
+                .map_err(SessionError::UpstreamProtocol)?;
+            // One parse of the reply serves every reader: the not-primary check (first and
+            // only reply of a replica-set request), the metrics and the strategy.
+            let check_primary = first && !more && replica_set && !request.is_hello;
+            let wants_facts =
+                check_primary || strategy.wants_reply_facts() || (first && obs.wants_first_reply());
+            if let Some(facts) = wants_facts.then(|| ReplyFacts::read(&reply)) {
+                if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
+                    return Ok(Trip::NotPrimary(reply));
+                }
+                if first {
+                    obs.first_reply_error(facts.error);
+                }
+                strategy.observe_reply(&host, route, &facts);
+            }
+            first = false;
+            if more && exhaust.is_none() {
+                exhaust = Some(strategy.exhaust_started());
+            }
+            if client.gone {
+                // Nobody to relay to; an exhaust stream cannot be cut short cleanly.
+                return if more {
+                    Err(SessionError::ClientGone)
+                } else {
+                    Ok(Trip::Done)
+                };
+            }
+            let out = if request.is_hello {
+                if let Some(v) = hello::max_wire_version(&reply, *max) {
+                    *wire_version = Some(v);
+                }
+                hello::rewrite_reply(&reply, *max)
+                    .map_err(SessionError::UpstreamProtocol)?
+                    .unwrap_or_else(|| reply.into_bytes())
+            } else {
+                reply.into_bytes()
+            };
+            send_to_client(&mut client.out, &out, client.limits.write, &client.kill).await?;
+            if !more {
+                return Ok(Trip::Done);
+            }
+        }
+    }
+
+    /// Sends abortTransaction for a blocked statement of a transaction and waits for its
+    /// reply (whatever it says: a transaction that never started is already gone). Best
+    /// effort, in both modes: the client gets its error whatever happens here; a connection
+    /// whose abort failed is not reused.
+    pub(super) async fn abort_transaction(&mut self, abort: &RawDocumentBuf, route: &S::Route) {
+        let kill = &self.client.kill;
+        let Some(mut link) = self
+            .strategy
+            .acquire_for_abort(route, &mut self.obs, kill)
+            .await
+        else {
+            return;
+        };
+        let id = self.ctx.request_ids.next();
+        let bytes = crate::wire::builder::encode_msg_reply(id, 0, abort);
+        let timeout = abort_timeout(self.ctx.config.upstream.reply_timeout);
+        let exchange = async {
+            link.send(&bytes).await.ok()?;
+            match link.next().await {
+                Some(Ok(f)) if f.header().response_to == id => Some(()),
+                _ => None,
+            }
+        };
+        let ok = tokio::select! {
+            biased;
+            _ = kill.cancelled() => None,
+            r = tokio::time::timeout(timeout, exchange) => r.ok().flatten(),
+        };
+        match ok {
+            Some(()) => debug_aborted(),
+            None => tracing::debug!("abortTransaction for a blocked command did not complete"),
+        }
+        self.strategy.aborted(link, ok.is_some(), route);
+    }
+}
+
+fn debug_aborted() {
+    tracing::debug!("aborted the transaction of a blocked command");
+}
+
+/// Resolves when `host` stops being the server a session may stay attached to: a replica
+/// set's primary changed (or is unknown), a mongos of the list went down. Never for a single
+/// server.
+pub(crate) async fn primary_moved(topology: &Topology, host: &Host) -> SessionError {
+    if *topology.kind() == Kind::Single {
+        return std::future::pending().await;
+    }
+    let mut rx = topology.subscribe();
+    loop {
+        let serves = {
+            let snap = rx.borrow_and_update();
+            match topology.kind() {
+                Kind::ReplicaSet(_) => snap.primary() == Some(host),
+                _ => snap
+                    .servers
+                    .iter()
+                    .any(|s| &s.host == host && s.role.is_some()),
+            }
+        };
+        if !serves {
+            return SessionError::PrimaryChanged(host.to_string());
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// How long mongoguard's own abortTransaction may take: the reply timeout, or 30 s when that
+/// is disabled (a wait is always bounded).
+pub(crate) fn abort_timeout(reply_timeout: Duration) -> Duration {
+    if reply_timeout.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        reply_timeout
+    }
+}
+
+/// Whether the upstream will send another reply after this one (exhaust). Validates the
+/// reply's opcode; an OP_MSG reply is parsed in full so garbage is caught here.
+pub(crate) fn reply_more_to_come(
+    reply: &Frame,
+    request: &Request,
+    max: usize,
+) -> Result<bool, WireError> {
+    match reply.op_code() {
+        Some(OpCode::Msg) => {
+            let msg = crate::wire::OpMsg::parse(reply.bytes())?;
+            Ok(request.exhaust_allowed && msg.flags().more_to_come())
+        }
+        Some(OpCode::Reply) => {
+            crate::wire::OpReply::parse(reply.bytes())?;
+            Ok(false)
+        }
+        Some(OpCode::Compressed) => {
+            // Only an exhaust stream needs to look inside: decompress only then.
+            if !request.exhaust_allowed {
+                return match Message::parse(reply.bytes(), max)? {
+                    Message::Compressed(c)
+                        if c.original_op_code == OpCode::Msg
+                            || c.original_op_code == OpCode::Reply =>
+                    {
+                        Ok(false)
+                    }
+                    _ => Err(WireError::UnknownOpCode(reply.header().op_code)),
+                };
+            }
+            let inner = match Message::parse(reply.bytes(), max)? {
+                Message::Compressed(c) => c.decompress()?,
+                _ => return Err(WireError::UnknownOpCode(reply.header().op_code)),
+            };
+            let flags = inner
+                .bytes()
+                .get(HEADER_LEN..)
+                .and_then(crate::wire::le_u32)
+                .unwrap_or(0);
+            Ok(inner.op_code() == Some(OpCode::Msg) && MsgFlags(flags).more_to_come())
+        }
+        _ => Err(WireError::UnknownOpCode(reply.header().op_code)),
+    }
+}
