@@ -22,6 +22,8 @@
 //!   the policy, and graceful shutdown.
 //! - [`metrics`]: the Prometheus registry (bounded labels) and the tables behind the admin
 //!   API (clients, query shapes, recent violations).
+//! - [`app`]: the composition root: builds the shared state and starts the proxy and the
+//!   admin listener as siblings; [`app::Proxy::start`] is the entry point.
 //! - `admin`: the admin HTTP listener (health, readiness, metrics, policy and reload, the
 //!   tables, the status page).
 #![forbid(unsafe_code)]
@@ -40,6 +42,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod check;

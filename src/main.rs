@@ -11,11 +11,11 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
+    app::Proxy,
     check::{Checker, Format},
     config::{Config, LogFormat},
     logging::LogGuard,
     policy::{Policy, RULES},
-    proxy::Proxy,
 };
 
 /// The allocator of the whole process: jemalloc, with its background thread returning freed

@@ -9,8 +9,8 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use bson::{doc, Document};
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::Config,
-    proxy::{Proxy, ProxyHandle},
 };
 use mongoguard_standin::{StandIn, StandInConfig};
 use serde_json::Value;

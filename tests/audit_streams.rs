@@ -11,9 +11,9 @@ use std::{
 use bson::{doc, Document};
 use mongodb::{options::ClientOptions, Client};
 use mongoguard::{
+    app::Proxy,
     audit::SinkSpec,
     config::{Config, Mode},
-    proxy::Proxy,
 };
 use mongoguard_standin::{StandIn, StandInConfig};
 use serde_json::Value;

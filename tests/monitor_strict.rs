@@ -15,8 +15,8 @@ use std::{
 use bson::doc;
 use mongodb::{bson::Document, options::ClientOptions, Client};
 use mongoguard::{
+    app::Proxy,
     config::{Config, Mode},
-    proxy::Proxy,
 };
 use mongoguard_standin::{ReplicaSet, ReplicaSetConfig, StandInConfig};
 

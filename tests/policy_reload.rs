@@ -6,8 +6,8 @@ use std::{sync::Arc, time::Duration};
 use bson::rawdoc;
 use futures::StreamExt;
 use mongoguard::{
+    app::Proxy,
     config::Config,
-    proxy::Proxy,
     wire::{builder::MsgBuilder, MessageCodec, OpMsg},
 };
 use mongoguard_standin::{StandIn, StandInConfig};

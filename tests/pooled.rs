@@ -11,8 +11,9 @@ use bson::{doc, Document};
 use futures::TryStreamExt;
 use mongodb::{options::ClientOptions, Client};
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::{Config, Mode},
-    proxy::{Proxy, ProxyHandle, CHECKOUT_TIMEOUT_CODE},
+    proxy::CHECKOUT_TIMEOUT_CODE,
 };
 use mongoguard_standin::{Fault, StandIn, StandInConfig};
 use support::raw::{RawConn, EXHAUST_ALLOWED};

@@ -16,8 +16,8 @@ use bson::{doc, Document};
 use futures::TryStreamExt;
 use mongodb::{options::ClientOptions, Client};
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::{Config, Mode},
-    proxy::{Proxy, ProxyHandle},
 };
 use mongoguard_standin::{ReplicaSet, ReplicaSetConfig, StandIn, StandInConfig};
 

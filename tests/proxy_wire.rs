@@ -8,8 +8,8 @@ use bson::{rawdoc, RawDocumentBuf};
 
 use futures::StreamExt;
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::Config,
-    proxy::{Proxy, ProxyHandle},
     wire::{
         builder::{encode_insert, encode_query, MsgBuilder, Sequence},
         compression::{compress, Compressor},

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use hostile::{closed_within, num, proxy_from_toml, within, RawClient};
-use mongoguard::proxy::ProxyHandle;
+use mongoguard::app::ProxyHandle;
 use mongoguard_standin::{Fault, StandIn, StandInConfig};
 use tokio::io::AsyncWriteExt;
 

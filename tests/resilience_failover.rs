@@ -31,7 +31,7 @@ use hostile::{
     NOT_WRITABLE_PRIMARY,
 };
 use mongodb::{options::ClientOptions, Client};
-use mongoguard::proxy::ProxyHandle;
+use mongoguard::app::ProxyHandle;
 use mongoguard_standin::{ReplicaSet, ReplicaSetConfig, StandIn, StandInConfig};
 
 const REPLY: Duration = Duration::from_secs(10);

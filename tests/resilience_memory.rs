@@ -29,7 +29,7 @@ use hostile::{
     bomb, lsid, num, op_msg, proxy_from_toml, read_frame, set_request_id, within, RawClient,
     BAD_VALUE, MEMORY_BUDGET_CODE, MEMORY_BUDGET_CODE_NAME,
 };
-use mongoguard::{proxy::ProxyHandle, wire::Compressor};
+use mongoguard::{app::ProxyHandle, wire::Compressor};
 use mongoguard_standin::{ReplicaSet, ReplicaSetConfig, StandIn, StandInConfig};
 use tokio::io::AsyncWriteExt;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson};
 use hostile::{op_msg_raw, proxy_from_toml, raw_body, read_frame, temp_dir, Binary, RawClient};
-use mongoguard::proxy::ProxyHandle;
+use mongoguard::app::ProxyHandle;
 use mongoguard_standin::{StandIn, StandInConfig};
 
 const REPLY: Duration = Duration::from_secs(10);

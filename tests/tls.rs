@@ -16,8 +16,8 @@ use std::{
 use bson::{doc, Document};
 use mongodb::{options::ClientOptions, Client};
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::Config,
-    proxy::{Proxy, ProxyHandle},
 };
 use mongoguard_standin::{StandIn, StandInConfig};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::Context;
+
 use hyper::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -10,7 +12,6 @@ use crate::{
     config::Mode as ProxyMode,
     metrics::ShapeSort,
     policy::{PolicySource, RULES},
-    proxy::Context,
 };
 
 fn hex(h: u64) -> String {
@@ -53,7 +54,7 @@ pub(super) fn reload(ctx: &Context) -> (StatusCode, String) {
                 .to_string(),
         );
     }
-    match crate::proxy::reload_now(ctx, "admin") {
+    match ctx.reload.reload_policy("admin") {
         Ok(hash) => (
             StatusCode::OK,
             json!({"ok": true, "hash": hex(hash.unwrap_or_else(|| ctx.policy.current().hash()))})

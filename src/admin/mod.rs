@@ -25,7 +25,31 @@ use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::{debug, warn};
 
-use crate::proxy::Context;
+use crate::{config::Config, metrics::Metrics, policy::PolicyHolder};
+
+/// What the admin API reads and acts on, built by the composition root ([`crate::app`]).
+pub(crate) struct AdminState {
+    pub config: Arc<Config>,
+    pub policy: Arc<PolicyHolder>,
+    pub metrics: Arc<Metrics>,
+    /// Cancelled when the proxy starts draining (`/readyz` then says 503).
+    pub draining: CancellationToken,
+    /// TLS toward the upstream, for the readiness probe.
+    pub upstream_tls: Option<crate::tls::UpstreamTls>,
+    /// `POST /reload`.
+    pub reload: Arc<dyn PolicyReload>,
+}
+
+/// Reloads the policy file (validated completely; the old policy stays when it is invalid),
+/// counted and recorded like every other reload. Returns the new hash.
+pub(crate) trait PolicyReload: Send + Sync {
+    fn reload_policy(
+        &self,
+        trigger: &'static str,
+    ) -> Result<Option<u64>, crate::policy::PolicyError>;
+}
+
+type Context = AdminState;
 
 /// The status page (served at `GET /`).
 const STATUS_HTML: &str = include_str!("status.html");
@@ -37,7 +61,7 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: usize = 64;
 
 struct Admin {
-    ctx: Arc<Context>,
+    ctx: AdminState,
     token: Option<String>,
     ready: ready::Readiness,
 }
@@ -47,7 +71,7 @@ type Reply = Response<Full<Bytes>>;
 /// Serves the admin API on `listener` until `stop` is cancelled.
 pub(crate) async fn serve(
     listener: TcpListener,
-    ctx: Arc<Context>,
+    ctx: AdminState,
     token: Option<String>,
     stop: CancellationToken,
 ) {

@@ -7,7 +7,8 @@ use hyper::StatusCode;
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::{proxy::Context, upstream::UpstreamConn};
+use super::Context;
+use crate::upstream::UpstreamConn;
 
 const BUDGET: Duration = Duration::from_secs(2);
 const CACHE_FOR: Duration = Duration::from_secs(1);
@@ -21,7 +22,7 @@ pub(super) struct Readiness {
 
 impl Readiness {
     pub(super) async fn check(&self, ctx: &Context) -> (StatusCode, String) {
-        if ctx.drain.is_cancelled() {
+        if ctx.draining.is_cancelled() {
             return unready("draining");
         }
         let mut last = self.last.lock().await;

@@ -14,8 +14,8 @@ use std::time::Duration;
 use bson::{Bson, Document, RawDocument, RawDocumentBuf};
 use futures::StreamExt;
 use mongodb::error::{Error as DriverError, ErrorKind};
+use mongoguard::app::{Proxy, ProxyHandle};
 use mongoguard::config::Config;
-use mongoguard::proxy::{Proxy, ProxyHandle};
 use mongoguard::wire::builder::{
     encode_delete, encode_insert, encode_query, encode_update, MsgBuilder,
 };

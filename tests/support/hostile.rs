@@ -24,8 +24,8 @@ use std::{
 
 use bson::{doc, Bson, Document};
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::Config,
-    proxy::{Proxy, ProxyHandle},
     wire::{compression::compress, Compressor, OpMsg},
 };
 use tokio::{

@@ -24,8 +24,8 @@ use mongodb::event::sdam::SdamEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
+use mongoguard::app::{Proxy, ProxyHandle};
 use mongoguard::config::Config;
-use mongoguard::proxy::{Proxy, ProxyHandle};
 use mongoguard_standin::{StandIn, StandInConfig};
 
 /// Name of the variable that points the suite at a real mongod instead of the stand-in.

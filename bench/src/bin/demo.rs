@@ -10,8 +10,8 @@ use bson::{rawdoc, RawDocumentBuf};
 use clap::Parser;
 use futures::StreamExt;
 use mongoguard::{
+    app::{Proxy, ProxyHandle},
     config::Config,
-    proxy::{Proxy, ProxyHandle},
     wire::{builder::MsgBuilder, MessageCodec, OpMsg},
 };
 use mongoguard_standin::{StandIn, StandInConfig};

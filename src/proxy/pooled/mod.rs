@@ -134,6 +134,27 @@ impl Pooled {
         Ok(n)
     }
 
+    /// The gauges of every pool, summed.
+    pub(crate) fn pool_totals(&self) -> crate::upstream::pool::PoolStats {
+        let mut sum = crate::upstream::pool::PoolStats::default();
+        for key in self.pool.keys() {
+            let s = self.pool.stats(&key);
+            sum.total += s.total;
+            sum.idle += s.idle;
+            sum.in_use += s.in_use;
+            sum.connecting += s.connecting;
+            sum.waiting += s.waiting;
+            sum.max_wait = sum.max_wait.max(s.max_wait);
+            sum.connects += s.connects;
+            sum.connect_failures += s.connect_failures;
+            sum.discards += s.discards;
+            sum.expired += s.expired;
+            sum.unusable += s.unusable;
+            sum.timeouts += s.timeouts;
+        }
+        sum
+    }
+
     /// Stops monitors and maintenance and closes the pools.
     pub(crate) fn close(&self) {
         self.cancel.cancel();

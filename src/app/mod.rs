@@ -1,0 +1,293 @@
+//! The composition root: builds the shared state of a running mongoguard — the policy
+//! holder, the audit log, the metrics, the upstream topology (and pooled mode's pools), the
+//! reload service — and starts its two listeners as siblings: the proxy ([`crate::proxy`])
+//! and the admin API ([`crate::admin`]). Neither listener knows the other; everything they
+//! share is built here and handed to each.
+//!
+//! [`Proxy::start`] is the entry point (`main.rs`, tests, embedding); [`ProxyHandle`] reads
+//! the running state, reloads it, and shuts everything down in order.
+
+mod reload;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    admin::AdminState,
+    audit::AuditLog,
+    config::{Config, Mode},
+    metrics::Metrics,
+    policy::PolicyHolder,
+    proxy::{self, Context, PinnedCounts, ProxyError, ProxyStats},
+    upstream::{
+        pool::PoolStats,
+        topology::{MonitorSettings, Topology},
+    },
+};
+
+pub use reload::wait_for_signal;
+
+/// How long shutdown waits for sessions after killing them, and for the admin listener and
+/// the audit writer, before it ends anyway.
+const KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The entry point.
+pub struct Proxy;
+
+impl Proxy {
+    /// Binds the listen address and starts accepting clients in the background.
+    pub async fn start(config: Arc<Config>) -> Result<ProxyHandle, ProxyError> {
+        let policy =
+            PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
+        Self::start_with_policy(config, policy).await
+    }
+
+    /// Like [`Proxy::start`], with an already loaded policy.
+    pub async fn start_with_policy(
+        config: Arc<Config>,
+        policy: PolicyHolder,
+    ) -> Result<ProxyHandle, ProxyError> {
+        let audit = Arc::new(AuditLog::start(&config.audit).map_err(ProxyError::Audit)?);
+        let policy = Arc::new(policy);
+        let listener = bind(config.proxy.listen).await?;
+        let local_addr = bound_addr(&listener, config.proxy.listen)?;
+        let server_tls = match config.tls.enabled() {
+            true => Some(crate::tls::ServerTls::load(&config.tls).map_err(ProxyError::Tls)?),
+            false => None,
+        };
+        let upstream_tls =
+            crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
+        let admin_token = config.admin.load_token().map_err(ProxyError::Admin)?;
+        let admin_listener = match config.admin.listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let admin_addr = match (&admin_listener, config.admin.listen) {
+            (Some(l), Some(addr)) => Some(bound_addr(l, addr)?),
+            _ => None,
+        };
+        let background = CancellationToken::new();
+        let (topology, pooled) = upstream(&config, upstream_tls.clone(), &background)?;
+        let stats = Arc::new(ProxyStats::default());
+        let budget = Arc::new(proxy::MemoryBudget::new(config.proxy.memory_budget));
+        let metrics = Arc::new(Metrics::new(
+            &config.admin,
+            proxy::scrape(stats.clone(), pooled.clone(), budget.clone()),
+        ));
+        let ctx = Arc::new(Context::new(
+            config.clone(),
+            policy.clone(),
+            audit.clone(),
+            stats,
+            metrics.clone(),
+            topology,
+            pooled,
+            budget,
+            server_tls,
+            upstream_tls.clone(),
+        ));
+        info!(
+            listen = %local_addr,
+            upstream = %config.upstream.uri,
+            mode = ?config.proxy.mode,
+            policy = %policy.source(),
+            policy_mode = policy.current().mode().as_str(),
+            "mongoguard listening"
+        );
+        let reloader = Arc::new(reload::Reloader::new(ctx.clone()));
+        // Installed before anything else can be signalled: SIGHUP's default action kills.
+        let reload = tokio::spawn(reload::on_triggers(
+            reloader.clone(),
+            reload::hangup_signal(),
+        ));
+        let accept = tokio::spawn(proxy::serve(listener, ctx.clone()));
+        let admin_stop = CancellationToken::new();
+        let admin = admin_listener.map(|l| {
+            info!(listen = ?admin_addr, "admin listener up");
+            let state = AdminState {
+                config,
+                policy,
+                metrics,
+                draining: ctx.drain.clone(),
+                upstream_tls,
+                reload: reloader.clone(),
+            };
+            tokio::spawn(crate::admin::serve(
+                l,
+                state,
+                admin_token,
+                admin_stop.clone(),
+            ))
+        });
+        Ok(ProxyHandle {
+            local_addr,
+            admin_addr,
+            ctx,
+            reloader,
+            accept,
+            reload,
+            admin,
+            admin_stop,
+            background,
+        })
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ProxyError::Bind { addr, source })
+}
+
+fn bound_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, ProxyError> {
+    listener
+        .local_addr()
+        .map_err(|source| ProxyError::Bind { addr, source })
+}
+
+/// The upstream topology, monitored until `background` is cancelled, and pooled mode's
+/// shared state (whose topology it is).
+fn upstream(
+    config: &Config,
+    tls: Option<crate::tls::UpstreamTls>,
+    background: &CancellationToken,
+) -> Result<(Arc<Topology>, Option<Arc<proxy::Pooled>>), ProxyError> {
+    if config.proxy.mode == Mode::Pooled {
+        let pooled = proxy::Pooled::start(config, tls)?;
+        return Ok((pooled.topology.clone(), Some(pooled)));
+    }
+    let topology = Topology::from_uri(&config.upstream.uri);
+    topology.spawn_monitors(
+        MonitorSettings {
+            heartbeat: config.upstream.heartbeat_interval,
+            connect_timeout: config.upstream.connect_timeout,
+            max_message_size: config.proxy.max_message_size,
+            tls,
+        },
+        background.clone(),
+    );
+    Ok((topology, None))
+}
+
+/// A running mongoguard.
+pub struct ProxyHandle {
+    local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    ctx: Arc<Context>,
+    reloader: Arc<reload::Reloader>,
+    accept: JoinHandle<()>,
+    reload: JoinHandle<()>,
+    admin: Option<JoinHandle<()>>,
+    admin_stop: CancellationToken,
+    /// Stops the background tasks (topology monitors) at the end of shutdown.
+    background: CancellationToken,
+}
+
+impl ProxyHandle {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The admin listener's bound address (`None` when disabled).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The metrics registry and admin tables.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.ctx.metrics.clone()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        self.ctx.stats.clone()
+    }
+
+    /// The policy in force (and its reload).
+    pub fn policy(&self) -> Arc<PolicyHolder> {
+        self.ctx.policy.clone()
+    }
+
+    /// Pooled mode: the upstream pools' gauges summed over every pool, and the pinned
+    /// counts by reason. `None` in passthrough mode.
+    pub fn pool_stats(&self) -> Option<(PoolStats, &PinnedCounts)> {
+        let p = self.ctx.pooled.as_ref()?;
+        Some((p.pool_totals(), &p.pins.counts))
+    }
+
+    /// Pooled mode: reads the users file again (as SIGHUP does); the users in force stay if
+    /// it is invalid. Returns the number of users.
+    pub fn reload_users(&self) -> Result<usize, String> {
+        match &self.ctx.pooled {
+            Some(p) => p.reload_users(),
+            None => Err("not in pooled mode".into()),
+        }
+    }
+
+    /// Does what SIGHUP does, for this mongoguard only: reloads the policy file, the users
+    /// file (pooled mode) and reopens the audit file sinks. Each part keeps what it had when
+    /// it fails. For embedding and tests (a signal reaches every proxy of the process).
+    pub fn hangup(&self) {
+        self.reloader.everything();
+    }
+
+    /// The violation log (counters, flush).
+    pub fn audit(&self) -> Arc<AuditLog> {
+        self.ctx.audit.clone()
+    }
+
+    /// Graceful shutdown: stop accepting, close idle clients, let in-flight requests finish
+    /// for up to `drain_timeout`, then close whatever is left.
+    pub async fn shutdown(self) {
+        let ctx = &self.ctx;
+        let deadline = ctx.config.proxy.drain_timeout;
+        info!(active = ctx.stats.active.get(), ?deadline, "draining");
+        ctx.drain.cancel();
+        let _ = self.accept.await;
+        ctx.tracker.close();
+        if tokio::time::timeout(deadline, ctx.tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                left = ctx.stats.active.get(),
+                "drain deadline passed; closing remaining connections"
+            );
+            ctx.kill.cancel();
+            // Every await of a session watches the kill token; the bound is a safety net so
+            // that shutdown ends whatever a session is stuck in.
+            if tokio::time::timeout(KILL_GRACE, ctx.tracker.wait())
+                .await
+                .is_err()
+            {
+                warn!(
+                    left = ctx.stats.active.get(),
+                    "sessions still running after the kill; exiting without them"
+                );
+            }
+        }
+        self.reload.abort();
+        self.background.cancel();
+        // The admin listener outlives the drain, so /readyz can say 503 while it runs.
+        self.admin_stop.cancel();
+        if let Some(admin) = self.admin {
+            let _ = tokio::time::timeout(KILL_GRACE, admin).await;
+        }
+        if let Some(p) = &ctx.pooled {
+            p.close();
+        }
+        ctx.audit.close(crate::audit::CLOSE_BOUND).await;
+        info!("mongoguard stopped");
+    }
+
+    /// Runs until SIGTERM or SIGINT, then shuts down gracefully.
+    pub async fn run_until_signal(self) -> std::io::Result<()> {
+        wait_for_signal().await?;
+        self.shutdown().await;
+        Ok(())
+    }
+}

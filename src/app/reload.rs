@@ -1,0 +1,178 @@
+//! Reloads: SIGHUP (`systemctl reload`), a change of the policy file, `POST /reload` on the
+//! admin API, and [`super::ProxyHandle::hangup`]. A new policy is validated completely before
+//! the swap; an invalid one keeps the old policy and says why. Also the shutdown signals.
+
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use crate::{
+    audit::Event,
+    policy::{PolicyError, PolicySource},
+    proxy::Context,
+};
+
+/// The reload service of one running mongoguard.
+pub(crate) struct Reloader {
+    ctx: Arc<Context>,
+}
+
+impl Reloader {
+    pub(crate) fn new(ctx: Arc<Context>) -> Reloader {
+        Reloader { ctx }
+    }
+
+    /// What SIGHUP does: reload the policy file (a built-in profile has nothing to reload:
+    /// said so), the users file in pooled mode, and reopen the audit file sinks (logrotate
+    /// without `copytruncate`). Each part keeps what it had when it fails.
+    pub(crate) fn everything(&self) {
+        let ctx = &self.ctx;
+        if matches!(ctx.policy.source(), PolicySource::File(_)) {
+            let _ = self.policy("signal");
+        } else {
+            info!(policy = %ctx.policy.source(), "SIGHUP: the policy is built in; nothing to reload");
+        }
+        ctx.audit.reopen();
+        if let Some(p) = &ctx.pooled {
+            if p.has_users_file() {
+                match p.reload_users() {
+                    Ok(n) => info!(users = n, "users file reloaded"),
+                    Err(e) => {
+                        warn!(error = %e, "users file reload failed; keeping the previous users")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reloads the policy file now: validates it completely and swaps it in, or keeps the
+    /// old policy; counts, logs and records either outcome. Returns the new policy's hash
+    /// (`None` for a built-in profile, which never changes).
+    pub(crate) fn policy(&self, trigger: &'static str) -> Result<Option<u64>, PolicyError> {
+        let ctx = &self.ctx;
+        let source = ctx.policy.source().to_string();
+        match ctx.policy.reload() {
+            Ok(hash) => {
+                ctx.stats.policy_reloads.inc();
+                ctx.audit.event(Event::PolicyReloaded {
+                    source,
+                    hash,
+                    trigger,
+                });
+                info!(
+                    source = %ctx.policy.source(),
+                    hash = %hash.map(|h| format!("{h:016x}")).unwrap_or_default(),
+                    trigger,
+                    "policy reloaded"
+                );
+                Ok(hash)
+            }
+            Err(e) => {
+                ctx.stats.policy_reload_failures.inc();
+                ctx.audit.event(Event::PolicyReloadFailed {
+                    source,
+                    error: e.to_string(),
+                    trigger,
+                });
+                warn!(error = %e, trigger, "policy reload failed; keeping the previous policy");
+                Err(e)
+            }
+        }
+    }
+}
+
+impl crate::admin::PolicyReload for Reloader {
+    fn reload_policy(&self, trigger: &'static str) -> Result<Option<u64>, PolicyError> {
+        self.policy(trigger)
+    }
+}
+
+/// The SIGHUP stream. Registering it replaces SIGHUP's default action (terminate) for the
+/// whole process, so it is done synchronously at start, whatever the policy source.
+#[cfg(unix)]
+pub(crate) type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+pub(crate) type Hangup = Option<()>;
+
+pub(crate) fn hangup_signal() -> Hangup {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, "cannot install the SIGHUP handler; reload with POST /reload");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// SIGHUP reloads everything reloadable ([`Reloader::everything`]); a change of the policy
+/// file's modification time reloads the policy. Ends at drain.
+pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
+    let ctx = &reloader.ctx;
+    let from_file = matches!(ctx.policy.source(), PolicySource::File(_));
+    let poll = ctx.config.policy.reload_poll;
+    let mut last_seen = None;
+    loop {
+        let hangup = async {
+            #[cfg(unix)]
+            if let Some(h) = hup.as_mut() {
+                if h.recv().await.is_some() {
+                    return;
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = &hup;
+            std::future::pending::<()>().await
+        };
+        let tick = async {
+            if poll.is_zero() || !from_file {
+                std::future::pending::<()>().await
+            } else {
+                tokio::time::sleep(poll).await
+            }
+        };
+        let by_signal = tokio::select! {
+            _ = ctx.drain.cancelled() => return,
+            _ = hangup => true,
+            _ = tick => false,
+        };
+        if by_signal {
+            last_seen = None;
+            reloader.everything();
+            continue;
+        }
+        // Reload only once the modification time has been stable for a whole poll interval,
+        // so a file caught half-written by a non-atomic editor is never read.
+        let seen = ctx.policy.changed_on_disk();
+        let stable = seen.is_some() && seen == last_seen;
+        last_seen = seen;
+        if stable {
+            last_seen = None;
+            // Errors are logged and counted there; the next change or SIGHUP tries again.
+            let _ = reloader.policy("file_change");
+        }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT.
+#[cfg(unix)]
+pub async fn wait_for_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = int.recv() => info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+/// Waits for Ctrl-C.
+#[cfg(not(unix))]
+pub async fn wait_for_signal() -> std::io::Result<()> {
+    tokio::signal::ctrl_c().await
+}
