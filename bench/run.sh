@@ -124,7 +124,8 @@ LOADGEN_ARGS=(
     --docs "$DOCS"
     "$@"
 )
-LOADGEN_CMD="$(shell_words "$BIN/loadgen" "${LOADGEN_ARGS[@]}")"
+# Recorded relative to the repository (no absolute path of this machine in docs/).
+LOADGEN_CMD="$(shell_words "${BIN#"$ROOT"/}/loadgen" "${LOADGEN_ARGS[@]}")"
 log "running: $LOADGEN_CMD"
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 "$BIN/loadgen" "${LOADGEN_ARGS[@]}" --out "$WORK/tables.md"

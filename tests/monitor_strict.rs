@@ -2,7 +2,7 @@
 //! refuses `client` metadata in any hello after a connection's first
 //! (ClientMetadataCannotBeMutated, 186; src/mongo/rpc/metadata/client_metadata.cpp in
 //! mongodb/mongo). A monitor that sends it in every heartbeat gets every other check refused,
-//! marks the member down, reconnects, and logs "primary changed" over and over (issue 9).
+//! marks the member down, reconnects, and logs "primary changed" over and over.
 //! Here: an idle proxy with a 50 ms heartbeat keeps its monitoring connections, every member
 //! stays up and the primary never changes.
 

@@ -1,4 +1,4 @@
-//! Issue 9, item 6: every wait has a bound. Hostile and broken clients, in both modes:
+//! Every wait has a bound. Hostile and broken clients, in both modes:
 //!
 //! * slow readers: a client sends `find`s whose replies are ~4 MB and never reads. Today the
 //!   relay's send to the client has no timer, so the session (and its reply buffer) lives for

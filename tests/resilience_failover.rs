@@ -1,4 +1,4 @@
-//! Issue 9, items 2 and 4: failovers.
+//! Failovers, in both modes.
 //!
 //! * Pooled mode, a transaction pinned to the old primary: its next statement gets
 //!   NotWritablePrimary (10107); today the one resend goes back to the pinned (stale) server,

@@ -1,4 +1,4 @@
-//! Issue 9, items 7 and 8: memory and state that a client controls.
+//! Memory and state that a client controls.
 //!
 //! * Compression bombs: OP_COMPRESSED messages declaring ~16 MB that compress to a few KB.
 //!   Decompression runs inline on the runtime threads today; 20 connections sending bombs in a
@@ -11,7 +11,7 @@
 //!   anything else is refused with BadValue (2) without touching the pin maps. Today the raw
 //!   bytes of any binary are the key of the transaction pin map, uncapped.
 //!
-//! Truncation of client strings (item 8) is in resilience_truncation.rs.
+//! Truncation of client strings is in resilience_truncation.rs.
 
 #[path = "support/hostile.rs"]
 mod hostile;
@@ -371,7 +371,7 @@ async fn lsid_that_is_not_a_uuid_is_refused_without_pinning() {
     rs.shutdown().await;
 }
 
-/// The cap issue 9 asks for, like CURSOR_MAP_CAP in src/proxy/pooled.rs.
+/// The cap the transaction pin map must have, like CURSOR_MAP_CAP in src/proxy/pooled.rs.
 const TXN_MAP_CAP: u64 = 100_000;
 /// How long an idle transaction pin lives (TXN_TTL in src/proxy/pooled.rs).
 const PIN_TTL: Duration = Duration::from_secs(5 * 60);

@@ -1,4 +1,4 @@
-//! Issue 9, items 1 and 6: signals sent to the mongoguard binary.
+//! Signals sent to the mongoguard binary.
 //!
 //! * SIGHUP (`systemctl reload`, the shipped unit's ExecReload) must never terminate the
 //!   process, whatever the configuration: built-in policy (no policy file) in passthrough and in
@@ -78,8 +78,8 @@ async fn survives_sighup(bin: &mut Binary, ping_upstream: bool) {
 }
 
 /// Fails today: passthrough with the built-in policy installs no SIGHUP handler, so SIGHUP
-/// kills the process (the Docker image's default configuration; issue 9 "systemctl reload
-/// kills mongoguard").
+/// kills the process (the Docker image's default configuration: "systemctl reload kills
+/// mongoguard").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_passthrough_builtin_policy_keeps_serving() {
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();

@@ -1,4 +1,4 @@
-//! Issue 9, item 8: client-chosen strings (key names, command names, application names,
+//! Client-chosen strings (key names, command names, application names,
 //! collection names) are truncated in every log line and every error mongoguard makes: a
 //! 100 KB string must not come back whole in an errmsg nor reach stderr whole. Today a
 //! repeated 100 KB top-level key is copied verbatim into a WARN line ("client session

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""A stand-in for mongoguard's admin listener (docs: /work/briefs/admin-contract.md, the admin
-contract), for developing and testing the status page before the real backend exists.
+"""A stand-in for mongoguard's admin listener (its API is described in README.md, "Metrics and
+admin API"), for developing and testing the status page without a running mongoguard.
 
 Serves src/admin/status.html at GET / (re-read on every request, so edits show on reload) and
-realistic JSON for every endpoint of the contract: /healthz, /readyz, /metrics, /policy,
+realistic JSON for every endpoint of the admin API: /healthz, /readyz, /metrics, /policy,
 POST /reload, /violations, /stats/violations, /clients, /shapes, /pool.
 
     python3 integration/status/mock_admin.py [--port 9216] [--token T] [--mode pooled|passthrough]
@@ -16,7 +16,7 @@ W003 (3 in the last hour, block) and W001 (2, block) plus Q001 warnings, a poole
 servers, and query shapes. Counters of requests grow with time so every poll differs.
 
 --field-style audit writes violation records with the audit JSON line's key names (rule, app,
-db, statement, filter_shape as embedded JSON) instead of the contract's (rule_id, app_name,
+db, statement, filter_shape as embedded JSON) instead of the `contract` style's (rule_id, app_name,
 database, statement_index, filter_shape as a string); the page accepts both.
 --hostile adds an application and a violation whose client-controlled text is HTML/script, to
 check that the page escapes it.

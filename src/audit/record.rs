@@ -68,7 +68,7 @@ impl Source {
 /// policy reports a violation.
 ///
 /// There is deliberately no field for literal values, command bodies, SASL payloads or
-/// passwords (STANDARDS.md, "Violation record"). The only query text is
+/// passwords (README.md, "Violation records"). The only query text is
 /// [`filter_shape`](Self::filter_shape), which must come from the policy's shape renderer
 /// (every literal replaced by its type); never put a raw filter there.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,5 @@
 //! The rule registry: every rule of the pack, with its stable id, name, reason and the
-//! default action of each shipped profile (see STANDARDS.md). Ids never change meaning.
+//! default action of each shipped profile (documented in docs/rules.md). Ids never change meaning.
 
 use super::Action;
 

@@ -1,8 +1,9 @@
-//! Helpers for the resilience tests of issue 9: raw clients that misbehave (never read, send
-//! half a header, trickle bytes, send compression bombs), a proxy configured from TOML text
-//! (so that the configuration keys added by issue 9 are set by name and the tests compile
-//! before the keys exist), the mongoguard binary as a child process with its stderr captured,
-//! and a tiny fake upstream that answers what a test tells it to.
+//! Helpers for the resilience tests (tests/resilience_*.rs): raw clients that misbehave
+//! (never read, send half a header, trickle bytes, send compression bombs), a proxy
+//! configured from TOML text (so that the configuration keys these tests introduced are set
+//! by name, and the tests compiled before the keys existed), the mongoguard binary as a child
+//! process with its stderr captured, and a tiny fake upstream that answers what a test tells
+//! it to.
 //!
 //! Included with `#[path = "support/hostile.rs"] mod hostile;` (tests/support/mod.rs is shared
 //! with other suites and is left alone).
@@ -36,7 +37,7 @@ use tokio::{
 pub const OP_MSG: i32 = 2013;
 pub const OP_COMPRESSED: i32 = 2012;
 
-/// mongoguard's memory-budget refusal (issue 9): not a code drivers retry.
+/// mongoguard's memory-budget refusal: not a code drivers retry (docs/protocol.md).
 pub const MEMORY_BUDGET_CODE: i32 = 65003;
 pub const MEMORY_BUDGET_CODE_NAME: &str = "MongoguardMemoryBudget";
 /// BadValue, as mongod answers a malformed `lsid` (src/mongo/db/logical_session_id.idl: `id`
@@ -45,7 +46,7 @@ pub const BAD_VALUE: i32 = 2;
 /// NotWritablePrimary (src/mongo/base/error_codes.yml).
 pub const NOT_WRITABLE_PRIMARY: i32 = 10107;
 
-/// Keys that issue 9 adds to `[proxy]`. With `RESILIENCE_STRIP_NEW_KEYS=1` in the
+/// The `[proxy]` keys these tests introduced. With `RESILIENCE_STRIP_NEW_KEYS=1` in the
 /// environment, [`config_from_toml`] drops lines setting them, to observe how the current code
 /// behaves without them (a diagnostic: the tests are meant to run without it).
 pub const NEW_KEYS: [&str; 4] = [
