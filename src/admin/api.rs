@@ -1,4 +1,4 @@
-//! The JSON bodies of the admin endpoints (see the contract in the README).
+//! The JSON bodies of the admin endpoints (see README, "Metrics and admin API").
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

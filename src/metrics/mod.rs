@@ -145,7 +145,7 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
 }
 
 impl Metrics {
-    /// A registry with every metric of the contract; `source` supplies scrape-time values.
+    /// A registry with every metric README "Metrics and admin API" lists; `source` supplies scrape-time values.
     pub fn new(config: &AdminConfig, source: Arc<dyn Scrape>) -> Metrics {
         let mut registry = Registry::default();
         let by_command = Family::<[(&'static str, &'static str); 1], Counter>::default();

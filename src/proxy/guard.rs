@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// The code of every error mongoguard answers a blocked command with. It is outside every
-/// code drivers retry or treat as a topology change (PROTOCOL.md), so no retry storms and no
+/// code drivers retry or treat as a topology change (docs/protocol.md, "Error codes"), so no retry storms and no
 /// pool clears; the reply carries no `errorLabels` and the connection stays open.
 pub const BLOCK_CODE: i32 = 65_001;
 /// The codeName paired with [`BLOCK_CODE`].
