@@ -409,24 +409,7 @@ pub(crate) async fn receive(
                 Some(p) => (f, Some(p)),
                 None if kill.is_cancelled() => return Err(SessionError::Killed),
                 None => {
-                    let header = f.header();
-                    let op = OpCode::from_i32(header.op_code).unwrap_or(OpCode::Msg);
-                    let more_to_come = op == OpCode::Msg
-                        && f.bytes()
-                            .get(HEADER_LEN..)
-                            .and_then(le_u32)
-                            .is_some_and(|w| crate::wire::MsgFlags(w).more_to_come());
-                    let expects_reply =
-                        matches!(op, OpCode::Msg | OpCode::Query | OpCode::Compressed)
-                            && !more_to_come;
-                    if expects_reply {
-                        let op = if op == OpCode::Compressed {
-                            compressed_original_op(&f)
-                        } else {
-                            op
-                        };
-                        refuse_over_budget(ctx, out, op, header.request_id, limits, kill).await?;
-                    }
+                    refuse_unpaid(ctx, out, &f, limits, kill).await?;
                     return Ok(Next::Refused);
                 }
             }
@@ -464,6 +447,35 @@ pub(crate) async fn receive(
         inner,
         _budget: (permit, inner_permit),
     }))
+}
+
+/// Answers a whole message that found the budget spent with 65003 (when it expects a
+/// reply).
+async fn refuse_unpaid(
+    ctx: &super::Context,
+    out: &mut crate::net::ClientWrite,
+    f: &Frame,
+    limits: Limits,
+    kill: &CancellationToken,
+) -> Result<(), SessionError> {
+    let header = f.header();
+    let op = OpCode::from_i32(header.op_code).unwrap_or(OpCode::Msg);
+    let more_to_come = op == OpCode::Msg
+        && f.bytes()
+            .get(HEADER_LEN..)
+            .and_then(le_u32)
+            .is_some_and(|w| crate::wire::MsgFlags(w).more_to_come());
+    let expects_reply =
+        matches!(op, OpCode::Msg | OpCode::Query | OpCode::Compressed) && !more_to_come;
+    if !expects_reply {
+        return Ok(());
+    }
+    let op = if op == OpCode::Compressed {
+        compressed_original_op(f)
+    } else {
+        op
+    };
+    refuse_over_budget(ctx, out, op, header.request_id, limits, kill).await
 }
 
 /// The opcode family of the reply to an OP_COMPRESSED message (its original opcode).

@@ -50,52 +50,52 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
             app = tracing::field::Empty,
             driver = tracing::field::Empty
         );
-        let task_ctx = ctx.clone();
         ctx.audit
             .event(crate::audit::Event::ConnectionOpened { client: peer });
         let opened = std::time::Instant::now();
-        ctx.tracker.spawn(
-            async move {
-                let _ = socket.set_nodelay(true);
-                let socket = match &task_ctx.server_tls {
-                    None => crate::net::Either::Plain(socket),
-                    Some(tls) => match tls.accept(socket).await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            task_ctx.stats.tls_handshake_failures.inc();
-                            task_ctx.metrics.tls_handshake_failed();
-                            tracing::debug!(error = %e, "TLS handshake failed; connection closed");
-                            let failed = Err(super::SessionError::ClientIo(e));
-                            task_ctx.audit.event(super::close_event(
-                                peer,
-                                opened.elapsed(),
-                                Some(&failed),
-                            ));
-                            drop(permit);
-                            return;
-                        }
-                    },
-                };
-                let mut accounting = Accounting::open(task_ctx.clone(), peer, opened, permit);
-                let result = match task_ctx.config.proxy.mode {
-                    crate::config::Mode::Passthrough => {
-                        let side = super::passthrough::Passthrough::new(task_ctx.clone());
-                        session::run(task_ctx.clone(), socket, peer, side).await
-                    }
-                    crate::config::Mode::Pooled => match task_ctx.pooled.clone() {
-                        Some(pooled) => {
-                            let side =
-                                super::pooled::strategy::PooledSide::new(task_ctx.clone(), pooled);
-                            session::run(task_ctx.clone(), socket, peer, side).await
-                        }
-                        None => Err(super::SessionError::UpstreamClosed),
-                    },
-                };
-                accounting.result = Some(result);
-            }
-            .instrument(span),
-        );
+        let task = client_task(ctx.clone(), socket, peer, opened, permit);
+        ctx.tracker.spawn(task.instrument(span));
     }
+}
+
+/// One client connection: its TLS handshake, then its session, accounted for by a drop
+/// guard.
+async fn client_task(
+    ctx: Arc<Context>,
+    socket: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    opened: std::time::Instant,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let _ = socket.set_nodelay(true);
+    let socket = match &ctx.server_tls {
+        None => crate::net::Either::Plain(socket),
+        Some(tls) => match tls.accept(socket).await {
+            Ok(s) => s,
+            Err(e) => {
+                ctx.stats.tls_handshake_failures.inc();
+                ctx.metrics.tls_handshake_failed();
+                tracing::debug!(error = %e, "TLS handshake failed; connection closed");
+                let failed = Err(super::SessionError::ClientIo(e));
+                let event = super::close_event(peer, opened.elapsed(), Some(&failed));
+                ctx.audit.event(event);
+                return;
+            }
+        },
+    };
+    let mut accounting = Accounting::open(ctx.clone(), peer, opened, permit);
+    let result = match (ctx.config.proxy.mode, ctx.pooled.clone()) {
+        (crate::config::Mode::Pooled, Some(pooled)) => {
+            let side = super::pooled::strategy::PooledSide::new(ctx.clone(), pooled);
+            session::run(ctx.clone(), socket, peer, side).await
+        }
+        (crate::config::Mode::Pooled, None) => Err(super::SessionError::UpstreamClosed),
+        (crate::config::Mode::Passthrough, _) => {
+            let side = super::passthrough::Passthrough::new(ctx.clone());
+            session::run(ctx.clone(), socket, peer, side).await
+        }
+    };
+    accounting.result = Some(result);
 }
 
 /// A session's accounting: counted active while it lives, and on drop — whatever ended the

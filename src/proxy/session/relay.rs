@@ -29,6 +29,18 @@ pub(crate) const NOT_PRIMARY_CODES: [i32; 3] = [10107, 13435, 13436];
 /// upstream connection can be reused; past it the connection is discarded.
 const ABANDONED_REPLY_BUDGET: Duration = Duration::from_secs(1);
 
+/// Where a relay stands.
+struct Stream<E> {
+    /// The requestID the next reply must answer (the request's, then the previous reply's).
+    expected: i32,
+    first: bool,
+    /// Held while an exhaust stream runs (see [`Strategy::exhaust_started`]).
+    exhaust: Option<E>,
+    /// The client started a large message: not read on until the request is done.
+    client_paused: bool,
+    host: Host,
+}
+
 /// How a round trip ended.
 pub(super) enum Trip {
     /// The reply was relayed (or the request expects none).
@@ -94,100 +106,21 @@ impl<S: Strategy> Session<S> {
         request: &Request,
         route: &S::Route,
     ) -> Result<Trip, SessionError> {
-        let Session {
-            ctx,
-            client,
-            strategy,
-            obs,
-            wire_version,
-            max,
-            ..
-        } = &mut *self;
-        let reply_timeout = ctx.config.upstream.reply_timeout;
-        let topology: &Topology = &ctx.topology;
-        let replica_set = matches!(topology.kind(), Kind::ReplicaSet(_));
-        let streaming_hello = request.is_hello && request.exhaust_allowed;
-        let host = link.host().clone();
-        let mut expected = request.request_id;
-        let mut first = true;
-        let mut exhaust = None;
-        // A large message the client started meanwhile is not read on (see watch_client).
-        let mut client_paused = false;
+        let mut stream = Stream {
+            expected: request.request_id,
+            first: true,
+            exhaust: None,
+            client_paused: false,
+            host: link.host().clone(),
+        };
         loop {
-            // A client that left gets its reply read only briefly (pooled mode: so the
-            // connection goes back clean; drivers do this on close — the Node driver sends
-            // endSessions and closes without waiting).
-            let budget = match (client.gone, reply_timeout.is_zero()) {
-                (true, true) => ABANDONED_REPLY_BUDGET,
-                (true, false) => reply_timeout.min(ABANDONED_REPLY_BUDGET),
-                (false, _) => reply_timeout,
+            let Some(reply) = self.next_reply(link, request, &mut stream).await? else {
+                continue;
             };
-            let timer = sleep_unless_zero(budget);
-            tokio::pin!(timer);
-            let watch_client_now = client.pending.is_none() && !client.gone && !client_paused;
-            let reply = tokio::select! {
-                biased;
-                _ = client.kill.cancelled() => return Err(SessionError::Killed),
-                // A streaming hello (monitoring) never ends by itself: cut it at drain, and
-                // when its server stops being the primary.
-                _ = client.drain.cancelled(), if streaming_hello => {
-                    return Err(SessionError::Killed);
-                }
-                e = primary_moved(topology, &host), if streaming_hello => return Err(e),
-                next = link.next() => match next {
-                    None => return Err(SessionError::UpstreamClosed),
-                    Some(Err(e)) => return Err(upstream_error(e)),
-                    Some(Ok(f)) => f,
-                },
-                next = watch_client(&mut client.input), if watch_client_now => {
-                    match next {
-                        Err(SessionError::ClientGone) if S::REUSES_LINKS && exhaust.is_none() => {
-                            client.gone = true;
-                        }
-                        Err(e) => return Err(e),
-                        Ok(Some(f)) => client.pending = Some(f),
-                        Ok(None) => client_paused = true,
-                    }
-                    continue;
-                }
-                _ = &mut timer => return Err(if client.gone {
-                    SessionError::ClientGone
-                } else {
-                    SessionError::ReplyTimeout(reply_timeout)
-                }),
+            let Some(more) = self.take_reply(&reply, request, route, &mut stream)? else {
+                return Ok(Trip::NotPrimary(reply));
             };
-            let header = reply.header();
-            if header.response_to != expected {
-                return Err(SessionError::UpstreamProtocol(WireError::bad_doc(
-                    "upstream reply",
-                    format!(
-                        "responseTo {} does not answer request {expected}",
-                        header.response_to
-                    ),
-                )));
-            }
-            expected = header.request_id;
-            let more = reply_more_to_come(&reply, request, *max)
-                .map_err(SessionError::UpstreamProtocol)?;
-            // One parse of the reply serves every reader: the not-primary check (first and
-            // only reply of a replica-set request), the metrics and the strategy.
-            let check_primary = first && !more && replica_set && !request.is_hello;
-            let wants_facts =
-                check_primary || strategy.wants_reply_facts() || (first && obs.wants_first_reply());
-            if let Some(facts) = wants_facts.then(|| ReplyFacts::read(&reply)) {
-                if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
-                    return Ok(Trip::NotPrimary(reply));
-                }
-                if first {
-                    obs.first_reply_error(facts.error);
-                }
-                strategy.observe_reply(&host, route, &facts);
-            }
-            first = false;
-            if more && exhaust.is_none() {
-                exhaust = Some(strategy.exhaust_started());
-            }
-            if client.gone {
+            if self.client.gone {
                 // Nobody to relay to; an exhaust stream cannot be cut short cleanly.
                 return if more {
                     Err(SessionError::ClientGone)
@@ -196,20 +129,118 @@ impl<S: Strategy> Session<S> {
                 };
             }
             let out = if request.is_hello {
-                if let Some(v) = hello::max_wire_version(&reply, *max) {
-                    *wire_version = Some(v);
+                if let Some(v) = hello::max_wire_version(&reply, self.max) {
+                    self.wire_version = Some(v);
                 }
-                hello::rewrite_reply(&reply, *max)
+                hello::rewrite_reply(&reply, self.max)
                     .map_err(SessionError::UpstreamProtocol)?
                     .unwrap_or_else(|| reply.into_bytes())
             } else {
                 reply.into_bytes()
             };
-            send_to_client(&mut client.out, &out, client.limits.write, &client.kill).await?;
+            let c = &mut self.client;
+            send_to_client(&mut c.out, &out, c.limits.write, &c.kill).await?;
             if !more {
                 return Ok(Trip::Done);
             }
         }
+    }
+
+    /// Waits for the next reply on `link`, watching the shutdown tokens, the reply timer and
+    /// the client. `None`: the client sent something (kept) or left; wait again.
+    async fn next_reply(
+        &mut self,
+        link: &mut S::Link,
+        request: &Request,
+        stream: &mut Stream<S::Exhaust>,
+    ) -> Result<Option<Frame>, SessionError> {
+        let reply_timeout = self.ctx.config.upstream.reply_timeout;
+        let streaming_hello = request.is_hello && request.exhaust_allowed;
+        let client = &mut self.client;
+        // A client that left gets its reply read only briefly (pooled mode: so the
+        // connection goes back clean; drivers do this on close — the Node driver sends
+        // endSessions and closes without waiting).
+        let budget = match (client.gone, reply_timeout.is_zero()) {
+            (true, true) => ABANDONED_REPLY_BUDGET,
+            (true, false) => reply_timeout.min(ABANDONED_REPLY_BUDGET),
+            (false, _) => reply_timeout,
+        };
+        let watch_client_now = client.pending.is_none() && !client.gone && !stream.client_paused;
+        tokio::select! {
+            biased;
+            _ = client.kill.cancelled() => Err(SessionError::Killed),
+            // A streaming hello (monitoring) never ends by itself: cut it at drain, and when
+            // its server stops being the primary.
+            _ = client.drain.cancelled(), if streaming_hello => Err(SessionError::Killed),
+            e = primary_moved(&self.ctx.topology, &stream.host), if streaming_hello => Err(e),
+            next = link.next() => match next {
+                None => Err(SessionError::UpstreamClosed),
+                Some(Err(e)) => Err(upstream_error(e)),
+                Some(Ok(f)) => Ok(Some(f)),
+            },
+            next = watch_client(&mut client.input), if watch_client_now => {
+                match next {
+                    Err(SessionError::ClientGone)
+                        if S::REUSES_LINKS && stream.exhaust.is_none() => client.gone = true,
+                    Err(e) => return Err(e),
+                    Ok(Some(f)) => client.pending = Some(f),
+                    // A large message the client started is not read on (see watch_client).
+                    Ok(None) => stream.client_paused = true,
+                }
+                Ok(None)
+            }
+            _ = sleep_unless_zero(budget) => Err(if client.gone {
+                SessionError::ClientGone
+            } else {
+                SessionError::ReplyTimeout(reply_timeout)
+            }),
+        }
+    }
+
+    /// Checks a reply (it answers the request or the previous reply of the stream; a valid
+    /// opcode) and lets the metrics and the strategy read it. `Some(more)`: whether more
+    /// replies follow; `None`: a not-primary reply to a replica-set request (not relayed).
+    fn take_reply(
+        &mut self,
+        reply: &Frame,
+        request: &Request,
+        route: &S::Route,
+        stream: &mut Stream<S::Exhaust>,
+    ) -> Result<Option<bool>, SessionError> {
+        let header = reply.header();
+        if header.response_to != stream.expected {
+            return Err(SessionError::UpstreamProtocol(WireError::bad_doc(
+                "upstream reply",
+                format!(
+                    "responseTo {} does not answer request {}",
+                    header.response_to, stream.expected
+                ),
+            )));
+        }
+        stream.expected = header.request_id;
+        let more =
+            reply_more_to_come(reply, request, self.max).map_err(SessionError::UpstreamProtocol)?;
+        let first = std::mem::replace(&mut stream.first, false);
+        // One parse of the reply serves every reader: the not-primary check (first and only
+        // reply of a replica-set request), the metrics and the strategy.
+        let replica_set = matches!(self.ctx.topology.kind(), Kind::ReplicaSet(_));
+        let check_primary = first && !more && replica_set && !request.is_hello;
+        let wants_facts = check_primary
+            || self.strategy.wants_reply_facts()
+            || (first && self.obs.wants_first_reply());
+        if let Some(facts) = wants_facts.then(|| ReplyFacts::read(reply)) {
+            if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
+                return Ok(None);
+            }
+            if first {
+                self.obs.first_reply_error(facts.error);
+            }
+            self.strategy.observe_reply(&stream.host, route, &facts);
+        }
+        if more && stream.exhaust.is_none() {
+            stream.exhaust = Some(self.strategy.exhaust_started());
+        }
+        Ok(Some(more))
     }
 
     /// Sends abortTransaction for a blocked statement of a transaction and waits for its
