@@ -84,12 +84,15 @@ async fn policy_file_changes_are_validated_then_swapped() {
 
     // A valid file again: enforcement is back.
     std::fs::write(&file, "extends = \"strict\"\n").unwrap();
+    let mut reloaded = false;
     for _ in 0..400 {
         if stats.policy_reloads.get() >= 2 {
+            reloaded = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(reloaded, "the valid file was not picked up");
     assert_eq!(delete_all_code(addr, 4).await, 65001);
     proxy.shutdown().await;
 }

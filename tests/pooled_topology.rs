@@ -44,6 +44,18 @@ async fn client(proxy: &ProxyHandle) -> Client {
     Client::with_options(opts).unwrap()
 }
 
+/// Inserts a member takes before and after the step-down while the load runs.
+const WARM_WRITES: u64 = 40;
+
+/// Waits (bounded) until `member` has received at least `n` inserts.
+async fn inserts_reach(rs: &ReplicaSet, member: usize, n: u64, what: &str) {
+    let deadline = Instant::now() + BOUND;
+    while rs.member(member).stats().command_count("insert") < n {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_mid_load_loses_no_acknowledged_write() {
     let rs = ReplicaSet::start(ReplicaSetConfig {
@@ -80,27 +92,34 @@ async fn failover_mid_load_loses_no_acknowledged_write() {
             (acked, failed)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The load is on: the first primary has taken writes (not a fixed wait).
+    inserts_reach(
+        &rs,
+        0,
+        WARM_WRITES,
+        "the writers never got going on member 0",
+    )
+    .await;
     assert_eq!(rs.primary(), Some(0));
     let before = rs.member(1).stats().command_count("insert");
     rs.step_down(1, Duration::from_millis(700));
     let stepped = Instant::now();
     // Wait until member 1 is primary and has taken writes through mongoguard.
-    let deadline = Instant::now() + BOUND;
-    while rs.member(1).stats().command_count("insert") == before {
-        assert!(
-            Instant::now() < deadline,
-            "writes never reached the new primary"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    inserts_reach(&rs, 1, before + 1, "writes never reached the new primary").await;
     // Reported, not asserted: from the step-down (including the 700 ms without a primary)
     // to the first write on the new primary.
     println!(
         "first write on the new primary {:?} after the step-down (700 ms election gap)",
         stepped.elapsed()
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The load goes on against the new primary for a while before it stops.
+    inserts_reach(
+        &rs,
+        1,
+        before + WARM_WRITES,
+        "the writers stalled on the new primary",
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     let mut acked = Vec::new();
     let mut failed = 0;

@@ -453,9 +453,16 @@ async fn drain_finishes_in_flight_requests_and_stops_accepting() {
         .command(1, rawdoc! {"ping": 1, "$db": "admin"})
         .await));
     standin.set_fault(Fault::Delay(Duration::from_millis(500)));
+    let pings = standin.stats().command_count("ping");
     busy.send(&ping()).await;
-    // Let the request reach the upstream before draining.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Drain only once the request has reached the upstream (which holds its reply 500 ms).
+    tokio::time::timeout(BOUND, async {
+        while standin.stats().command_count("ping") == pings {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the ping never reached the upstream");
     let shutdown = tokio::spawn(proxy.shutdown());
     // The in-flight request completes; then the connection closes.
     let reply = busy

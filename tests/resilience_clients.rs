@@ -218,6 +218,7 @@ async fn slowloris_trickle_is_closed_after_client_read_timeout() {
             if write.write_all(&[*b]).await.is_err() {
                 return i;
             }
+            // The trickle is the behaviour under test: one byte every 500 ms.
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         frame.len()

@@ -284,6 +284,8 @@ async fn passthrough_follows_the_primary_and_loses_no_acknowledged_write() {
                     }
                     Err(_) => {
                         failures += 1;
+                        // A writer's back-off after a failed write (pacing, not a
+                        // synchronisation).
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }

@@ -165,6 +165,7 @@ async fn compression_bombs_do_not_stall_a_bystander() {
             panic!("bystander request #{pings} under 20 bomb senders: {e} (after {took:?})")
         });
         pings += 1;
+        // Pacing of the bystander's requests while the bombs fly (not a synchronisation).
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.store(true, Ordering::Relaxed);

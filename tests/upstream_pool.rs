@@ -66,6 +66,7 @@ impl Connector for Dummy {
     async fn connect(&self, key: &PoolKey) -> Result<DummyConn, ConnectError> {
         let delay = self.0.connect_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
+            // A slow server is the behaviour under test, not a synchronisation.
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         if self.0.fail.load(Ordering::SeqCst) {
@@ -319,6 +320,7 @@ async fn idle_timeout_closes_idle_connections() {
     cfg.idle_timeout = Some(Duration::from_millis(40));
     let (pool, control) = pool(cfg);
     pool.checkout(&key("app")).await.unwrap().release();
+    // Waiting past idle_timeout is the behaviour under test, not a synchronisation.
     tokio::time::sleep(Duration::from_millis(60)).await;
     pool.maintain().await.unwrap();
     assert_eq!((stats(&pool).expired, stats(&pool).total), (1, 0));
@@ -337,7 +339,8 @@ async fn max_lifetime_closes_connections_in_use_and_idle() {
     cfg.max_lifetime = Some(Duration::from_millis(40));
     let (pool, control) = pool(cfg);
 
-    // Expires while in use: not returned at release.
+    // Expires while in use: not returned at release. (Outliving max_lifetime is the
+    // behaviour under test, not a synchronisation.)
     let conn = pool.checkout(&key("app")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     conn.release();
@@ -408,6 +411,8 @@ async fn cancelled_waiters_leave_no_leak() {
     let app = key("app");
     let timed_out = tokio::time::timeout(Duration::from_millis(20), pool.checkout(&app));
     assert!(timed_out.await.is_err());
+    // A waiter dropped while waiting (the select gives up on it after 20 ms: how long it
+    // waited does not matter, only that it was waiting when dropped).
     tokio::select! {
         _ = pool.checkout(&app) => panic!("no slot is free"),
         _ = tokio::time::sleep(Duration::from_millis(20)) => {}
@@ -510,8 +515,12 @@ async fn tcp_pool_opens_one_upstream_connection_and_skips_closed_ones() {
     standin.shutdown().await;
     let stats = pool.stats(&key);
     assert_eq!((stats.idle, stats.unusable), (1, 0));
-    // Loopback delivers the close at once; a reactor turn (any park) records it.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // shutdown() returned once every connection task of the stand-in had ended, so its side
+    // is closed and loopback has delivered the FIN. The pool sees it through the readiness
+    // tokio's I/O driver recorded: yield_now() resumes this task only after the scheduler has
+    // polled the driver (tokio's task/yield_now.rs: deferred wakers are woken after the
+    // driver poll), which is exactly the event to wait for.
+    tokio::task::yield_now().await;
     let gone = pool.checkout(&key).await;
     assert!(matches!(gone, Err(PoolError::Connect { .. })), "{gone:?}");
     let stats = pool.stats(&key);

@@ -40,7 +40,7 @@ def main():
                     blocked += 1
         if args.once or time.monotonic() > deadline:
             break
-        time.sleep(0.2)
+        time.sleep(0.2)  # pacing of the generated traffic, not a synchronisation
     print(f"traffic: {i + 1} rounds, {blocked} blocked", flush=True)
 
 

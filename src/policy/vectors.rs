@@ -1,28 +1,40 @@
-//! Runs the data-driven rule vectors in `policies/tests/*.jsonl`.
+//! Runs the data-driven rule vectors in `policies/tests/**/*.jsonl`.
 //!
-//! One JSON object per line (blank lines and lines starting with `//` are skipped):
+//! One JSON object per line (blank lines and lines starting with `//` are skipped), read
+//! through the strict structs below: a misspelt or unknown key, a value of the wrong type, an
+//! unknown rule id or verdict fails the run with `file:line`, and so do a file that cannot be
+//! read, a file without a single vector and a directory without vector files. A vector the
+//! runner cannot read never counts as a pass.
 //!
 //! ```text
 //! {"name": "...", "db": "app", "command": {...Extended JSON v2...},
 //!  "sequences": {"updates": [...]},      optional: OP_MSG kind-1 sequences
 //!  "more_to_come": true,                 optional
 //!  "legacy": {"op": "update", "ns": "db.c", "flags": 2, "selector": {}, "update": {}},
-//!                                        optional, instead of command: "insert" (documents),
-//!                                        "update", "delete" (selector, flags), "query"
-//!                                        (ns, query: an OP_QUERY; ns ending .$cmd = command)
+//!                                        instead of command (then no db, sequences,
+//!                                        more_to_come): "insert" (ns, documents), "update"
+//!                                        (ns, selector, update), "delete" (ns, selector),
+//!                                        "query" (ns, query: an OP_QUERY; ns ending .$cmd =
+//!                                        command); flags optional everywhere
 //!  "profile": "strict",                  optional, default "standard"
 //!  "policy": "TOML text",                optional, instead of profile
-//!  "context": {"app": "x", "client": "10.0.0.1", "wire_version": 7},   optional
+//!  "context": {"app": "x", "user": "u", "client": "10.0.0.1", "wire_version": 7},   optional
 //!  "expect": ["W001"],                   exactly the rules that must fire
-//!  "verdict": "block"}                   allow | warn | block
+//!  "verdict": "block",                   allow | warn | block
+//!  "quiet": "W004"}                      optional: a rule this vector shows staying quiet
+//!                                        (must not be in expect)
 //! ```
 
-use std::{collections::BTreeSet, path::Path};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 use bson::{Bson, Document, RawDocumentBuf};
-use serde_json::Value;
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use super::{Action, Policy, RequestContext};
+use super::{Action, Policy, RequestContext, RULES};
 use crate::{
     command::CommandView,
     wire::{
@@ -33,6 +45,136 @@ use crate::{
     },
 };
 
+/// One vector line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Vector {
+    name: String,
+    db: Option<String>,
+    command: Option<Map<String, Value>>,
+    /// Kind-1 sequences by identifier, in file order: each an array of documents.
+    sequences: Option<Map<String, Value>>,
+    #[serde(default)]
+    more_to_come: bool,
+    legacy: Option<Legacy>,
+    profile: Option<String>,
+    policy: Option<String>,
+    context: Option<Context>,
+    expect: Vec<String>,
+    verdict: Verdict,
+    quiet: Option<String>,
+}
+
+/// A legacy opcode instead of an OP_MSG command.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
+enum Legacy {
+    Insert {
+        ns: String,
+        #[serde(default)]
+        flags: i32,
+        documents: Vec<Value>,
+    },
+    Update {
+        ns: String,
+        #[serde(default)]
+        flags: i32,
+        selector: Value,
+        update: Value,
+    },
+    Delete {
+        ns: String,
+        #[serde(default)]
+        flags: i32,
+        selector: Value,
+    },
+    Query {
+        ns: String,
+        #[serde(default)]
+        flags: i32,
+        query: Value,
+    },
+}
+
+/// What the proxy knows about the request besides the message.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Context {
+    app: Option<String>,
+    user: Option<String>,
+    client: Option<String>,
+    wire_version: Option<i32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Verdict {
+    Allow,
+    Warn,
+    Block,
+}
+
+impl From<Action> for Verdict {
+    fn from(a: Action) -> Verdict {
+        match a {
+            Action::Off => Verdict::Allow,
+            Action::Warn => Verdict::Warn,
+            Action::Block => Verdict::Block,
+        }
+    }
+}
+
+fn known_rule(code: &str) -> bool {
+    RULES.iter().any(|r| r.code == code)
+}
+
+impl Vector {
+    /// What serde cannot say: exclusive keys, keys that would be ignored, rule ids.
+    fn check(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("empty name".into());
+        }
+        match (&self.command, &self.legacy) {
+            (Some(_), Some(_)) => return Err("both command and legacy".into()),
+            (None, None) => return Err("neither command nor legacy".into()),
+            (None, Some(_)) => {
+                if self.db.is_some() || self.sequences.is_some() || self.more_to_come {
+                    return Err("db, sequences and more_to_come go with command, not legacy".into());
+                }
+            }
+            (Some(_), None) => {}
+        }
+        if self.policy.is_some() && self.profile.is_some() {
+            return Err("both policy and profile".into());
+        }
+        let mut seen = BTreeSet::new();
+        for code in &self.expect {
+            if !known_rule(code) {
+                return Err(format!("expect: unknown rule id {code:?}"));
+            }
+            if !seen.insert(code.as_str()) {
+                return Err(format!("expect: {code} listed twice"));
+            }
+        }
+        if let Some(quiet) = &self.quiet {
+            if !known_rule(quiet) {
+                return Err(format!("quiet: unknown rule id {quiet:?}"));
+            }
+            if seen.contains(quiet.as_str()) {
+                return Err(format!("quiet: {quiet} is also expected to fire"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads one vector line strictly.
+fn parse_line(line: &str) -> Result<Vector, String> {
+    let v: Vector = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    v.check()?;
+    Ok(v)
+}
+
 fn doc(v: &Value) -> Result<RawDocumentBuf, String> {
     let bson = Bson::try_from(v.clone()).map_err(|e| format!("extended JSON: {e}"))?;
     let Bson::Document(d) = bson else {
@@ -41,86 +183,82 @@ fn doc(v: &Value) -> Result<RawDocumentBuf, String> {
     RawDocumentBuf::try_from(&d).map_err(|e| e.to_string())
 }
 
-fn docs(v: Option<&Value>) -> Result<Vec<RawDocumentBuf>, String> {
-    match v {
-        Some(Value::Array(items)) => items.iter().map(doc).collect(),
-        None => Ok(Vec::new()),
-        Some(_) => Err("expected an array of documents".into()),
-    }
+fn docs(items: &[Value]) -> Result<Vec<RawDocumentBuf>, String> {
+    items.iter().map(doc).collect()
 }
 
-fn str_field<'v>(v: &'v Value, key: &str) -> Option<&'v str> {
-    v.get(key).and_then(Value::as_str)
-}
-
-fn encode(case: &Value) -> Result<bytes::Bytes, String> {
-    if let Some(legacy) = case.get("legacy") {
-        let ns = str_field(legacy, "ns").ok_or("legacy.ns")?;
-        let flags = legacy.get("flags").and_then(Value::as_i64).unwrap_or(0) as i32;
-        let empty = RawDocumentBuf::new();
-        let get = |k: &str| {
-            legacy
-                .get(k)
-                .map(doc)
-                .transpose()
-                .map(|d| d.unwrap_or_else(|| empty.clone()))
-        };
-        return Ok(match str_field(legacy, "op").ok_or("legacy.op")? {
-            "insert" => {
-                let d = docs(legacy.get("documents"))?;
+fn encode(case: &Vector) -> Result<bytes::Bytes, String> {
+    if let Some(legacy) = &case.legacy {
+        return Ok(match legacy {
+            Legacy::Insert {
+                ns,
+                flags,
+                documents,
+            } => {
+                let d = docs(documents)?;
                 let refs: Vec<&bson::RawDocument> = d.iter().map(|x| x.as_ref()).collect();
-                encode_insert(1, flags, ns, &refs)
+                encode_insert(1, *flags, ns, &refs)
             }
-            "update" => encode_update(1, ns, flags, &get("selector")?, &get("update")?),
-            "delete" => encode_delete(1, ns, flags, &get("selector")?),
-            "query" => encode_query(1, flags, ns, 0, -1, &get("query")?, None),
-            other => return Err(format!("unknown legacy op {other}")),
+            Legacy::Update {
+                ns,
+                flags,
+                selector,
+                update,
+            } => encode_update(1, ns, *flags, &doc(selector)?, &doc(update)?),
+            Legacy::Delete {
+                ns,
+                flags,
+                selector,
+            } => encode_delete(1, ns, *flags, &doc(selector)?),
+            Legacy::Query { ns, flags, query } => {
+                encode_query(1, *flags, ns, 0, -1, &doc(query)?, None)
+            }
         });
     }
-    let command = case.get("command").ok_or("command")?;
-    let mut body: Document = match Bson::try_from(command.clone()).map_err(|e| e.to_string())? {
-        Bson::Document(d) => d,
-        _ => return Err("command must be a document".into()),
-    };
+    let command = case.command.as_ref().ok_or("command")?;
+    let mut body: Document =
+        match Bson::try_from(Value::Object(command.clone())).map_err(|e| e.to_string())? {
+            Bson::Document(d) => d,
+            _ => return Err("command must be a document".into()),
+        };
     if !body.contains_key("$db") {
-        body.insert("$db", str_field(case, "db").unwrap_or("app"));
+        body.insert("$db", case.db.as_deref().unwrap_or("app"));
     }
     let mut builder = MsgBuilder::new(RawDocumentBuf::try_from(&body).map_err(|e| e.to_string())?);
-    if let Some(Value::Object(seqs)) = case.get("sequences") {
-        for (name, items) in seqs {
-            builder = builder.sequence(Sequence::new(name.clone(), docs(Some(items))?));
-        }
+    for (name, items) in case.sequences.iter().flatten() {
+        let Value::Array(items) = items else {
+            return Err(format!("sequences.{name} must be an array of documents"));
+        };
+        builder = builder.sequence(Sequence::new(name.clone(), docs(items)?));
     }
-    if case.get("more_to_come").and_then(Value::as_bool) == Some(true) {
+    if case.more_to_come {
         builder = builder.flags(MsgFlags::MORE_TO_COME);
     }
     Ok(builder.encode(1, 0))
 }
 
-fn policy_for(case: &Value) -> Result<Policy, String> {
-    if let Some(text) = str_field(case, "policy") {
+fn policy_for(case: &Vector) -> Result<Policy, String> {
+    if let Some(text) = &case.policy {
         return Policy::from_toml(text, "vector policy").map_err(|e| e.to_string());
     }
-    let name = str_field(case, "profile").unwrap_or("standard");
+    let name = case.profile.as_deref().unwrap_or("standard");
     Policy::profile(name).ok_or_else(|| format!("no profile {name}"))
 }
 
 /// Runs one vector; `Err` describes the mismatch.
-fn run_case(case: &Value) -> Result<(), String> {
+fn run_case(case: &Vector) -> Result<(), String> {
     let bytes = encode(case)?;
     let policy = policy_for(case)?;
-    let ctx_v = case.get("context");
-    let client = ctx_v
-        .and_then(|c| str_field(c, "client"))
-        .map(|s| s.parse().map_err(|_| "context.client"));
+    let context = case.context.as_ref();
+    let client_ip = match context.and_then(|c| c.client.as_deref()) {
+        Some(s) => Some(s.parse().map_err(|_| format!("context.client {s:?}"))?),
+        None => None,
+    };
     let ctx = RequestContext {
-        app: ctx_v.and_then(|c| str_field(c, "app")),
-        user: ctx_v.and_then(|c| str_field(c, "user")),
-        client_ip: client.transpose()?,
-        upstream_wire_version: ctx_v
-            .and_then(|c| c.get("wire_version"))
-            .and_then(Value::as_i64)
-            .map(|v| v as i32),
+        app: context.and_then(|c| c.app.as_deref()),
+        user: context.and_then(|c| c.user.as_deref()),
+        client_ip,
+        upstream_wire_version: context.and_then(|c| c.wire_version),
     };
     let msg = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).map_err(|e| format!("wire: {e}"))?;
     let (fired, verdict) = match CommandView::from_message(&msg) {
@@ -131,120 +269,355 @@ fn run_case(case: &Value) -> Result<(), String> {
                 .iter()
                 .map(|v| v.rule.code().to_owned())
                 .collect();
-            (fired, d.verdict())
+            (fired, Verdict::from(d.verdict()))
         }
-        Err(_) => (["G001".to_owned()].into_iter().collect(), Action::Block),
+        Err(_) => (["G001".to_owned()].into_iter().collect(), Verdict::Block),
     };
-    let want: BTreeSet<String> = match case.get("expect") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect(),
-        _ => return Err("expect must be an array of rule ids".into()),
-    };
-    let want_verdict = str_field(case, "verdict").ok_or("verdict")?;
-    let got_verdict = match verdict {
-        Action::Off => "allow",
-        Action::Warn => "warn",
-        Action::Block => "block",
-    };
-    if fired != want || got_verdict != want_verdict {
+    let want: BTreeSet<String> = case.expect.iter().cloned().collect();
+    if fired != want || verdict != case.verdict {
         return Err(format!(
-            "fired {fired:?} ({got_verdict}), expected {want:?} ({want_verdict})"
+            "fired {fired:?} ({verdict:?}), expected {want:?} ({:?})",
+            case.verdict
         ));
     }
     Ok(())
 }
 
-/// Every vector file's cases: (file, line, name, result).
-pub(crate) fn run_all(dir: &Path) -> (usize, Vec<String>) {
-    let mut failures = Vec::new();
-    let mut count = 0;
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        for (i, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with("//") {
-                continue;
-            }
-            count += 1;
-            let at = format!("{}:{}", file.display(), i + 1);
-            let case: Value = match serde_json::from_str(line) {
-                Ok(v) => v,
-                Err(e) => {
-                    failures.push(format!("{at}: not JSON: {e}"));
-                    continue;
-                }
-            };
-            let name = str_field(&case, "name").unwrap_or("?").to_owned();
-            if let Err(e) = run_case(&case) {
-                failures.push(format!("{at} [{name}]: {e}"));
+/// Every `*.jsonl` file under `dir`, at any depth, sorted. A directory that cannot be listed
+/// is an error.
+fn vector_files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let entries =
+            std::fs::read_dir(&d).map_err(|e| format!("{}: cannot list: {e}", d.display()))?;
+        for entry in entries {
+            let path = entry
+                .map_err(|e| format!("{}: cannot list: {e}", d.display()))?
+                .path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                files.push(path);
             }
         }
     }
-    (count, failures)
+    files.sort();
+    Ok(files)
+}
+
+/// The vectors of one file with their line numbers; `Err` lists every unreadable line (as
+/// `file:line: why`), or says why the file as a whole is unusable.
+fn read_file(path: &Path) -> Result<Vec<(usize, Vector)>, Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![format!("{}: cannot read: {e}", path.display())])?;
+    let mut vectors = Vec::new();
+    let mut errors = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with("//") {
+            continue;
+        }
+        match parse_line(line) {
+            Ok(v) => vectors.push((i + 1, v)),
+            Err(e) => errors.push(format!(
+                "{}:{}: unreadable vector: {e}",
+                path.display(),
+                i + 1
+            )),
+        }
+    }
+    if vectors.is_empty() && errors.is_empty() {
+        errors.push(format!("{}: no vectors in the file", path.display()));
+    }
+    if errors.is_empty() {
+        Ok(vectors)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Every vector under `dir`, as (`file:line`, vector); `Err` lists everything unreadable.
+fn load_all(dir: &Path) -> Result<Vec<(String, Vector)>, Vec<String>> {
+    let files = vector_files(dir).map_err(|e| vec![e])?;
+    if files.is_empty() {
+        return Err(vec![format!("{}: no .jsonl vector files", dir.display())]);
+    }
+    let mut all = Vec::new();
+    let mut errors = Vec::new();
+    for file in files {
+        match read_file(&file) {
+            Ok(vectors) => all.extend(
+                vectors
+                    .into_iter()
+                    .map(|(line, v)| (format!("{}:{line}", file.display()), v)),
+            ),
+            Err(e) => errors.extend(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(all)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Reads every vector under `dir` and runs it: (vectors run, failures). Anything unreadable
+/// is a failure.
+pub(crate) fn run_all(dir: &Path) -> (usize, Vec<String>) {
+    let vectors = match load_all(dir) {
+        Ok(v) => v,
+        Err(errors) => return (0, errors),
+    };
+    let failures = vectors
+        .iter()
+        .filter_map(|(at, v)| run_case(v).err().map(|e| format!("{at} [{}]: {e}", v.name)))
+        .collect();
+    (vectors.len(), failures)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    fn shipped() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/tests")
+    }
 
     #[test]
     fn policy_vectors() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/tests");
+        let dir = shipped();
         let (count, failures) = run_all(&dir);
+        assert!(
+            failures.is_empty(),
+            "{} failures ({count} vectors run):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
         assert!(
             count >= 50,
             "only {count} vectors found in {}",
             dir.display()
         );
-        assert!(
-            failures.is_empty(),
-            "{} of {count} vectors failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
     }
 
     #[test]
     fn every_implemented_rule_has_vectors_that_fire_and_stay_quiet() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/tests");
-        let mut text = String::new();
-        for e in std::fs::read_dir(&dir).unwrap().flatten() {
-            if e.path().extension().is_some_and(|x| x == "jsonl") {
-                text.push_str(&std::fs::read_to_string(e.path()).unwrap());
-            }
-        }
-        for rule in super::super::RULES.iter().filter(|r| r.implemented) {
-            let quoted = format!("\"{}\"", rule.code);
-            let firing = text
-                .lines()
-                .filter(|l| {
-                    l.contains("\"expect\"")
-                        && l.split("\"expect\"")
-                            .nth(1)
-                            .is_some_and(|e| e.contains(&quoted))
-                })
+        let vectors = load_all(&shipped()).unwrap_or_else(|e| panic!("{}", e.join("\n")));
+        for rule in RULES.iter().filter(|r| r.implemented) {
+            let firing = vectors
+                .iter()
+                .filter(|(_, v)| v.expect.iter().any(|c| c == rule.code))
                 .count();
-            let quiet = text
-                .lines()
-                .filter(|l| l.contains(&format!("\"quiet\": {quoted}")))
+            let quiet = vectors
+                .iter()
+                .filter(|(_, v)| v.quiet.as_deref() == Some(rule.code))
                 .count();
             assert!(firing > 0, "no vector shows {} firing", rule.code);
             assert!(
                 quiet > 0,
-                "no vector shows {} staying quiet (mark one with \"quiet\": {quoted})",
+                "no vector shows {} staying quiet (mark one with \"quiet\": \"{}\")",
+                rule.code,
                 rule.code
             );
         }
+    }
+
+    // ---- the reader is strict ------------------------------------------------------------
+
+    const GOOD: &str = r#"{"name": "multi update, empty filter", "command": {"update": "users", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "multi": true}]}, "expect": ["W001"], "verdict": "block"}"#;
+
+    fn rejected(line: &str) -> String {
+        match parse_line(line) {
+            Ok(v) => panic!("accepted {line}: {v:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_good_line_is_read_and_passes() {
+        let v = parse_line(GOOD).unwrap_or_else(|e| panic!("{e}"));
+        run_case(&v).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn a_misspelt_top_level_key_is_an_error() {
+        // "verdcit": the verdict would be missing; "expcet" next to "expect": ignored data.
+        let e = rejected(&GOOD.replace("\"verdict\"", "\"verdcit\""));
+        assert!(e.contains("unknown field `verdcit`"), "{e}");
+        let e = rejected(&GOOD.replace("\"expect\"", "\"expect\": [], \"expcet\""));
+        assert!(e.contains("unknown field `expcet`"), "{e}");
+        let e = rejected(&GOOD.replace("\"name\"", "\"profile\": \"strict\", \"nmae\""));
+        assert!(e.contains("unknown field `nmae`"), "{e}");
+    }
+
+    #[test]
+    fn a_misspelt_nested_key_is_an_error() {
+        let ctx = GOOD.replace(
+            "\"expect\"",
+            "\"context\": {\"wire_verison\": 7}, \"expect\"",
+        );
+        let e = rejected(&ctx);
+        assert!(e.contains("unknown field `wire_verison`"), "{e}");
+        let legacy = r#"{"name": "x", "legacy": {"op": "delete", "ns": "app.c", "selectr": {}}, "expect": [], "verdict": "allow"}"#;
+        let e = rejected(legacy);
+        assert!(e.contains("selectr"), "{e}");
+        let op = r#"{"name": "x", "legacy": {"op": "remove", "ns": "app.c", "selector": {}}, "expect": [], "verdict": "allow"}"#;
+        let e = rejected(op);
+        assert!(e.contains("unknown variant `remove`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_values_are_errors() {
+        for (bad, why) in [
+            (GOOD.replace("\"block\"", "\"blocked\""), "unknown variant"),
+            (GOOD.replace("[\"W001\"]", "\"W001\""), "invalid type"),
+            (GOOD.replace("[\"W001\"]", "[\"W999\"]"), "unknown rule id"),
+            (GOOD.replace("[\"W001\"]", "[\"W001\", \"W001\"]"), "twice"),
+            (
+                GOOD.replace("\"verdict\"", "\"quiet\": \"W001\", \"verdict\""),
+                "also expected",
+            ),
+            (
+                GOOD.replace("\"verdict\"", "\"more_to_come\": \"yes\", \"verdict\""),
+                "invalid type",
+            ),
+            (
+                GOOD.replace("\"command\"", "\"policy\": \"\", \"profile\": \"strict\", \"command\""),
+                "both policy and profile",
+            ),
+            (
+                GOOD.replace("\"command\"", "\"legacy\": {\"op\": \"query\", \"ns\": \"a.c\", \"query\": {}}, \"command\""),
+                "both command and legacy",
+            ),
+            (
+                r#"{"name": "x", "expect": [], "verdict": "allow"}"#.to_string(),
+                "neither command nor legacy",
+            ),
+            (
+                r#"{"name": "x", "db": "app", "legacy": {"op": "query", "ns": "app.c", "query": {}}, "expect": [], "verdict": "allow"}"#.to_string(),
+                "not legacy",
+            ),
+            ("{\"name\": \"x\",".to_string(), "EOF"),
+        ] {
+            let e = rejected(&bad);
+            assert!(e.contains(why), "{bad}\n  -> {e} (expected {why:?})");
+        }
+    }
+
+    /// A scratch directory, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "mongoguard-vectors-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            Scratch(dir)
+        }
+
+        fn write(&self, name: &str, text: &str) {
+            let path = self.0.join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+            }
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn an_unreadable_line_fails_the_run_with_file_and_line() {
+        let s = Scratch::new("badline");
+        let bad = GOOD.replace("\"verdict\"", "\"verdcit\"");
+        s.write(
+            "a.jsonl",
+            &format!("// a comment\n{GOOD}\n\n{bad}\n{GOOD}\n"),
+        );
+        let (count, failures) = run_all(&s.0);
+        assert_eq!(count, 0, "nothing runs when a vector is unreadable");
+        let want = format!("{}:4: unreadable vector", s.0.join("a.jsonl").display());
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].starts_with(&want), "{failures:?}");
+        assert!(failures[0].contains("verdcit"), "{failures:?}");
+    }
+
+    #[test]
+    fn a_mismatch_fails_with_file_and_line() {
+        let s = Scratch::new("mismatch");
+        s.write(
+            "a.jsonl",
+            &format!("{GOOD}\n{}\n", GOOD.replace("\"block\"", "\"warn\"")),
+        );
+        let (count, failures) = run_all(&s.0);
+        assert_eq!(count, 2);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].starts_with(&format!("{}:2 [", s.0.join("a.jsonl").display())),
+            "{failures:?}"
+        );
+    }
+
+    #[test]
+    fn an_empty_file_a_missing_directory_and_no_files_are_failures() {
+        let s = Scratch::new("empty");
+        s.write("good.jsonl", &format!("{GOOD}\n"));
+        s.write("empty.jsonl", "// only a comment\n\n");
+        let (_, failures) = run_all(&s.0);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains("empty.jsonl: no vectors"),
+            "{failures:?}"
+        );
+
+        let (count, failures) = run_all(&s.0.join("missing"));
+        assert_eq!(count, 0);
+        assert!(
+            failures.len() == 1 && failures[0].contains("cannot list"),
+            "{failures:?}"
+        );
+
+        let none = Scratch::new("nofiles");
+        none.write("notes.txt", "not vectors\n");
+        let (count, failures) = run_all(&none.0);
+        assert_eq!(count, 0);
+        assert!(
+            failures.len() == 1 && failures[0].contains("no .jsonl"),
+            "{failures:?}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_file_is_a_failure() {
+        let s = Scratch::new("notutf8");
+        std::fs::write(s.0.join("bad.jsonl"), [0xff, 0xfe, b'\n'])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (count, failures) = run_all(&s.0);
+        assert_eq!(count, 0);
+        assert!(
+            failures.len() == 1 && failures[0].contains("cannot read"),
+            "{failures:?}"
+        );
+    }
+
+    #[test]
+    fn files_in_subdirectories_are_read() {
+        let s = Scratch::new("nested");
+        s.write("top.jsonl", &format!("{GOOD}\n"));
+        s.write("more/deeper.jsonl", &format!("{GOOD}\n{GOOD}\n"));
+        let (count, failures) = run_all(&s.0);
+        assert_eq!((count, failures), (3, Vec::<String>::new()));
     }
 }

@@ -1,9 +1,13 @@
 //! Tests with the real Rust driver (mongodb 3.x) connecting straight to the stand-in.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Document};
 use futures::TryStreamExt;
+use mongodb::event::sdam::SdamEvent;
+use mongodb::event::EventHandler;
 use mongodb::options::{Acknowledgment, ClientOptions, WriteConcern};
 use mongodb::{Client, Collection};
 use mongoguard_standin::{Fault, StandIn, StandInConfig};
@@ -344,12 +348,29 @@ async fn streaming_monitoring_uses_awaitable_hello() {
         .await
         .unwrap();
     opts.heartbeat_freq = Some(Duration::from_millis(500));
+    // Awaited heartbeats the driver saw succeed: its streaming (awaitable) hello reached the
+    // stand-in and was answered at least once, and the stream goes on.
+    let awaited = Arc::new(AtomicUsize::new(0));
+    let seen = awaited.clone();
+    opts.sdam_event_handler = Some(EventHandler::callback(move |e: SdamEvent| {
+        if let SdamEvent::ServerHeartbeatSucceeded(hb) = e {
+            if hb.awaited {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }));
     let c = Client::with_options(opts).unwrap();
     c.database("admin")
         .run_command(doc! {"ping": 1})
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while awaited.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the driver never got an awaited (streaming) heartbeat");
     let st = s.stats();
     // The monitor's streaming hello keeps producing replies without new requests, so the
     // request count stays low while the connection stays busy.

@@ -224,6 +224,39 @@ pub fn num(doc: &Document, key: &str) -> i64 {
     }
 }
 
+/// Name of the variable naming a file that every [`skipped`] check is appended to (one line
+/// each), so a runner can count them (`integration/run.sh` does).
+pub const SKIP_LOG_ENV: &str = "MONGOGUARD_SKIP_LOG";
+
+/// Reports a check that cannot run against this upstream, instead of letting it pass
+/// silently: prints `SKIPPED: <check>: <why>` on the process's stderr (written directly, past
+/// the test harness's output capture, so it shows even when the test passes) and appends the
+/// same line to the file named by `MONGOGUARD_SKIP_LOG`, when set. Returns how many checks
+/// this test binary has skipped so far.
+pub fn skipped(check: &str, why: &str) -> usize {
+    use std::io::Write;
+    static SKIPPED: AtomicU64 = AtomicU64::new(0);
+    let n = SKIPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    let line = format!("SKIPPED: {check}: {why}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os(SKIP_LOG_ENV).filter(|p| !p.is_empty()) {
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = appended {
+            panic!("{SKIP_LOG_ENV}={}: {e}", path.to_string_lossy());
+        }
+    }
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// Why the stand-in's per-command counters cannot be read: the upstream is a real mongod.
+pub const NO_STANDIN_COUNTERS: &str =
+    "the upstream is a real mongod (MONGOGUARD_TEST_UPSTREAM): per-command counters are the \
+     stand-in's; the data checks through the direct connection still ran";
+
 /// Polls `check` up to `attempts` times, `pause` apart; true as soon as it returns true.
 pub async fn eventually<F, Fut>(attempts: usize, pause: Duration, mut check: F) -> bool
 where

@@ -187,6 +187,18 @@ export function standinStats(addr, reset = false) {
   });
 }
 
+/** True when `direct` (a connected client) talks to mongoguard-standin, which answers its
+ * own `standinStats` command; false against a real mongod (CommandNotFound). */
+export async function upstreamIsStandin(direct) {
+  try {
+    const reply = await direct.db('admin').command({ standinStats: 1 });
+    return reply.ok === 1;
+  } catch (err) {
+    if (err?.code === 59) return false; // CommandNotFound
+    throw err;
+  }
+}
+
 /** (connections accepted, authentications) between two standinStats() replies, not counting
  * the connection the second call opened. */
 export function upstreamDelta(before, after) {
