@@ -105,37 +105,45 @@ pub(crate) async fn serve(
             drop(stream);
             continue;
         };
-        let admin = admin.clone();
-        let stop = stop.clone();
-        tracker.spawn(async move {
-            let _slot = slot;
-            let service = service_fn(move |req| {
-                let admin = admin.clone();
-                async move { Ok::<_, Infallible>(admin.handle(req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        debug!(error = %e, "admin connection ended");
-                    }
-                }
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
-                }
-            }
-        });
+        tracker.spawn(connection(admin.clone(), stream, slot, stop.clone()));
     }
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
 }
 
+/// One admin connection (HTTP/1.1, headers within [`HEADER_READ_TIMEOUT`]), shut down
+/// gracefully when the listener stops.
+async fn connection(
+    admin: Arc<Admin>,
+    stream: tokio::net::TcpStream,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    stop: CancellationToken,
+) {
+    let _slot = slot;
+    let service = service_fn(move |req| {
+        let admin = admin.clone();
+        async move { Ok::<_, Infallible>(admin.handle(req).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                debug!(error = %e, "admin connection ended");
+            }
+        }
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+        }
+    }
+}
+
 impl Admin {
+    /// Long because it is the routing table: one arm per endpoint, read best whole.
     async fn handle(&self, req: Request<Incoming>) -> Reply {
         let path = req.uri().path().to_owned();
         let query = Query::parse(req.uri().query().unwrap_or(""));

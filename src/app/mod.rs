@@ -52,8 +52,7 @@ impl Proxy {
     ) -> Result<ProxyHandle, ProxyError> {
         let audit = Arc::new(AuditLog::start(&config.audit).map_err(ProxyError::Audit)?);
         let policy = Arc::new(policy);
-        let listener = bind(config.proxy.listen).await?;
-        let local_addr = bound_addr(&listener, config.proxy.listen)?;
+        let listeners = Listeners::bind(&config).await?;
         let server_tls = match config.tls.enabled() {
             true => Some(crate::tls::ServerTls::load(&config.tls).map_err(ProxyError::Tls)?),
             false => None,
@@ -61,14 +60,6 @@ impl Proxy {
         let upstream_tls =
             crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
         let admin_token = config.admin.load_token().map_err(ProxyError::Admin)?;
-        let admin_listener = match config.admin.listen {
-            Some(addr) => Some(bind(addr).await?),
-            None => None,
-        };
-        let admin_addr = match (&admin_listener, config.admin.listen) {
-            (Some(l), Some(addr)) => Some(bound_addr(l, addr)?),
-            _ => None,
-        };
         let background = CancellationToken::new();
         let (topology, pooled) = upstream(&config, upstream_tls.clone(), &background)?;
         let stats = Arc::new(ProxyStats::default());
@@ -90,7 +81,7 @@ impl Proxy {
             upstream_tls.clone(),
         ));
         info!(
-            listen = %local_addr,
+            listen = %listeners.local_addr,
             upstream = %config.upstream.uri,
             mode = ?config.proxy.mode,
             policy = %policy.source(),
@@ -103,10 +94,10 @@ impl Proxy {
             reloader.clone(),
             reload::hangup_signal(),
         ));
-        let accept = tokio::spawn(proxy::serve(listener, ctx.clone()));
+        let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
         let admin_stop = CancellationToken::new();
-        let admin = admin_listener.map(|l| {
-            info!(listen = ?admin_addr, "admin listener up");
+        let admin = listeners.admin.map(|l| {
+            info!(listen = ?listeners.admin_addr, "admin listener up");
             let state = AdminState {
                 config,
                 policy,
@@ -115,16 +106,12 @@ impl Proxy {
                 upstream_tls,
                 reload: reloader.clone(),
             };
-            tokio::spawn(crate::admin::serve(
-                l,
-                state,
-                admin_token,
-                admin_stop.clone(),
-            ))
+            let stop = admin_stop.clone();
+            tokio::spawn(crate::admin::serve(l, state, admin_token, stop))
         });
         Ok(ProxyHandle {
-            local_addr,
-            admin_addr,
+            local_addr: listeners.local_addr,
+            admin_addr: listeners.admin_addr,
             ctx,
             reloader,
             accept,
@@ -132,6 +119,35 @@ impl Proxy {
             admin,
             admin_stop,
             background,
+        })
+    }
+}
+
+/// The two listening sockets, bound before anything starts (a taken port fails the start).
+struct Listeners {
+    proxy: TcpListener,
+    local_addr: SocketAddr,
+    admin: Option<TcpListener>,
+    admin_addr: Option<SocketAddr>,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> Result<Listeners, ProxyError> {
+        let proxy = bind(config.proxy.listen).await?;
+        let local_addr = bound_addr(&proxy, config.proxy.listen)?;
+        let (admin, admin_addr) = match config.admin.listen {
+            Some(addr) => {
+                let l = bind(addr).await?;
+                let bound = bound_addr(&l, addr)?;
+                (Some(l), Some(bound))
+            }
+            None => (None, None),
+        };
+        Ok(Listeners {
+            proxy,
+            local_addr,
+            admin,
+            admin_addr,
         })
     }
 }
