@@ -22,8 +22,8 @@ use tokio::net::TcpStream;
 use tracing::warn;
 
 use crate::{
+    config::{Host, UpstreamUri},
     net::{ClientStream, Either, UpstreamStream},
-    upstream::{Host, UpstreamUri},
 };
 
 /// A TLS setting that cannot be used. Names the file or option.

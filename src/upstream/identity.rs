@@ -10,8 +10,9 @@ use crate::{
     config::{ConfigError, UpstreamConfig},
 };
 
-/// The identity of the URI's credentials (or of no credentials at all).
-pub const DEFAULT_IDENTITY: &str = "default";
+/// The identity of the URI's credentials (or of no credentials at all): the configuration's
+/// constant, which its validation also uses.
+pub use crate::config::DEFAULT_IDENTITY;
 
 /// Credentials toward the upstream. The password is never printed.
 #[derive(Clone)]
