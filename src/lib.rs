@@ -13,8 +13,10 @@
 //!   `evaluate()`: pure, synchronous, allocation-free when allowed, failing closed.
 //! - [`audit`]: violation records (JSON lines with literal-free shapes), dedup, sinks.
 //! - [`check`]: `mongoguard check`, the rule pack applied to captured traffic.
-//! - [`config`]: the typed, validated configuration (TOML file + CLI overrides).
-//! - [`upstream`]: where the upstream is (URI parsing) and how to connect to it.
+//! - [`config`]: the typed, validated configuration (TOML file + CLI overrides), the upstream
+//!   URI included; a leaf: it imports nothing else of the crate, the runtime layers convert
+//!   from its settings types.
+//! - [`upstream`]: connecting to the upstream: connections, identities, the pool, the topology.
 //! - [`auth`]: authentication terminated by mongoguard, sans-IO: SCRAM (server side toward
 //!   clients, client side toward mongod), the saslStart/saslContinue command layer and the
 //!   users file.

@@ -12,18 +12,21 @@
 use std::{fs, path::Path, sync::Arc, time::Duration};
 
 use rustls::{
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    client::{
+        danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+        WantsClientCert,
+    },
     pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     server::WebPkiClientVerifier,
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
-    SignatureScheme,
+    CertificateError, ClientConfig, ConfigBuilder, DigitallySignedStruct, RootCertStore,
+    ServerConfig, SignatureScheme, WantsVerifier,
 };
 use tokio::net::TcpStream;
 use tracing::warn;
 
 use crate::{
+    config::{Host, UpstreamUri},
     net::{ClientStream, Either, UpstreamStream},
-    upstream::{Host, UpstreamUri},
 };
 
 /// A TLS setting that cannot be used. Names the file or option.
@@ -146,6 +149,38 @@ fn truthy_option(uri: &UpstreamUri, key: &str) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
+/// How the upstream's certificate is checked: against `store`, unless the URI weakens it
+/// (`tlsInsecure` / `tlsAllowInvalidCertificates`: nothing checked; `tlsAllowInvalidHostnames`:
+/// the name not checked). Each weakening is logged.
+fn verification(
+    builder: ConfigBuilder<ClientConfig, WantsVerifier>,
+    uri: &UpstreamUri,
+    store: RootCertStore,
+) -> Result<ConfigBuilder<ClientConfig, WantsClientCert>, TlsError> {
+    let insecure =
+        truthy_option(uri, "tlsInsecure") || truthy_option(uri, "tlsAllowInvalidCertificates");
+    let any_name = truthy_option(uri, "tlsAllowInvalidHostnames");
+    Ok(if insecure {
+        warn!("upstream TLS: tlsInsecure/tlsAllowInvalidCertificates is set: the upstream's certificate is NOT verified; anyone on the path can impersonate it");
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Lenient::any(provider())))
+    } else if any_name {
+        warn!("upstream TLS: tlsAllowInvalidHostnames is set: the upstream's certificate is verified but its host name is NOT checked");
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(store),
+            provider(),
+        )
+        .build()
+        .map_err(|e| TlsError(format!("tlsCAFile: {e}")))?;
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Lenient::names(inner, provider())))
+    } else {
+        builder.with_root_certificates(store)
+    })
+}
+
 impl UpstreamTls {
     /// The upstream TLS the URI asks for; `None` for plain TCP.
     pub fn from_uri(uri: &UpstreamUri) -> Result<Option<UpstreamTls>, TlsError> {
@@ -162,9 +197,6 @@ impl UpstreamTls {
             }
             return Ok(None);
         }
-        let insecure =
-            truthy_option(uri, "tlsInsecure") || truthy_option(uri, "tlsAllowInvalidCertificates");
-        let any_name = truthy_option(uri, "tlsAllowInvalidHostnames");
         let store = match uri.option("tlsCAFile") {
             Some(ca) => {
                 let path = Path::new(ca);
@@ -177,25 +209,7 @@ impl UpstreamTls {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError(e.to_string()))?;
-        let builder = if insecure {
-            warn!("upstream TLS: tlsInsecure/tlsAllowInvalidCertificates is set: the upstream's certificate is NOT verified; anyone on the path can impersonate it");
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Lenient::any(provider())))
-        } else if any_name {
-            warn!("upstream TLS: tlsAllowInvalidHostnames is set: the upstream's certificate is verified but its host name is NOT checked");
-            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                Arc::new(store),
-                provider(),
-            )
-            .build()
-            .map_err(|e| TlsError(format!("tlsCAFile: {e}")))?;
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Lenient::names(inner, provider())))
-        } else {
-            builder.with_root_certificates(store)
-        };
+        let builder = verification(builder, uri, store)?;
         let config = match uri.option("tlsCertificateKeyFile") {
             Some(file) => {
                 let path = Path::new(file);

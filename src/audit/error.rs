@@ -38,3 +38,15 @@ pub enum AuditError {
     #[error("the audit log writer must be started inside a tokio runtime")]
     NoRuntime,
 }
+
+/// The configuration's verdict on an `[audit]` section, as the audit log reports it (same
+/// variant, same text).
+impl From<crate::config::AuditConfigError> for AuditError {
+    fn from(e: crate::config::AuditConfigError) -> Self {
+        use crate::config::AuditConfigError as C;
+        match e {
+            C::Invalid(why) => AuditError::Invalid(why),
+            C::MissingDirectory { path, dir } => AuditError::MissingDirectory { path, dir },
+        }
+    }
+}

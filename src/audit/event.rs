@@ -151,6 +151,8 @@ pub fn render_event(time: SystemTime, event: &Event) -> String {
     out
 }
 
+// Long because it is one arm per event kind, each the field list of that event's line;
+// split, the line format of an event would be read in two places.
 pub(crate) fn render_event_into(time: SystemTime, event: &Event, out: &mut String) {
     let mut t = String::with_capacity(24);
     format_time(time, &mut t);

@@ -34,18 +34,17 @@
 //! [`AuditLog::reopen`] makes file sinks reopen their path (SIGHUP after logrotate renamed
 //! the file without `copytruncate`).
 
-mod config;
 mod counters;
 mod dedup;
 mod error;
 mod event;
-mod file;
 mod json;
 mod record;
 mod sink;
 #[cfg(test)]
 mod tests;
 mod time;
+mod writer;
 
 use std::{
     sync::{
@@ -65,7 +64,9 @@ use tokio::{
 };
 use tracing::warn;
 
-pub use config::{
+// The `[audit]` settings live in the configuration (a leaf); these names stay for the code
+// that reached them here.
+pub use crate::config::{
     AuditConfig, Facility, SinkSpec, SyslogFormat, MAX_DEDUP_WINDOW, MAX_FILE_KEEP,
     MAX_QUEUE_CAPACITY, MIN_FILE_MAX_SIZE,
 };
@@ -76,7 +77,8 @@ pub use record::{render, render_public, Action, Mode, Source, ViolationRecord};
 pub(crate) use time::format_time;
 
 use dedup::{Dedup, Verdict, DEFAULT_MAX_KEYS};
-use sink::{Msg, Target};
+use sink::{StreamSettings, Target};
+use writer::Msg;
 
 /// The running violation log. Share it behind an `Arc`; [`record`](Self::record) takes
 /// `&self`.
@@ -120,13 +122,13 @@ impl AuditLog {
     }
 
     fn start_with_max_keys(config: &AuditConfig, max_keys: usize) -> Result<AuditLog, AuditError> {
-        config.validate()?;
+        config.validate().map_err(AuditError::from)?;
         let runtime = match (&config.sink, &config.events_sink) {
             (SinkSpec::None, SinkSpec::None) => None,
             _ => Some(Handle::try_current().map_err(|_| AuditError::NoRuntime)?),
         };
-        let target = Target::open(&config.violations())?;
-        let events_target = Target::open(&config.events())?;
+        let target = Target::open(&StreamSettings::violations(config))?;
+        let events_target = Target::open(&StreamSettings::events(config))?;
         let dedup = (!config.dedup_window.is_zero() && target.is_some())
             .then(|| Mutex::new(Dedup::new(config.dedup_window, max_keys)));
         let shared = Arc::new(Shared::new("violation records", dedup));
@@ -134,7 +136,7 @@ impl AuditLog {
         let spawn = |target: Option<Target>, shared: &Arc<Shared>| match (target, &runtime) {
             (Some(target), Some(runtime)) => {
                 let (tx, rx) = mpsc::channel(config.queue_capacity);
-                let writer = runtime.spawn(sink::run(rx, target, shared.clone()));
+                let writer = runtime.spawn(writer::run(rx, target, shared.clone()));
                 (Some(tx), Some(writer))
             }
             _ => (None, None),

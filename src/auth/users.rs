@@ -177,54 +177,13 @@ impl Users {
         let mut users = HashMap::new();
         for u in repr.users {
             let name_span = u.name.span();
-            let name = u.name.into_inner();
-            if name.is_empty() || name.contains('\0') {
-                return Err(invalid(name_span, "user name must be non-empty".into()));
-            }
-            let db = match u.db {
-                Some(db) if db.get_ref().is_empty() || db.get_ref().contains('\0') => {
-                    return Err(invalid(db.span(), "db must be non-empty".into()));
-                }
-                Some(db) => db.into_inner(),
-                None => "admin".to_string(),
-            };
-            let upstream = match u.upstream {
-                Some(up) if up.get_ref().is_empty() => {
-                    return Err(invalid(up.span(), "upstream must be non-empty".into()));
-                }
-                other => other.map(Spanned::into_inner),
-            };
-            let m = u.mechanisms;
-            let mut credentials = Vec::new();
-            for (mech, secret) in [
-                (Mechanism::ScramSha256, m.sha256),
-                (Mechanism::ScramSha1, m.sha1),
-            ] {
-                if let Some(s) = secret {
-                    credentials
-                        .push(credential(mech, s).map_err(|(span, msg)| invalid(span, msg))?);
-                }
-            }
-            if credentials.is_empty() {
-                return Err(invalid(
-                    name_span.clone(),
-                    format!("user {name:?} has no mechanism"),
-                ));
-            }
-            let key = (db.clone(), name.clone());
+            let user = user(u).map_err(|(span, msg)| invalid(span, msg))?;
+            let key = (user.db.clone(), user.name.clone());
             if users.contains_key(&key) {
-                let msg = format!("duplicate user {name:?} in database {db:?}");
+                let msg = format!("duplicate user {:?} in database {:?}", user.name, user.db);
                 return Err(invalid(name_span, msg));
             }
-            users.insert(
-                key,
-                User {
-                    name,
-                    db,
-                    upstream,
-                    credentials,
-                },
-            );
+            users.insert(key, user);
         }
         Ok(Users { users })
     }
@@ -259,6 +218,47 @@ impl Users {
 }
 
 type Spanned2<T> = Result<T, (std::ops::Range<usize>, String)>;
+
+/// One `[[users]]` entry, checked; an error carries the span of the value at fault.
+fn user(u: UserRepr) -> Spanned2<User> {
+    let name_span = u.name.span();
+    let name = u.name.into_inner();
+    if name.is_empty() || name.contains('\0') {
+        return Err((name_span, "user name must be non-empty".into()));
+    }
+    let db = match u.db {
+        Some(db) if db.get_ref().is_empty() || db.get_ref().contains('\0') => {
+            return Err((db.span(), "db must be non-empty".into()));
+        }
+        Some(db) => db.into_inner(),
+        None => "admin".to_string(),
+    };
+    let upstream = match u.upstream {
+        Some(up) if up.get_ref().is_empty() => {
+            return Err((up.span(), "upstream must be non-empty".into()));
+        }
+        other => other.map(Spanned::into_inner),
+    };
+    let m = u.mechanisms;
+    let mut credentials = Vec::new();
+    for (mech, secret) in [
+        (Mechanism::ScramSha256, m.sha256),
+        (Mechanism::ScramSha1, m.sha1),
+    ] {
+        if let Some(s) = secret {
+            credentials.push(credential(mech, s)?);
+        }
+    }
+    if credentials.is_empty() {
+        return Err((name_span, format!("user {name:?} has no mechanism")));
+    }
+    Ok(User {
+        name,
+        db,
+        upstream,
+        credentials,
+    })
+}
 
 fn credential(mechanism: Mechanism, s: SecretRepr) -> Spanned2<StoredCredential> {
     let b64 = |v: Spanned<String>, what: &str| {

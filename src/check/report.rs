@@ -63,6 +63,15 @@ impl Report {
             return out;
         }
         let _ = writeln!(out);
+        self.text_groups(&mut out);
+        let blocking = self.count_where(Action::Block);
+        let warning = self.count_where(Action::Warn);
+        let _ = writeln!(out, "\n{blocking} blocking, {warning} warning violation(s)");
+        out
+    }
+
+    /// One heading per rule with its total, then one line per namespace and command.
+    fn text_groups(&self, out: &mut String) {
         let mut current = "";
         for g in &self.groups {
             if g.rule != current {
@@ -92,20 +101,15 @@ impl Report {
             }
             let _ = writeln!(out);
         }
-        let blocking: u64 = self
-            .groups
+    }
+
+    /// Violations whose action is `action`.
+    fn count_where(&self, action: Action) -> u64 {
+        self.groups
             .iter()
-            .filter(|g| g.action == Action::Block)
+            .filter(|g| g.action == action)
             .map(|g| g.count)
-            .sum();
-        let warning: u64 = self
-            .groups
-            .iter()
-            .filter(|g| g.action == Action::Warn)
-            .map(|g| g.count)
-            .sum();
-        let _ = writeln!(out, "\n{blocking} blocking, {warning} warning violation(s)");
-        out
+            .sum()
     }
 
     fn json(&self) -> Value {

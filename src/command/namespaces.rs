@@ -13,13 +13,16 @@ use super::{
     view::{CommandView, Namespace},
 };
 
+/// What a namespace callback returns.
+type Flow = Result<ControlFlow<()>, CommandError>;
+
 impl<'a> CommandView<'a> {
     /// Calls `f` for each namespace the command writes or changes. Reads (and explain) call
     /// nothing.
     pub fn for_each_written_namespace(
         &self,
         mut f: impl FnMut(Namespace<'a>) -> ControlFlow<()>,
-    ) -> Result<ControlFlow<()>, CommandError> {
+    ) -> Flow {
         if self.explain {
             return Ok(ControlFlow::Continue(()));
         }
@@ -45,18 +48,7 @@ impl<'a> CommandView<'a> {
             | Kind::ConvertToCapped
             | Kind::ShardCollection
             | Kind::DropDatabase => Ok(f(ns)),
-            Kind::CloneCollectionAsCapped => {
-                match get_str(body, "toCollection", "cloneCollectionAsCapped")? {
-                    Some(to) => Ok(f(Namespace {
-                        db: self.db,
-                        coll: Some(to),
-                    })),
-                    None => Err(CommandError::BadField {
-                        command: "cloneCollectionAsCapped",
-                        field: "toCollection",
-                    }),
-                }
-            }
+            Kind::CloneCollectionAsCapped => self.clone_target(body, &mut f),
             Kind::RenameCollection => {
                 if f(ns).is_break() {
                     return Ok(ControlFlow::Break(()));
@@ -68,95 +60,131 @@ impl<'a> CommandView<'a> {
                     })?;
                 Ok(f(Namespace::parse_full(to)))
             }
-            Kind::Aggregate => {
-                let db = self.db;
-                let mut err = None;
-                let flow = self.for_each_stage(|stage| match stage_output(db, stage) {
-                    Ok(Some(target)) => f(target),
-                    Ok(None) => ControlFlow::Continue(()),
-                    Err(e) => {
-                        err = Some(e);
-                        ControlFlow::Break(())
-                    }
-                })?;
-                err.map_or(Ok(flow), Err)
-            }
-            Kind::MapReduce => match get(body, "out")? {
-                Some(RawBsonRef::String(coll)) => Ok(f(Namespace {
-                    db: self.db,
-                    coll: Some(coll),
-                })),
-                Some(RawBsonRef::Document(out)) => map_reduce_output(self.db, out)
-                    .map(|t| t.map_or(ControlFlow::Continue(()), &mut f)),
-                _ => Err(CommandError::BadField {
-                    command: "mapReduce",
-                    field: "out",
-                }),
-            },
-            Kind::BulkWrite => {
-                let mut err = None;
-                let flow =
-                    self.each_entry(
-                        body,
-                        "nsInfo",
-                        "bulkWrite",
-                        &mut |_, entry| match unique_keys(entry)
-                            .and_then(|e| get_str(e, "ns", "bulkWrite"))
-                        {
-                            Ok(Some(full)) => f(Namespace::parse_full(full)),
-                            Ok(None) => {
-                                err = Some(CommandError::BadField {
-                                    command: "bulkWrite",
-                                    field: "ns",
-                                });
-                                ControlFlow::Break(())
-                            }
-                            Err(e) => {
-                                err = Some(e);
-                                ControlFlow::Break(())
-                            }
-                        },
-                    )?;
-                err.map_or(Ok(flow), Err)
-            }
-            Kind::ApplyOps => {
-                let ops =
-                    get_array(body, "applyOps", "applyOps")?.ok_or(CommandError::BadField {
-                        command: "applyOps",
-                        field: "applyOps",
-                    })?;
-                for op in ops {
-                    let RawBsonRef::Document(op) = op.map_err(|_| CommandError::Malformed)? else {
-                        return Err(CommandError::BadField {
-                            command: "applyOps",
-                            field: "applyOps",
-                        });
-                    };
-                    let op = unique_keys(op)?;
-                    let full = get_str(op, "ns", "applyOps")?.ok_or(CommandError::BadField {
-                        command: "applyOps",
-                        field: "ns",
-                    })?;
-                    let mut target = Namespace::parse_full(full);
-                    if target.coll == Some("$cmd") {
-                        // A command op: the collection is the command's first value.
-                        target.coll = get_doc(op, "o", "applyOps")?
-                            .and_then(|o| o.iter_elements().next())
-                            .and_then(|e| e.ok())
-                            .and_then(|e| match e.value() {
-                                Ok(RawBsonRef::String(s)) => Some(s),
-                                _ => None,
-                            });
-                    }
-                    if f(target).is_break() {
-                        return Ok(ControlFlow::Break(()));
-                    }
-                }
-                Ok(ControlFlow::Continue(()))
-            }
+            Kind::Aggregate => self.aggregate_outputs(&mut f),
+            Kind::MapReduce => self.map_reduce_target(body, &mut f),
+            Kind::BulkWrite => self.bulk_write_namespaces(body, &mut f),
+            Kind::ApplyOps => apply_ops_namespaces(body, &mut f),
             _ => Ok(ControlFlow::Continue(())),
         }
     }
+
+    /// cloneCollectionAsCapped writes `toCollection` in the same database.
+    fn clone_target(
+        &self,
+        body: &'a RawDocument,
+        f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    ) -> Flow {
+        match get_str(body, "toCollection", "cloneCollectionAsCapped")? {
+            Some(to) => Ok(f(Namespace {
+                db: self.db,
+                coll: Some(to),
+            })),
+            None => Err(CommandError::BadField {
+                command: "cloneCollectionAsCapped",
+                field: "toCollection",
+            }),
+        }
+    }
+
+    /// mapReduce writes `out`: a collection of this database, or the target its document
+    /// names (none for inline results).
+    fn map_reduce_target(
+        &self,
+        body: &'a RawDocument,
+        f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    ) -> Flow {
+        match get(body, "out")? {
+            Some(RawBsonRef::String(coll)) => Ok(f(Namespace {
+                db: self.db,
+                coll: Some(coll),
+            })),
+            Some(RawBsonRef::Document(out)) => {
+                map_reduce_output(self.db, out).map(|t| t.map_or(ControlFlow::Continue(()), f))
+            }
+            _ => Err(CommandError::BadField {
+                command: "mapReduce",
+                field: "out",
+            }),
+        }
+    }
+
+    /// The `$out` / `$merge` targets of an aggregate's stages.
+    fn aggregate_outputs(&self, f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>) -> Flow {
+        let db = self.db;
+        let mut err = None;
+        let flow = self.for_each_stage(|stage| match stage_output(db, stage) {
+            Ok(Some(target)) => f(target),
+            Ok(None) => ControlFlow::Continue(()),
+            Err(e) => {
+                err = Some(e);
+                ControlFlow::Break(())
+            }
+        })?;
+        err.map_or(Ok(flow), Err)
+    }
+
+    /// The `nsInfo` namespaces of a bulkWrite (it runs on admin).
+    fn bulk_write_namespaces(
+        &self,
+        body: &'a RawDocument,
+        f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    ) -> Flow {
+        let mut err = None;
+        let flow = self.each_entry(
+            body,
+            "nsInfo",
+            "bulkWrite",
+            &mut |_, entry| match unique_keys(entry).and_then(|e| get_str(e, "ns", "bulkWrite")) {
+                Ok(Some(full)) => f(Namespace::parse_full(full)),
+                Ok(None) => {
+                    err = Some(CommandError::BadField {
+                        command: "bulkWrite",
+                        field: "ns",
+                    });
+                    ControlFlow::Break(())
+                }
+                Err(e) => {
+                    err = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
+        err.map_or(Ok(flow), Err)
+    }
+}
+
+/// The namespace of each operation of an applyOps; for a command op (`db.$cmd`), the
+/// collection is the command's first value.
+fn apply_ops_namespaces<'a>(
+    body: &'a RawDocument,
+    f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+) -> Flow {
+    let bad = |field| CommandError::BadField {
+        command: "applyOps",
+        field,
+    };
+    let ops = get_array(body, "applyOps", "applyOps")?.ok_or(bad("applyOps"))?;
+    for op in ops {
+        let RawBsonRef::Document(op) = op.map_err(|_| CommandError::Malformed)? else {
+            return Err(bad("applyOps"));
+        };
+        let op = unique_keys(op)?;
+        let full = get_str(op, "ns", "applyOps")?.ok_or(bad("ns"))?;
+        let mut target = Namespace::parse_full(full);
+        if target.coll == Some("$cmd") {
+            target.coll = get_doc(op, "o", "applyOps")?
+                .and_then(|o| o.iter_elements().next())
+                .and_then(|e| e.ok())
+                .and_then(|e| match e.value() {
+                    Ok(RawBsonRef::String(s)) => Some(s),
+                    _ => None,
+                });
+        }
+        if f(target).is_break() {
+            return Ok(ControlFlow::Break(()));
+        }
+    }
+    Ok(ControlFlow::Continue(()))
 }
 
 /// `$out` / `$merge` targets of one stage.

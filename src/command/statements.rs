@@ -109,13 +109,66 @@ impl<'a> CommandView<'a> {
         let sink: Sink<'_, 'a> = &mut f;
         let ns = self.namespace();
         match self.source {
+            Source::Command { body, .. } => self.command_statements(body, ns, sink),
+            Source::LegacyInsert(_)
+            | Source::LegacyUpdate(_)
+            | Source::LegacyDelete(_)
+            | Source::LegacyQuery { .. }
+            | Source::LegacyCursor => self.legacy_statements(ns, sink),
+        }
+    }
+
+    /// The statements of a command body (and its kind-1 sequences).
+    fn command_statements(
+        &self,
+        body: &'a RawDocument,
+        ns: Namespace<'a>,
+        sink: Sink<'_, 'a>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        match self.kind {
+            Kind::Insert => self.each_entry(body, "documents", "insert", &mut |index, doc| {
+                sink(StatementRef {
+                    index,
+                    ns,
+                    statement: Statement::Insert { doc },
+                    find_and_modify: false,
+                })
+            }),
+            Kind::Update => self.each_parsed(body, "updates", "update", update_statement, ns, sink),
+            Kind::Delete => self.each_parsed(body, "deletes", "delete", delete_statement, ns, sink),
+            Kind::FindAndModify => {
+                let statement = find_and_modify_statement(body)?;
+                Ok(sink(StatementRef {
+                    index: 0,
+                    ns,
+                    statement,
+                    find_and_modify: true,
+                }))
+            }
+            Kind::BulkWrite => self.bulk_write(body, sink),
+            _ => Ok(ControlFlow::Continue(())),
+        }
+    }
+
+    /// The statements of a legacy opcode: each document of an OP_INSERT, the one update or
+    /// delete of an OP_UPDATE or OP_DELETE. Legacy queries and cursor messages have none.
+    fn legacy_statements(
+        &self,
+        ns: Namespace<'a>,
+        sink: Sink<'_, 'a>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        let only = |statement| StatementRef {
+            index: 0,
+            ns,
+            statement,
+            find_and_modify: false,
+        };
+        match self.source {
             Source::LegacyInsert(i) => {
                 for (index, doc) in i.documents().enumerate() {
                     if sink(StatementRef {
                         index,
-                        ns,
-                        statement: Statement::Insert { doc },
-                        find_and_modify: false,
+                        ..only(Statement::Insert { doc })
                     })
                     .is_break()
                     {
@@ -125,63 +178,22 @@ impl<'a> CommandView<'a> {
                 Ok(ControlFlow::Continue(()))
             }
             Source::LegacyUpdate(u) => {
-                let statement = Statement::Update {
+                let update =
+                    UpdateMods::from_value(RawBsonRef::Document(u.update), "update", "update")?;
+                Ok(sink(only(Statement::Update {
                     filter: u.selector,
-                    update: UpdateMods::from_value(
-                        RawBsonRef::Document(u.update),
-                        "update",
-                        "update",
-                    )?,
+                    update,
                     multi: u.is_multi(),
                     upsert: u.is_upsert(),
-                };
-                Ok(sink(StatementRef {
-                    index: 0,
-                    ns,
-                    statement,
-                    find_and_modify: false,
-                }))
+                })))
             }
-            Source::LegacyDelete(d) => {
-                let statement = Statement::Delete {
-                    filter: d.selector,
-                    many: !d.is_single_remove(),
-                };
-                Ok(sink(StatementRef {
-                    index: 0,
-                    ns,
-                    statement,
-                    find_and_modify: false,
-                }))
+            Source::LegacyDelete(d) => Ok(sink(only(Statement::Delete {
+                filter: d.selector,
+                many: !d.is_single_remove(),
+            }))),
+            Source::LegacyQuery { .. } | Source::LegacyCursor | Source::Command { .. } => {
+                Ok(ControlFlow::Continue(()))
             }
-            Source::LegacyQuery { .. } | Source::LegacyCursor => Ok(ControlFlow::Continue(())),
-            Source::Command { body, .. } => match self.kind {
-                Kind::Insert => self.each_entry(body, "documents", "insert", &mut |index, doc| {
-                    sink(StatementRef {
-                        index,
-                        ns,
-                        statement: Statement::Insert { doc },
-                        find_and_modify: false,
-                    })
-                }),
-                Kind::Update => {
-                    self.each_parsed(body, "updates", "update", update_statement, ns, sink)
-                }
-                Kind::Delete => {
-                    self.each_parsed(body, "deletes", "delete", delete_statement, ns, sink)
-                }
-                Kind::FindAndModify => {
-                    let statement = find_and_modify_statement(body)?;
-                    Ok(sink(StatementRef {
-                        index: 0,
-                        ns,
-                        statement,
-                        find_and_modify: true,
-                    }))
-                }
-                Kind::BulkWrite => self.bulk_write(body, sink),
-                _ => Ok(ControlFlow::Continue(())),
-            },
         }
     }
 

@@ -3,7 +3,7 @@
 use bson::{RawBsonRef, RawDocument};
 
 use super::{error::CommandError, kind::Kind, value};
-use crate::wire::{first_key, DocumentSequence, Message, OpMsg};
+use crate::wire::{first_key, DocumentSequence, Message, OpMsg, OpQuery};
 
 /// A database and, for collection-level commands, a collection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,36 +68,9 @@ impl<'a> CommandView<'a> {
     /// are not commands.
     pub fn from_message(msg: &Message<'a>) -> Result<CommandView<'a>, CommandError> {
         match *msg {
-            Message::Msg(m) => {
-                let body = m.body();
-                let db = match value::get(body, "$db")? {
-                    Some(RawBsonRef::String(db)) => db,
-                    _ => return Err(CommandError::MissingDb),
-                };
-                let mut view = Self::command(db, body)?;
-                view.source = Source::Command { body, msg: Some(m) };
-                view.more_to_come = m.flags().more_to_come();
-                Ok(view)
-            }
+            Message::Msg(m) => Self::op_msg(m),
             Message::Query(q) if q.is_command() => Self::command(q.database(), q.command()),
-            Message::Query(q) => {
-                let filter = match value::get(q.query, "$query")? {
-                    Some(RawBsonRef::Document(d)) => d,
-                    Some(_) => {
-                        return Err(CommandError::BadField {
-                            command: "find",
-                            field: "$query",
-                        })
-                    }
-                    None => q.query,
-                };
-                Ok(Self::legacy(
-                    Kind::Find,
-                    "find",
-                    q.full_collection_name,
-                    Source::LegacyQuery { filter },
-                ))
-            }
+            Message::Query(q) => Self::legacy_query(q),
             Message::Insert(i) => Ok(Self::legacy(
                 Kind::Insert,
                 "insert",
@@ -132,6 +105,39 @@ impl<'a> CommandView<'a> {
                 Err(CommandError::BadReference("not a command message"))
             }
         }
+    }
+
+    /// An OP_MSG command: its body names the database (`$db`).
+    fn op_msg(m: OpMsg<'a>) -> Result<CommandView<'a>, CommandError> {
+        let body = m.body();
+        let db = match value::get(body, "$db")? {
+            Some(RawBsonRef::String(db)) => db,
+            _ => return Err(CommandError::MissingDb),
+        };
+        let mut view = Self::command(db, body)?;
+        view.source = Source::Command { body, msg: Some(m) };
+        view.more_to_come = m.flags().more_to_come();
+        Ok(view)
+    }
+
+    /// A legacy OP_QUERY on a collection: a find whose filter is `$query` or the whole query.
+    fn legacy_query(q: OpQuery<'a>) -> Result<CommandView<'a>, CommandError> {
+        let filter = match value::get(q.query, "$query")? {
+            Some(RawBsonRef::Document(d)) => d,
+            Some(_) => {
+                return Err(CommandError::BadField {
+                    command: "find",
+                    field: "$query",
+                })
+            }
+            None => q.query,
+        };
+        Ok(Self::legacy(
+            Kind::Find,
+            "find",
+            q.full_collection_name,
+            Source::LegacyQuery { filter },
+        ))
     }
 
     /// A view of a bare command document run against `db` (the offline checker, explain).

@@ -9,7 +9,10 @@
 //! pooled mode has a valid pool; the Debug output (what `--check-config` prints) never depends
 //! on the admin token or an identity password, and prints the URI with its password masked.
 
-use crate::config::{Config, Mode};
+use crate::{
+    config::{Config, Mode},
+    upstream::pool::PoolConfig,
+};
 
 const ORIGIN: &str = "fuzz.toml";
 
@@ -45,7 +48,7 @@ pub fn run(data: &[u8]) {
         );
     }
     if config.proxy.mode == Mode::Pooled {
-        assert!(config.pool.pool_config().validate().is_ok());
+        assert!(PoolConfig::from(&config.pool).validate().is_ok());
         assert!(config.auth.users_file.is_some() || config.auth.allow_unauthenticated);
     }
     check_secrets(&config);

@@ -15,32 +15,27 @@
 pub mod clients;
 pub mod commands;
 pub mod labels;
+mod scrape;
 pub mod shapes;
 pub mod violations;
 
 use std::{
     fmt::Write as _,
-    sync::{
-        atomic::{AtomicI64, Ordering},
-        Arc,
-    },
+    sync::{atomic::AtomicI64, Arc},
     time::Duration,
 };
 
 use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{
-        counter::{ConstCounter, Counter},
+        counter::Counter,
         family::Family,
-        gauge::ConstGauge,
         histogram::{exponential_buckets, Histogram},
-        MetricType,
     },
     registry::Registry,
 };
 
 use crate::{audit::ViolationRecord, config::AdminConfig, upstream::pool::PoolStats};
+use scrape::ScrapeCollector;
 
 pub use clients::{ClientEntry, ClientRow, ClientTable};
 pub use labels::CappedLabels;
@@ -145,7 +140,10 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
 }
 
 impl Metrics {
-    /// A registry with every metric README "Metrics and admin API" lists; `source` supplies scrape-time values.
+    /// A registry with every metric README "Metrics and admin API" lists; `source` supplies
+    /// scrape-time values.
+    // Long because it is the list of registered metrics, one registration each, in
+    // exposition order; split, the list would be harder to check against the README.
     pub fn new(config: &AdminConfig, source: Arc<dyn Scrape>) -> Metrics {
         let mut registry = Registry::default();
         let by_command = Family::<[(&'static str, &'static str); 1], Counter>::default();
@@ -266,222 +264,5 @@ impl Metrics {
     /// Counts a failed TLS handshake.
     pub fn tls_handshake_failed(&self) {
         self.tls_handshake_failures.inc();
-    }
-}
-
-/// Encodes the scrape-time metrics.
-#[derive(Debug)]
-struct ScrapeCollector {
-    source: Arc<dyn Scrape>,
-    live: Arc<Live>,
-}
-
-fn gauge(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    label: &'static str,
-    values: &[(&str, i64)],
-) -> Result<(), std::fmt::Error> {
-    let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (value, v) in values {
-        ConstGauge::new(*v).encode(m.encode_family(&[(label, *value)])?)?;
-    }
-    Ok(())
-}
-
-fn counter(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    v: u64,
-) -> Result<(), std::fmt::Error> {
-    let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    ConstCounter::new(v).encode(m)
-}
-
-fn to_i64(v: usize) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// One metric with a series per pool, labelled by server and identity.
-fn per_pool<M: EncodeMetric>(
-    encoder: &mut DescriptorEncoder<'_>,
-    pools: &[PoolRow],
-    (name, help, kind): (&str, &str, MetricType),
-    value: impl Fn(&PoolStats) -> M,
-) -> Result<(), std::fmt::Error> {
-    let mut m = encoder.encode_descriptor(name, help, None, kind)?;
-    for p in pools {
-        let labels = [
-            ("server", p.server.as_str()),
-            ("identity", p.identity.as_str()),
-        ];
-        value(&p.stats).encode(m.encode_family(&labels)?)?;
-    }
-    Ok(())
-}
-
-/// PgBouncer-style gauges and counters of each pool.
-fn pool_metrics(
-    encoder: &mut DescriptorEncoder<'_>,
-    pools: &[PoolRow],
-) -> Result<(), std::fmt::Error> {
-    type Get = fn(&PoolStats) -> usize;
-    let counts: [(&str, &str, Get); 4] = [
-        (
-            "mongoguard_pool_clients_active",
-            "Client requests holding an upstream connection (cl_active)",
-            |s| s.in_use,
-        ),
-        (
-            "mongoguard_pool_clients_waiting",
-            "Client requests waiting for an upstream connection (cl_waiting)",
-            |s| s.waiting,
-        ),
-        (
-            "mongoguard_pool_servers_active",
-            "Upstream connections checked out (sv_active)",
-            |s| s.in_use,
-        ),
-        (
-            "mongoguard_pool_servers_idle",
-            "Idle upstream connections in the pool (sv_idle)",
-            |s| s.idle,
-        ),
-    ];
-    let gauge = MetricType::Gauge;
-    for (name, help, get) in counts {
-        per_pool(encoder, pools, (name, help, gauge), |s| {
-            ConstGauge::new(to_i64(get(s)))
-        })?;
-    }
-    per_pool(
-        encoder,
-        pools,
-        (
-            "mongoguard_pool_max_wait_seconds",
-            "Longest wait for an upstream connection observed (maxwait)",
-            gauge,
-        ),
-        |s| ConstGauge::new(s.max_wait.as_secs_f64()),
-    )?;
-    per_pool(
-        encoder,
-        pools,
-        (
-            "mongoguard_pool_checkout_timeouts",
-            "Requests that waited checkout_timeout for an upstream connection and failed",
-            MetricType::Counter,
-        ),
-        |s| ConstCounter::new(s.timeouts),
-    )
-}
-
-fn to_i64_u(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-impl Collector for ScrapeCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let s = self.source.snapshot();
-        let r = Ordering::Relaxed;
-        let open = i64::try_from(s.open_clients).unwrap_or(i64::MAX);
-        let in_flight = self.live.in_flight.load(r).clamp(0, open);
-        gauge(
-            &mut encoder,
-            "mongoguard_client_connections",
-            "Client connections by state (active: a request in flight)",
-            "state",
-            &[("active", in_flight), ("idle", open - in_flight)],
-        )?;
-        counter(
-            &mut encoder,
-            "mongoguard_client_connections_accepted",
-            "Client connections accepted",
-            s.accepted,
-        )?;
-        counter(
-            &mut encoder,
-            "mongoguard_client_connections_rejected",
-            "Client connections closed at accept (max_client_connections)",
-            s.rejected,
-        )?;
-        let upstream = match &s.pools {
-            Some(pools) => {
-                let sum =
-                    |f: fn(&PoolStats) -> usize| to_i64(pools.iter().map(|p| f(&p.stats)).sum());
-                [sum(|s| s.in_use), sum(|s| s.idle), sum(|s| s.connecting)]
-            }
-            None => {
-                let open = self.live.upstream_open.load(r).max(0);
-                let active = in_flight.min(open);
-                [
-                    active,
-                    open - active,
-                    self.live.upstream_connecting.load(r).max(0),
-                ]
-            }
-        };
-        gauge(
-            &mut encoder,
-            "mongoguard_upstream_connections",
-            "Upstream connections by state",
-            "state",
-            &[
-                ("active", upstream[0]),
-                ("idle", upstream[1]),
-                ("connecting", upstream[2]),
-            ],
-        )?;
-        let (in_use, limit) = s.memory_budget;
-        gauge(
-            &mut encoder,
-            "mongoguard_memory_budget_bytes",
-            "Client message bytes held from proxy.memory_budget (in_use) and the budget (limit)",
-            "state",
-            &[("in_use", to_i64_u(in_use)), ("limit", to_i64_u(limit))],
-        )?;
-        counter(
-            &mut encoder,
-            "mongoguard_blocked_requests",
-            "Requests blocked by the policy (answered or dropped by mongoguard)",
-            s.blocked,
-        )?;
-        pool_metrics(&mut encoder, s.pools.as_deref().unwrap_or(&[]))?;
-        let p = s.pinned;
-        let pinned = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        gauge(
-            &mut encoder,
-            "mongoguard_pinned_connections",
-            "Pinned upstream state by reason (pooled mode)",
-            "reason",
-            &[
-                ("exhaust", pinned(p.exhaust)),
-                ("transaction", pinned(p.transaction)),
-                ("cursor", pinned(p.cursor)),
-                ("legacy_write", pinned(p.legacy_write)),
-            ],
-        )?;
-        counter(
-            &mut encoder,
-            "mongoguard_policy_reloads",
-            "Successful policy reloads",
-            s.policy_reloads,
-        )?;
-        counter(
-            &mut encoder,
-            "mongoguard_policy_reload_failures",
-            "Policy reloads refused (invalid file; the old policy stayed)",
-            s.policy_reload_failures,
-        )?;
-        counter(
-            &mut encoder,
-            "mongoguard_log_lines_dropped",
-            "Log lines dropped because the queue to standard error was full (a slow or \
-             unread standard error); requests never wait for the log",
-            crate::logging::dropped_lines(),
-        )?;
-        Ok(())
     }
 }

@@ -140,63 +140,63 @@ impl Policy {
         if let Some(mode) = file.mode {
             policy.mode = mode;
         }
-        for (code, setting) in &file.rules {
-            let id = rule_id(code).map_err(invalid)?;
-            let action = match setting {
-                RuleSetting::Action(a) => *a,
-                RuleSetting::Table(t) => {
-                    apply_params(&mut policy.params, id, t)
-                        .map_err(|m| invalid(format!("rules.{code}: {m}")))?;
-                    t.action
-                }
-            };
-            super::compiled::set_action(&mut policy.actions, id, action);
-        }
-        if super::compiled::action_in(&policy.actions, RuleId::G001) != Action::Block {
-            return Err(invalid(
-                "G001 (unreadable-command) is always \"block\": mongoguard fails closed".into(),
-            ));
-        }
+        apply_rules(&mut policy, &file.rules).map_err(invalid)?;
         if file.overrides.len() > MAX_OVERRIDES {
             return Err(invalid(format!("at most {MAX_OVERRIDES} overrides")));
         }
         for (i, o) in file.overrides.iter().enumerate() {
-            let at = |m: String| invalid(format!("overrides[{i}]: {m}"));
-            let mut actions = [None; RULE_COUNT];
-            for (code, action) in &o.rules {
-                let id = rule_id(code).map_err(at)?;
-                if id == RuleId::G001 {
-                    return Err(at("G001 cannot be overridden".into()));
-                }
-                super::compiled::set_action(&mut actions, id, Some(*action));
-            }
-            if o.namespace.is_none() && o.app.is_none() && o.user.is_none() && o.client.is_none() {
-                return Err(at(
-                    "needs at least one of namespace, app, user, client".into()
-                ));
-            }
-            policy.overrides.push(Override {
-                namespace: o
-                    .namespace
-                    .as_deref()
-                    .map(Glob::new)
-                    .transpose()
-                    .map_err(at)?,
-                app: o.app.as_deref().map(Glob::new).transpose().map_err(at)?,
-                user: o.user.as_deref().map(Glob::new).transpose().map_err(at)?,
-                client: o
-                    .client
-                    .as_deref()
-                    .map(Cidr::parse)
-                    .transpose()
-                    .map_err(at)?,
-                mode: o.mode,
-                actions,
-            });
+            let o = compile_override(o).map_err(|m| invalid(format!("overrides[{i}]: {m}")))?;
+            policy.overrides.push(o);
         }
         policy.hash = fnv1a(text.as_bytes()) ^ policy.hash.rotate_left(7);
         Ok(policy)
     }
+}
+
+/// Sets the action (and parameters) of each rule the `[rules]` table names. G001 stays
+/// `block` whatever the file says: mongoguard fails closed.
+fn apply_rules(policy: &mut Policy, rules: &BTreeMap<String, RuleSetting>) -> Result<(), String> {
+    for (code, setting) in rules {
+        let id = rule_id(code)?;
+        let action = match setting {
+            RuleSetting::Action(a) => *a,
+            RuleSetting::Table(t) => {
+                apply_params(&mut policy.params, id, t)
+                    .map_err(|m| format!("rules.{code}: {m}"))?;
+                t.action
+            }
+        };
+        super::compiled::set_action(&mut policy.actions, id, action);
+    }
+    if super::compiled::action_in(&policy.actions, RuleId::G001) != Action::Block {
+        return Err(
+            "G001 (unreadable-command) is always \"block\": mongoguard fails closed".into(),
+        );
+    }
+    Ok(())
+}
+
+/// One `[[overrides]]` entry: at least one matcher, and no say over G001.
+fn compile_override(o: &OverrideFile) -> Result<Override, String> {
+    let mut actions = [None; RULE_COUNT];
+    for (code, action) in &o.rules {
+        let id = rule_id(code)?;
+        if id == RuleId::G001 {
+            return Err("G001 cannot be overridden".into());
+        }
+        super::compiled::set_action(&mut actions, id, Some(*action));
+    }
+    if o.namespace.is_none() && o.app.is_none() && o.user.is_none() && o.client.is_none() {
+        return Err("needs at least one of namespace, app, user, client".into());
+    }
+    Ok(Override {
+        namespace: o.namespace.as_deref().map(Glob::new).transpose()?,
+        app: o.app.as_deref().map(Glob::new).transpose()?,
+        user: o.user.as_deref().map(Glob::new).transpose()?,
+        client: o.client.as_deref().map(Cidr::parse).transpose()?,
+        mode: o.mode,
+        actions,
+    })
 }
 
 fn rule_id(code: &str) -> Result<RuleId, String> {

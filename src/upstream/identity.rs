@@ -7,11 +7,12 @@ use std::{collections::HashMap, fmt, sync::Arc};
 
 use crate::{
     auth::scram::Mechanism,
-    config::{ConfigError, UpstreamConfig},
+    config::{ConfigError, IdentityConfig, UpstreamConfig, UpstreamUri},
 };
 
-/// The identity of the URI's credentials (or of no credentials at all).
-pub const DEFAULT_IDENTITY: &str = "default";
+/// The identity of the URI's credentials (or of no credentials at all): the configuration's
+/// constant, which its validation also uses.
+pub use crate::config::DEFAULT_IDENTITY;
 
 /// Credentials toward the upstream. The password is never printed.
 #[derive(Clone)]
@@ -96,61 +97,71 @@ fn mechanism(value: Option<&str>, what: &str) -> Result<Option<Mechanism>, Confi
     }
 }
 
+/// The URI's credentials: its user and password, authenticated against `authSource`, else
+/// the URI's database, else `admin`.
+fn uri_credentials(uri: &UpstreamUri) -> Result<Option<Credentials>, ConfigError> {
+    let Some(user) = &uri.username else {
+        return Ok(None);
+    };
+    Ok(Some(Credentials::new(
+        user.clone(),
+        uri.password().unwrap_or_default(),
+        uri.option("authSource")
+            .map(str::to_owned)
+            .or_else(|| uri.database.clone())
+            .unwrap_or_else(|| "admin".into()),
+        mechanism(uri.option("authMechanism"), "upstream.uri authMechanism")?,
+    )))
+}
+
+/// An identity's password, from exactly one of `password`, `password_env`, `password_file`
+/// (its trailing newline removed).
+fn password(ic: &IdentityConfig, what: &str) -> Result<String, ConfigError> {
+    let sources = [
+        ic.password.is_some(),
+        ic.password_env.is_some(),
+        ic.password_file.is_some(),
+    ];
+    let one_of = || {
+        ConfigError::Invalid(format!(
+            "{what}: set exactly one of password, password_env, password_file"
+        ))
+    };
+    if sources.iter().filter(|s| **s).count() != 1 {
+        return Err(one_of());
+    }
+    if let Some(p) = &ic.password {
+        return Ok(p.clone());
+    }
+    if let Some(var) = &ic.password_env {
+        return std::env::var(var).map_err(|_| {
+            ConfigError::Invalid(format!("{what}: environment variable {var} is not set"))
+        });
+    }
+    let Some(path) = ic.password_file.as_ref() else {
+        return Err(one_of());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::Invalid(format!("{what}: cannot read {}: {e}", path.display()))
+    })?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+}
+
 impl Identities {
     /// Resolves `default` from the URI and the configured identities (reading password
     /// files and environment variables now, so a missing secret stops startup).
     pub fn from_config(cfg: &UpstreamConfig) -> Result<Identities, ConfigError> {
         let mut map = HashMap::new();
-        let uri = &cfg.uri;
-        let default = match &uri.username {
-            None => None,
-            Some(user) => Some(Credentials::new(
-                user.clone(),
-                uri.password().unwrap_or_default(),
-                uri.option("authSource")
-                    .map(str::to_owned)
-                    .or_else(|| uri.database.clone())
-                    .unwrap_or_else(|| "admin".into()),
-                mechanism(uri.option("authMechanism"), "upstream.uri authMechanism")?,
-            )),
-        };
         let default = Arc::new(Identity {
             name: DEFAULT_IDENTITY.to_owned(),
-            credentials: default,
+            credentials: uri_credentials(&cfg.uri)?,
         });
         map.insert(DEFAULT_IDENTITY.to_owned(), default.clone());
         for (name, ic) in &cfg.identities {
             let what = format!("upstream.identities.{name}");
-            let sources = [
-                ic.password.is_some(),
-                ic.password_env.is_some(),
-                ic.password_file.is_some(),
-            ];
-            if sources.iter().filter(|s| **s).count() != 1 {
-                return Err(ConfigError::Invalid(format!(
-                    "{what}: set exactly one of password, password_env, password_file"
-                )));
-            }
-            let password = if let Some(p) = &ic.password {
-                p.clone()
-            } else if let Some(var) = &ic.password_env {
-                std::env::var(var).map_err(|_| {
-                    ConfigError::Invalid(format!("{what}: environment variable {var} is not set"))
-                })?
-            } else {
-                let Some(path) = ic.password_file.as_ref() else {
-                    return Err(ConfigError::Invalid(format!(
-                        "{what}: set exactly one of password, password_env, password_file"
-                    )));
-                };
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    ConfigError::Invalid(format!("{what}: cannot read {}: {e}", path.display()))
-                })?;
-                text.trim_end_matches(['\n', '\r']).to_owned()
-            };
             let creds = Credentials::new(
                 ic.username.clone(),
-                password,
+                password(ic, &what)?,
                 ic.source.clone().unwrap_or_else(|| "admin".into()),
                 mechanism(ic.mechanism.as_deref(), &what)?,
             );

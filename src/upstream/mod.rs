@@ -4,11 +4,12 @@ mod conn;
 mod identity;
 pub mod pool;
 pub mod topology;
-mod uri;
 
 pub use conn::{HelloFacts, Role, UpstreamConn};
 pub use identity::{Credentials, Identities, Identity, DEFAULT_IDENTITY};
-pub use uri::{Host, UpstreamUri};
+// The URI is a settings type (`config::uri`); these names stay for the code that reached
+// them here.
+pub use crate::config::{Host, UpstreamUri};
 
 use std::time::Duration;
 

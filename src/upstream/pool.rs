@@ -39,6 +39,7 @@ use std::time::Duration;
 use keyed::KeyPool;
 
 use super::{ConnectError, Host};
+use crate::config::PoolSettings;
 
 /// Identifies one pool: the upstream server and the upstream identity the connections are
 /// authenticated as. A connection authenticated as one identity never serves another.
@@ -139,6 +140,30 @@ pub enum PoolConfigError {
         /// The configured `pool_size`.
         pool_size: usize,
     },
+}
+
+/// The `[pool]` section's limits; `"0"` for `idle_timeout` or `max_lifetime` means never.
+impl From<&PoolSettings> for PoolConfig {
+    fn from(s: &PoolSettings) -> Self {
+        let opt = |d: Duration| (!d.is_zero()).then_some(d);
+        PoolConfig {
+            pool_size: s.pool_size,
+            min_idle: s.min_idle,
+            checkout_timeout: s.checkout_timeout,
+            idle_timeout: opt(s.idle_timeout),
+            max_lifetime: opt(s.max_lifetime),
+        }
+    }
+}
+
+// Shim: `config.pool.pool_config()` in src/proxy/pooled.rs keeps compiling (an inherent
+// method may be defined anywhere in the crate; the configuration stays a leaf). Remove it once
+// the caller says `PoolConfig::from(&config.pool)`.
+impl PoolSettings {
+    /// The pool's own form of these limits (`PoolConfig::from`).
+    pub fn pool_config(&self) -> PoolConfig {
+        PoolConfig::from(self)
+    }
 }
 
 impl PoolConfig {
@@ -313,5 +338,68 @@ impl<C: Connector> Pool<C> {
             .pools
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn settings_convert_with_zero_meaning_never() {
+        let settings = PoolSettings {
+            pool_size: 7,
+            min_idle: 2,
+            checkout_timeout: Duration::from_millis(1500),
+            idle_timeout: Duration::ZERO,
+            max_lifetime: Duration::from_secs(90),
+        };
+        assert_eq!(
+            PoolConfig::from(&settings),
+            PoolConfig {
+                pool_size: 7,
+                min_idle: 2,
+                checkout_timeout: Duration::from_millis(1500),
+                idle_timeout: None,
+                max_lifetime: Some(Duration::from_secs(90)),
+            }
+        );
+        // The defaults of both sides are the same limits.
+        assert_eq!(
+            PoolConfig::from(&PoolSettings::default()),
+            PoolConfig::default()
+        );
+        assert_eq!(settings.pool_config(), PoolConfig::from(&settings));
+    }
+
+    /// The configuration checks the pool's limits itself (it cannot import the pool); it
+    /// must accept exactly what the pool accepts.
+    #[test]
+    fn config_and_pool_agree_on_valid_limits() {
+        for pool_size in 0..4 {
+            for min_idle in 0..5 {
+                let text = format!(
+                    "[proxy]\nmode = \"pooled\"\n[auth]\nallow_unauthenticated = true\n\
+                     [pool]\npool_size = {pool_size}\nmin_idle = {min_idle}\n"
+                );
+                let config = Config::from_toml_str(&text, "t");
+                let settings = PoolSettings {
+                    pool_size,
+                    min_idle,
+                    ..PoolSettings::default()
+                };
+                let pool = PoolConfig::from(&settings).validate();
+                assert_eq!(
+                    config.is_ok(),
+                    pool.is_ok(),
+                    "pool_size {pool_size}, min_idle {min_idle}: config {config:?}, pool {pool:?}"
+                );
+                if let (Err(c), Err(p)) = (config, pool) {
+                    // Same words, prefixed with the section.
+                    assert_eq!(c.to_string(), format!("invalid configuration: pool: {p}"));
+                }
+            }
+        }
     }
 }

@@ -49,8 +49,12 @@ use bytes::Bytes;
 
 /// Size of the standard message header.
 pub const HEADER_LEN: usize = 16;
-/// mongod's default `maxMessageSizeBytes`.
-pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;
+/// mongod's default `maxMessageSizeBytes` (the configuration's default `max_message_size`).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = crate::config::DEFAULT_MAX_MESSAGE_SIZE;
+
+// The configuration refuses a `max_message_size` below one header; it cannot import this
+// module (it is a leaf), so its own constant is checked here.
+const _: () = assert!(HEADER_LEN == crate::config::MIN_MAX_MESSAGE_SIZE);
 
 /// Opcodes this proxy understands. Anything else is rejected at parse time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -203,62 +203,82 @@ fn operators<'a>(
         let Ok(value) = elem.value() else {
             return v.visit(Event::Malformed);
         };
-        match (elem.key().as_str(), value) {
-            ("$ne", _) => v.visit(Event::Negation { op: "$ne", path })?,
-            (op @ ("$in" | "$nin"), RawBsonRef::Array(list)) => {
-                let op = if op == "$in" { "$in" } else { "$nin" };
-                if op == "$nin" {
-                    v.visit(Event::Negation { op, path })?;
-                }
-                v.visit(Event::InList {
-                    op,
-                    len: list.into_iter().count(),
-                    path,
-                })?;
-                list_regexes(list, path, v, depth)?;
-            }
-            ("$all", RawBsonRef::Array(list)) => list_regexes(list, path, v, depth)?,
-            ("$not", not) => {
-                v.visit(Event::Negation { op: "$not", path })?;
-                match not {
-                    RawBsonRef::RegularExpression(r) => v.visit(regex(r, path))?,
-                    RawBsonRef::Document(d) if is_operator_doc(d) => {
-                        operators(path, d, v, depth + 1)?
-                    }
-                    _ => v.visit(Event::Malformed)?,
-                }
-            }
-            ("$regex", RawBsonRef::String(pattern)) => v.visit(Event::Regex {
-                pattern,
-                options,
-                path,
-            })?,
-            ("$regex", RawBsonRef::RegularExpression(r)) => {
-                let own = r.options.as_str();
-                // Options on both the literal and `$options`: report both, the rule keeps
-                // the worse.
-                v.visit(regex(r, path))?;
-                if !options.is_empty() && options != own {
-                    v.visit(Event::Regex {
-                        pattern: r.pattern.as_str(),
-                        options,
-                        path,
-                    })?;
-                }
-            }
-            ("$exists", e) if !true_value(e) => v.visit(Event::ExistsFalse { path })?,
-            ("$elemMatch", RawBsonRef::Document(d)) => {
-                if elem_match_is_value_form(d) {
-                    operators(path, d, v, depth + 1)?
-                } else {
-                    filter_doc(d, v, depth + 1)?
-                }
-            }
-            ("$in" | "$nin" | "$all" | "$regex" | "$elemMatch", _) => v.visit(Event::Malformed)?,
-            _ => {}
-        }
+        operator(elem.key().as_str(), value, path, options, v, depth)?;
     }
     ControlFlow::Continue(())
+}
+
+/// One operator of [`operators`]; `options` is the document's `$options`.
+fn operator<'a>(
+    op: &str,
+    value: RawBsonRef<'a>,
+    path: &'a str,
+    options: &'a str,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> ControlFlow<()> {
+    match (op, value) {
+        ("$ne", _) => v.visit(Event::Negation { op: "$ne", path }),
+        ("$in", RawBsonRef::Array(list)) => in_list("$in", list, path, v, depth),
+        ("$nin", RawBsonRef::Array(list)) => {
+            v.visit(Event::Negation { op: "$nin", path })?;
+            in_list("$nin", list, path, v, depth)
+        }
+        ("$all", RawBsonRef::Array(list)) => list_regexes(list, path, v, depth),
+        ("$not", not) => {
+            v.visit(Event::Negation { op: "$not", path })?;
+            match not {
+                RawBsonRef::RegularExpression(r) => v.visit(regex(r, path)),
+                RawBsonRef::Document(d) if is_operator_doc(d) => operators(path, d, v, depth + 1),
+                _ => v.visit(Event::Malformed),
+            }
+        }
+        ("$regex", RawBsonRef::String(pattern)) => v.visit(Event::Regex {
+            pattern,
+            options,
+            path,
+        }),
+        ("$regex", RawBsonRef::RegularExpression(r)) => {
+            let own = r.options.as_str();
+            // Options on both the literal and `$options`: report both, the rule keeps
+            // the worse.
+            v.visit(regex(r, path))?;
+            if !options.is_empty() && options != own {
+                v.visit(Event::Regex {
+                    pattern: r.pattern.as_str(),
+                    options,
+                    path,
+                })?;
+            }
+            ControlFlow::Continue(())
+        }
+        ("$exists", e) if !true_value(e) => v.visit(Event::ExistsFalse { path }),
+        ("$elemMatch", RawBsonRef::Document(d)) => {
+            if elem_match_is_value_form(d) {
+                operators(path, d, v, depth + 1)
+            } else {
+                filter_doc(d, v, depth + 1)
+            }
+        }
+        ("$in" | "$nin" | "$all" | "$regex" | "$elemMatch", _) => v.visit(Event::Malformed),
+        _ => ControlFlow::Continue(()),
+    }
+}
+
+/// `$in` / `$nin`: the list's length, then its regexes.
+fn in_list<'a>(
+    op: &'static str,
+    list: &'a RawArray,
+    path: &'a str,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> ControlFlow<()> {
+    v.visit(Event::InList {
+        op,
+        len: list.into_iter().count(),
+        path,
+    })?;
+    list_regexes(list, path, v, depth)
 }
 
 /// Regex literals in `$in` / `$nin` / `$all` lists match as regexes; `$all` may also hold

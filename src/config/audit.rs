@@ -1,15 +1,15 @@
-//! The `[audit]` configuration.
+//! The `[audit]` section: where violation records and events go, and how they are throttled.
+//! The audit log derives each stream's settings from it.
 
 use std::{
-    fmt,
     path::{Path, PathBuf},
-    str::FromStr,
     time::Duration,
 };
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
+use thiserror::Error;
 
-use super::AuditError;
+use super::{Facility, SinkSpec, SyslogFormat};
 
 /// Largest accepted `queue_capacity` (a full queue holds this many records in memory).
 pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
@@ -17,184 +17,27 @@ pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
 /// Longest accepted `dedup_window`.
 pub const MAX_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
-/// Where a stream of audit lines (violations, or events) goes.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum SinkSpec {
-    /// `"stdout"` (the default of the violation stream).
-    #[default]
-    Stdout,
-    /// `"stderr"`.
-    Stderr,
-    /// `"file:/path/to/violations.log"`: appended to, created if missing, rotated by size when
-    /// `file_max_size` is set.
-    File(PathBuf),
-    /// `"syslog"`: the local syslog socket (`syslog_socket`, `/dev/log` by default), one
-    /// datagram per line.
-    Syslog,
-    /// `"syslog+udp://host:514"`: a remote syslog server over UDP (`host:port`, port 514 when
-    /// left out), one datagram per line.
-    SyslogUdp(String),
-    /// `"none"`: nothing is written (violations are still counted).
-    None,
-}
+/// Most rotated files kept.
+pub const MAX_FILE_KEEP: usize = 1000;
 
-const SINKS: &str = "stdout, stderr, file:<path>, syslog, syslog+udp://<host>:<port>, none";
+/// Smallest non-zero `file_max_size` (smaller values rotate on nearly every line).
+pub const MIN_FILE_MAX_SIZE: u64 = 4096;
 
-impl FromStr for SinkSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "stdout" => Ok(SinkSpec::Stdout),
-            "stderr" => Ok(SinkSpec::Stderr),
-            "none" => Ok(SinkSpec::None),
-            "syslog" => Ok(SinkSpec::Syslog),
-            _ => {
-                if let Some(path) = s.strip_prefix("file:") {
-                    if path.is_empty() {
-                        return Err("audit sink \"file:\" needs a path".to_string());
-                    }
-                    return Ok(SinkSpec::File(PathBuf::from(path)));
-                }
-                if let Some(addr) = s.strip_prefix("syslog+udp://") {
-                    let addr = addr.trim_end_matches('/');
-                    if addr.is_empty() || addr.contains('/') {
-                        return Err(format!(
-                            "audit sink {s:?}: expected syslog+udp://<host>[:<port>]"
-                        ));
-                    }
-                    // "host", "host:514", "[::1]:514", "[::1]".
-                    let has_port = match addr.rfind(']') {
-                        Some(i) => addr[i..].contains(':'),
-                        None => addr.contains(':'),
-                    };
-                    let addr = if has_port {
-                        addr.to_string()
-                    } else {
-                        format!("{addr}:514")
-                    };
-                    return Ok(SinkSpec::SyslogUdp(addr));
-                }
-                Err(format!("unknown audit sink {s:?} ({SINKS})"))
-            }
-        }
-    }
-}
-
-impl fmt::Display for SinkSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SinkSpec::Stdout => f.write_str("stdout"),
-            SinkSpec::Stderr => f.write_str("stderr"),
-            SinkSpec::File(path) => write!(f, "file:{}", path.display()),
-            SinkSpec::Syslog => f.write_str("syslog"),
-            SinkSpec::SyslogUdp(addr) => write!(f, "syslog+udp://{addr}"),
-            SinkSpec::None => f.write_str("none"),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for SinkSpec {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// A syslog facility (`audit.syslog_facility`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Facility(u8);
-
-impl Facility {
-    const NAMES: [&'static str; 24] = [
-        "kern",
-        "user",
-        "mail",
-        "daemon",
-        "auth",
-        "syslog",
-        "lpr",
-        "news",
-        "uucp",
-        "cron",
-        "authpriv",
-        "ftp",
-        "ntp",
-        "security",
-        "console",
-        "solaris-cron",
-        "local0",
-        "local1",
-        "local2",
-        "local3",
-        "local4",
-        "local5",
-        "local6",
-        "local7",
-    ];
-
-    /// `local0`, the default.
-    pub const LOCAL0: Facility = Facility(16);
-
-    /// The facility's number (`local0` is 16).
-    pub fn code(self) -> u8 {
-        self.0
-    }
-}
-
-impl Default for Facility {
-    fn default() -> Self {
-        Facility::LOCAL0
-    }
-}
-
-impl FromStr for Facility {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Facility::NAMES
-            .iter()
-            .position(|n| n.eq_ignore_ascii_case(s))
-            .map(|i| Facility(i as u8))
-            .ok_or_else(|| {
-                format!(
-                    "unknown syslog facility {s:?} (kern, user, mail, daemon, auth, syslog, lpr, \
-                     news, uucp, cron, authpriv, ftp, local0 ... local7)"
-                )
-            })
-    }
-}
-
-impl fmt::Display for Facility {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(
-            Facility::NAMES
-                .get(usize::from(self.0))
-                .copied()
-                .unwrap_or("user"),
-        )
-    }
-}
-
-impl<'de> Deserialize<'de> for Facility {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// The syslog message format (`audit.syslog_format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum SyslogFormat {
-    /// BSD syslog: `<PRI>Mmm dd hh:mm:ss [HOST ]mongoguard[PID]: MSG` (the hostname only over
-    /// UDP, as the C library's `syslog()` does on the local socket). Timestamps are UTC.
-    #[serde(rename = "rfc3164")]
-    Rfc3164,
-    /// `<PRI>1 TIMESTAMP HOST mongoguard PID MSGID - MSG`, MSGID `violation` or `event`.
-    #[serde(rename = "rfc5424")]
-    Rfc5424,
+/// Why an `[audit]` section was refused. The audit log reports it as its own
+/// `AuditError` with the same variant and text.
+#[derive(Debug, Error)]
+pub enum AuditConfigError {
+    /// A value is out of range or malformed.
+    #[error("invalid audit configuration: {0}")]
+    Invalid(String),
+    /// The directory of a file sink does not exist.
+    #[error("audit log {}: directory {} does not exist", path.display(), dir.display())]
+    MissingDirectory {
+        /// The configured file.
+        path: PathBuf,
+        /// Its parent directory.
+        dir: PathBuf,
+    },
 }
 
 /// The `[audit]` section: where violation records and events go, and how they are throttled.
@@ -206,7 +49,7 @@ pub struct AuditConfig {
     pub sink: SinkSpec,
     /// A file sink is rotated before it would grow past this many bytes (`"100MB"`,
     /// `"64MiB"`; `"0"`, the default, never rotates: for an external logrotate).
-    #[serde(deserialize_with = "crate::config::size::deserialize")]
+    #[serde(deserialize_with = "super::size::deserialize")]
     pub file_max_size: u64,
     /// Rotated files kept: `PATH.1` (newest) ... `PATH.N`; older ones are deleted.
     pub file_keep: usize,
@@ -214,7 +57,7 @@ pub struct AuditConfig {
     /// `"none"` by default.
     pub events_sink: SinkSpec,
     /// `file_max_size` for a file `events_sink`.
-    #[serde(deserialize_with = "crate::config::size::deserialize")]
+    #[serde(deserialize_with = "super::size::deserialize")]
     pub events_file_max_size: u64,
     /// `file_keep` for a file `events_sink`.
     pub events_file_keep: usize,
@@ -227,17 +70,11 @@ pub struct AuditConfig {
     pub syslog_format: Option<SyslogFormat>,
     /// Identical violations within this window are written once, then summarised
     /// (`"60s"` by default; `"0"` disables dedup).
-    #[serde(deserialize_with = "crate::config::duration::deserialize")]
+    #[serde(deserialize_with = "super::duration::deserialize")]
     pub dedup_window: Duration,
     /// Lines waiting for the writer, per stream; beyond this they are dropped and counted.
     pub queue_capacity: usize,
 }
-
-/// Most rotated files kept.
-pub const MAX_FILE_KEEP: usize = 1000;
-
-/// Smallest non-zero `file_max_size` (smaller values rotate on nearly every line).
-pub const MIN_FILE_MAX_SIZE: u64 = 4096;
 
 impl Default for AuditConfig {
     fn default() -> Self {
@@ -257,67 +94,17 @@ impl Default for AuditConfig {
     }
 }
 
-/// Everything one stream's sink needs to open.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StreamSettings {
-    pub spec: SinkSpec,
-    pub max_size: u64,
-    pub keep: usize,
-    pub facility: Facility,
-    pub socket: PathBuf,
-    pub format: SyslogFormat,
-    /// `"violation"` or `"event"`: the RFC 5424 MSGID.
-    pub msgid: &'static str,
-}
-
 impl AuditConfig {
-    fn stream(
-        &self,
-        spec: &SinkSpec,
-        max_size: u64,
-        keep: usize,
-        msgid: &'static str,
-    ) -> StreamSettings {
-        let format = self.syslog_format.unwrap_or(match spec {
-            SinkSpec::SyslogUdp(_) => SyslogFormat::Rfc5424,
-            _ => SyslogFormat::Rfc3164,
-        });
-        StreamSettings {
-            spec: spec.clone(),
-            max_size,
-            keep,
-            facility: self.syslog_facility,
-            socket: self.syslog_socket.clone(),
-            format,
-            msgid,
-        }
-    }
-
-    /// The violation stream's settings.
-    pub(crate) fn violations(&self) -> StreamSettings {
-        self.stream(&self.sink, self.file_max_size, self.file_keep, "violation")
-    }
-
-    /// The event stream's settings.
-    pub(crate) fn events(&self) -> StreamSettings {
-        self.stream(
-            &self.events_sink,
-            self.events_file_max_size,
-            self.events_file_keep,
-            "event",
-        )
-    }
-
     /// Checks ranges and that a file sink's directory exists (without opening the file).
-    pub fn validate(&self) -> Result<(), AuditError> {
+    pub fn validate(&self) -> Result<(), AuditConfigError> {
         if !(1..=MAX_QUEUE_CAPACITY).contains(&self.queue_capacity) {
-            return Err(AuditError::Invalid(format!(
+            return Err(AuditConfigError::Invalid(format!(
                 "queue_capacity must be between 1 and {MAX_QUEUE_CAPACITY}, got {}",
                 self.queue_capacity
             )));
         }
         if self.dedup_window > MAX_DEDUP_WINDOW {
-            return Err(AuditError::Invalid(format!(
+            return Err(AuditConfigError::Invalid(format!(
                 "dedup_window must be at most 24h, got {:?}",
                 self.dedup_window
             )));
@@ -327,7 +114,7 @@ impl AuditConfig {
             ("events_file_max_size", self.events_file_max_size),
         ] {
             if size != 0 && size < MIN_FILE_MAX_SIZE {
-                return Err(AuditError::Invalid(format!(
+                return Err(AuditConfigError::Invalid(format!(
                     "{key} must be 0 (no rotation) or at least {MIN_FILE_MAX_SIZE} bytes, got {size}"
                 )));
             }
@@ -337,14 +124,14 @@ impl AuditConfig {
             ("events_file_keep", self.events_file_keep),
         ] {
             if keep > MAX_FILE_KEEP {
-                return Err(AuditError::Invalid(format!(
+                return Err(AuditConfigError::Invalid(format!(
                     "{key} must be at most {MAX_FILE_KEEP}, got {keep}"
                 )));
             }
         }
         if let (SinkSpec::File(a), SinkSpec::File(b)) = (&self.sink, &self.events_sink) {
             if a == b {
-                return Err(AuditError::Invalid(format!(
+                return Err(AuditConfigError::Invalid(format!(
                     "sink and events_sink must not be the same file ({})",
                     a.display()
                 )));
@@ -358,7 +145,7 @@ impl AuditConfig {
                     _ => Path::new("."),
                 };
                 if !dir.is_dir() {
-                    return Err(AuditError::MissingDirectory {
+                    return Err(AuditConfigError::MissingDirectory {
                         path: path.clone(),
                         dir: dir.to_path_buf(),
                     });
@@ -454,19 +241,16 @@ mod tests {
         assert_eq!(c.syslog_facility.to_string(), "local5");
         assert_eq!(c.syslog_socket, PathBuf::from("/run/log.sock"));
         assert_eq!(c.syslog_format, Some(SyslogFormat::Rfc5424));
-        assert_eq!(c.events().msgid, "event");
-        assert_eq!(c.violations().max_size, 100_000_000);
         assert_eq!(parse("file_max_size = 8192").unwrap().file_max_size, 8192);
-        // Defaults: events off, no rotation, local0, /dev/log, RFC 3164 locally, 5424 on UDP.
+        // Defaults: events off, no rotation, local0, /dev/log, the format chosen by the sink.
         let d = AuditConfig::default();
         assert_eq!(d.events_sink, SinkSpec::None);
         assert_eq!((d.file_max_size, d.file_keep), (0, 5));
         assert_eq!(d.syslog_facility, Facility::LOCAL0);
         assert_eq!(d.syslog_socket, PathBuf::from("/dev/log"));
-        assert_eq!(d.violations().format, SyslogFormat::Rfc3164);
         let udp = parse("sink = \"syslog+udp://logs.example:1514\"").unwrap();
         assert_eq!(udp.sink, SinkSpec::SyslogUdp("logs.example:1514".into()));
-        assert_eq!(udp.violations().format, SyslogFormat::Rfc5424);
+        assert_eq!(udp.syslog_format, None);
         assert_eq!(
             "syslog+udp://logs".parse::<SinkSpec>().unwrap(),
             SinkSpec::SyslogUdp("logs:514".into())
@@ -510,7 +294,7 @@ mod tests {
         let missing = parse("events_sink = \"file:/nonexistent-mongoguard-dir/e.log\"").unwrap();
         assert!(matches!(
             missing.validate(),
-            Err(AuditError::MissingDirectory { .. })
+            Err(AuditConfigError::MissingDirectory { .. })
         ));
     }
 

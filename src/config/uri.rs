@@ -4,7 +4,7 @@ use std::{fmt, str::FromStr};
 
 use serde::{Deserialize, Deserializer};
 
-use crate::config::ConfigError;
+use super::ConfigError;
 
 /// One `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use super::sink::Mark;
+use super::Mark;
 
 /// An append-only file rotated by size: `PATH` → `PATH.1` → … → `PATH.keep` (deleted past
 /// that), by rename, between two lines.

@@ -1,0 +1,66 @@
+//! The `[pool]` section (pooled mode): limits of each upstream pool. The pool itself
+//! (`upstream::pool::PoolConfig`) converts from [`PoolSettings`].
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{duration, ConfigError};
+
+/// The `[pool]` section (pooled mode): limits of each upstream pool, one pool per (upstream
+/// server, upstream identity). PgBouncer's meanings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSettings {
+    /// Most upstream connections per pool (in use, idle or being opened).
+    pub pool_size: usize,
+    /// Idle connections kept open per pool, opened ahead of demand.
+    pub min_idle: usize,
+    /// How long a request waits for a free upstream connection before it fails with a
+    /// non-retryable error (`"0"` is refused: a request must not wait for ever).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub checkout_timeout: Duration,
+    /// An idle upstream connection unused this long is closed (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub idle_timeout: Duration,
+    /// An upstream connection older than this is closed when next idle (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub max_lifetime: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        PoolSettings {
+            pool_size: 20,
+            min_idle: 0,
+            checkout_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(600),
+            max_lifetime: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl PoolSettings {
+    /// The limits are consistent: at least one connection, no more idle ones than that, and a
+    /// checkout that cannot wait for ever. (The pool checks the first two again when it is
+    /// built: `upstream::pool::PoolConfig::validate`.)
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.pool_size == 0 {
+            return Err(ConfigError::Invalid(
+                "pool: pool_size must be at least 1".into(),
+            ));
+        }
+        if self.min_idle > self.pool_size {
+            return Err(ConfigError::Invalid(format!(
+                "pool: min_idle ({}) must not exceed pool_size ({})",
+                self.min_idle, self.pool_size
+            )));
+        }
+        if self.checkout_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "pool.checkout_timeout must be above zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,110 @@
+//! The `[proxy]` section: the client-facing side.
+
+use std::{net::SocketAddr, time::Duration};
+
+use serde::Deserialize;
+
+use super::{duration, size, ConfigError};
+
+/// mongod's default largest message (`maxMessageSizeBytes`), both directions. The wire layer's
+/// `DEFAULT_MAX_MESSAGE_SIZE` is this constant.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;
+
+/// The smallest `max_message_size` accepted: a message header (16 bytes, the wire layer's
+/// `HEADER_LEN`; a compile-time assertion there checks they agree).
+pub const MIN_MAX_MESSAGE_SIZE: usize = 16;
+
+/// How clients are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One upstream connection per client; the client's own authentication goes through.
+    Passthrough,
+    /// Shared, pre-authenticated upstream connections; mongoguard authenticates clients.
+    Pooled,
+}
+
+/// The client-facing side.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// `passthrough` or `pooled`.
+    pub mode: Mode,
+    /// Connections beyond this are closed at accept time.
+    pub max_client_connections: usize,
+    /// A client that sends nothing for this long is disconnected (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub client_idle_timeout: Duration,
+    /// A client that does not take a reply within this long is closed and its buffers freed
+    /// (`"0"`: never; not recommended: a client that never reads then holds its reply).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub client_write_timeout: Duration,
+    /// Once the first byte of a message has arrived, the whole message must arrive within
+    /// this long (slowloris), else the connection is closed. Separate from the idle timeout,
+    /// which runs between messages (`"0"`: never).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub client_read_timeout: Duration,
+    /// Process-wide budget of client message bytes in flight: buffered large messages and
+    /// their decompressed form. A request that finds it spent waits up to
+    /// `memory_budget_wait`, then is refused with code 65003 (MongoguardMemoryBudget); a
+    /// message larger than the whole budget is always refused.
+    #[serde(deserialize_with = "size::deserialize")]
+    pub memory_budget: u64,
+    /// How long a request waits for `memory_budget` before it is refused.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub memory_budget_wait: Duration,
+    /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub drain_timeout: Duration,
+    /// Largest accepted message, both directions (mongod's default is 48,000,000).
+    pub max_message_size: usize,
+    /// Allow a listener on a non-loopback address without TLS (or, in pooled mode, without
+    /// client authentication). Off: such a configuration is refused.
+    pub allow_insecure_listener: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 27017)),
+            mode: Mode::Passthrough,
+            max_client_connections: 10_000,
+            client_idle_timeout: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(30),
+            client_write_timeout: Duration::from_secs(30),
+            client_read_timeout: Duration::from_secs(30),
+            memory_budget: 1 << 30,
+            memory_budget_wait: Duration::from_secs(1),
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            allow_insecure_listener: false,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Limits that must leave room to serve anything.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_client_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "proxy.max_client_connections must be at least 1".into(),
+            ));
+        }
+        if self.memory_budget == 0 {
+            return Err(ConfigError::Invalid(
+                "proxy.memory_budget must be above 0 (a message larger than the budget is \
+                 always refused)"
+                    .into(),
+            ));
+        }
+        if self.max_message_size < MIN_MAX_MESSAGE_SIZE || self.max_message_size > i32::MAX as usize
+        {
+            return Err(ConfigError::Invalid(format!(
+                "proxy.max_message_size must be between 16 and {}",
+                i32::MAX
+            )));
+        }
+        Ok(())
+    }
+}

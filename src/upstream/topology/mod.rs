@@ -1,0 +1,159 @@
+//! Where pooled requests go: the upstream servers, their roles, and server selection.
+//!
+//! - **Single**: one host and no `replicaSet`: every request goes there; its limits come from
+//!   the pooled connections' own hello, so no extra monitoring connection is opened.
+//! - **Replica set** (`replicaSet=NAME`): every member (seeds, then whatever their `hosts`
+//!   lists) is checked with hello every `heartbeat_interval` (every 100 ms while no primary is
+//!   known) on a monitoring connection of its own. Writes and primary reads go to the primary;
+//!   `$readPreference` picks secondaries. After a failover, requests wait (up to
+//!   `server_selection_timeout`) for the new primary and go there as soon as one hello shows it.
+//! - **Mongos list** (several hosts, no `replicaSet`): requests are balanced round-robin over
+//!   the hosts whose last hello succeeded.
+
+mod connector;
+mod monitor;
+mod select;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::HashSet,
+    sync::{atomic::AtomicUsize, Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::{watch, Notify};
+
+pub use connector::MongoConnector;
+pub use monitor::MonitorSettings;
+pub use select::{ReadPref, SelectError};
+pub use state::{ServerState, Snapshot};
+
+use super::{HelloFacts, Host, Role, UpstreamUri};
+
+/// The shape of the upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// One server.
+    Single,
+    /// A replica set with this name.
+    ReplicaSet(String),
+    /// Several mongos.
+    Mongos,
+}
+
+/// The upstream topology; shared by every session.
+pub struct Topology {
+    kind: Kind,
+    seeds: Vec<Host>,
+    state: watch::Sender<Snapshot>,
+    check_now: Notify,
+    next: AtomicUsize,
+    monitored: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Topology")
+            .field("kind", &self.kind)
+            .field("snapshot", &*self.state.borrow())
+            .finish()
+    }
+}
+
+impl Topology {
+    /// The topology the URI describes, nothing known yet.
+    pub fn from_uri(uri: &UpstreamUri) -> Arc<Topology> {
+        let kind = match uri.option("replicaSet") {
+            Some(name) => Kind::ReplicaSet(name.to_owned()),
+            None if uri.hosts.len() > 1 => Kind::Mongos,
+            None => Kind::Single,
+        };
+        let servers = uri
+            .hosts
+            .iter()
+            // A single server is used without monitoring: treat it as serving.
+            .map(|h| {
+                ServerState::new(
+                    h.clone(),
+                    (kind == Kind::Single).then_some(Role::Standalone),
+                )
+            })
+            .collect();
+        let (state, _) = watch::channel(Snapshot {
+            servers,
+            facts: None,
+        });
+        Arc::new(Topology {
+            kind,
+            seeds: uri.hosts.clone(),
+            state,
+            check_now: Notify::new(),
+            next: AtomicUsize::new(0),
+            monitored: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The shape of the upstream.
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    /// More than one server can serve requests (cursors and transactions need pinning).
+    pub fn is_multi_server(&self) -> bool {
+        self.kind != Kind::Single
+    }
+
+    /// Follows the topology's changes.
+    pub fn subscribe(&self) -> watch::Receiver<Snapshot> {
+        self.state.subscribe()
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Snapshot {
+        self.state.borrow().clone()
+    }
+
+    /// The `maxWireVersion` last reported by any server (no waiting, no allocation).
+    pub fn max_wire_version(&self) -> Option<i32> {
+        self.state
+            .borrow()
+            .facts
+            .as_ref()
+            .map(|f| f.max_wire_version)
+    }
+
+    /// The limits last reported by any server, waiting up to `timeout` for the first.
+    pub async fn facts(&self, timeout: Duration) -> Option<Arc<HelloFacts>> {
+        let mut rx = self.state.subscribe();
+        let wait = async {
+            rx.wait_for(|s| s.facts.is_some())
+                .await
+                .ok()
+                .and_then(|s| s.facts.clone())
+        };
+        tokio::time::timeout(timeout, wait).await.ok().flatten()
+    }
+
+    /// Records the hello facts of `host` (from a monitor or a new pooled connection).
+    pub fn observe(&self, host: &Host, facts: &Arc<HelloFacts>) {
+        self.state.send_if_modified(|s| {
+            let mut changed = s.facts.as_ref() != Some(facts);
+            s.facts = Some(facts.clone());
+            if self.kind != Kind::Single {
+                changed |= s.update(host, Some(facts.role), facts.election_id);
+            }
+            changed
+        });
+    }
+
+    /// Marks `host` unknown (its monitor failed, or it answered "not primary").
+    pub fn mark_unknown(&self, host: &Host) {
+        if self.kind == Kind::Single {
+            return;
+        }
+        self.state.send_if_modified(|s| s.update(host, None, None));
+        self.check_now.notify_waiters();
+    }
+}
