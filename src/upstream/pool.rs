@@ -156,16 +156,6 @@ impl From<&PoolSettings> for PoolConfig {
     }
 }
 
-// Shim: `config.pool.pool_config()` in src/proxy/pooled.rs keeps compiling (an inherent
-// method may be defined anywhere in the crate; the configuration stays a leaf). Remove it once
-// the caller says `PoolConfig::from(&config.pool)`.
-impl PoolSettings {
-    /// The pool's own form of these limits (`PoolConfig::from`).
-    pub fn pool_config(&self) -> PoolConfig {
-        PoolConfig::from(self)
-    }
-}
-
 impl PoolConfig {
     /// Checks the limits are consistent.
     pub fn validate(&self) -> Result<(), PoolConfigError> {
@@ -370,7 +360,6 @@ mod tests {
             PoolConfig::from(&PoolSettings::default()),
             PoolConfig::default()
         );
-        assert_eq!(settings.pool_config(), PoolConfig::from(&settings));
     }
 
     /// The configuration checks the pool's limits itself (it cannot import the pool); it

@@ -193,7 +193,7 @@ impl PooledSide {
         let mapped = users
             .user(&user.db, &user.name)
             .and_then(|u| u.upstream.as_deref())
-            .unwrap_or(crate::upstream::DEFAULT_IDENTITY);
+            .unwrap_or(crate::config::DEFAULT_IDENTITY);
         let Some(identity) = self.pooled.identities.get(mapped) else {
             return;
         };

@@ -73,7 +73,7 @@ impl Pooled {
             config.proxy.max_message_size,
             upstream_tls.clone(),
         );
-        let pool = Pool::new(connector, config.pool.pool_config())
+        let pool = Pool::new(connector, crate::upstream::pool::PoolConfig::from(&config.pool))
             .map_err(|e| ProxyError::Pooled(e.to_string()))?;
         let cancel = CancellationToken::new();
         topology.spawn_monitors(
@@ -90,7 +90,7 @@ impl Pooled {
             for host in &config.upstream.uri.hosts {
                 pool.register(&PoolKey::new(
                     host.clone(),
-                    crate::upstream::DEFAULT_IDENTITY,
+                    crate::config::DEFAULT_IDENTITY,
                 ));
             }
         }
@@ -169,7 +169,7 @@ fn load_users(path: &std::path::Path, identities: &Identities) -> Result<Users, 
         let id = user
             .upstream
             .as_deref()
-            .unwrap_or(crate::upstream::DEFAULT_IDENTITY);
+            .unwrap_or(crate::config::DEFAULT_IDENTITY);
         if identities.get(id).is_none() {
             return Err(format!(
                 "users file: user {:?} maps to upstream identity {id:?}, which is not \
