@@ -2,6 +2,14 @@
 //! mongod for tests and demos, not a database), with the standard policy. It prints the
 //! connection string, walks through a few allowed and blocked commands over the wire, then
 //! keeps serving until Ctrl-C (or exits with `--once`).
+//!
+//! ```sh
+//! cargo run --release --example demo
+//! cargo run --release --example demo -- --listen 127.0.0.1:0 --once
+//! ```
+//!
+//! An example, not a subcommand of the `mongoguard` binary: the stand-in is a dev-dependency
+//! of the crate, so it is built for examples and tests and never linked into the product.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
