@@ -73,8 +73,11 @@ impl Pooled {
             config.proxy.max_message_size,
             upstream_tls.clone(),
         );
-        let pool = Pool::new(connector, crate::upstream::pool::PoolConfig::from(&config.pool))
-            .map_err(|e| ProxyError::Pooled(e.to_string()))?;
+        let pool = Pool::new(
+            connector,
+            crate::upstream::pool::PoolConfig::from(&config.pool),
+        )
+        .map_err(|e| ProxyError::Pooled(e.to_string()))?;
         let cancel = CancellationToken::new();
         topology.spawn_monitors(
             MonitorSettings {
@@ -88,10 +91,7 @@ impl Pooled {
         if *topology.kind() == Kind::Single {
             // Known ahead of the first client, so min_idle connections open at once.
             for host in &config.upstream.uri.hosts {
-                pool.register(&PoolKey::new(
-                    host.clone(),
-                    crate::config::DEFAULT_IDENTITY,
-                ));
+                pool.register(&PoolKey::new(host.clone(), crate::config::DEFAULT_IDENTITY));
             }
         }
         let pooled = Arc::new(Pooled {
