@@ -61,25 +61,15 @@ impl Proxy {
             crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
         let admin_token = config.admin.load_token().map_err(ProxyError::Admin)?;
         let background = CancellationToken::new();
-        let (topology, pooled) = upstream(&config, upstream_tls.clone(), &background)?;
-        let stats = Arc::new(ProxyStats::default());
-        let budget = Arc::new(proxy::MemoryBudget::new(config.proxy.memory_budget));
-        let metrics = Arc::new(Metrics::new(
-            &config.admin,
-            proxy::scrape(stats.clone(), pooled.clone(), budget.clone()),
-        ));
-        let ctx = Arc::new(Context::new(
-            config.clone(),
-            policy.clone(),
-            audit.clone(),
-            stats,
-            metrics.clone(),
-            topology,
-            pooled,
-            budget,
+        let ctx = proxy_context(
+            &config,
+            &policy,
+            &audit,
             server_tls,
             upstream_tls.clone(),
-        ));
+            &background,
+        )?;
+        let metrics = ctx.metrics.clone();
         info!(
             listen = %listeners.local_addr,
             upstream = %config.upstream.uri,
@@ -150,6 +140,37 @@ impl Listeners {
             admin_addr,
         })
     }
+}
+
+/// The proxy's shared state: the upstream topology (monitored until `background` is
+/// cancelled) and pooled mode's state, the counters, the memory budget and the metrics.
+fn proxy_context(
+    config: &Arc<Config>,
+    policy: &Arc<PolicyHolder>,
+    audit: &Arc<AuditLog>,
+    server_tls: Option<crate::tls::ServerTls>,
+    upstream_tls: Option<crate::tls::UpstreamTls>,
+    background: &CancellationToken,
+) -> Result<Arc<Context>, ProxyError> {
+    let (topology, pooled) = upstream(config, upstream_tls.clone(), background)?;
+    let stats = Arc::new(ProxyStats::default());
+    let budget = Arc::new(proxy::MemoryBudget::new(config.proxy.memory_budget));
+    let metrics = Arc::new(Metrics::new(
+        &config.admin,
+        proxy::scrape(stats.clone(), pooled.clone(), budget.clone()),
+    ));
+    Ok(Arc::new(Context::new(
+        config.clone(),
+        policy.clone(),
+        audit.clone(),
+        stats,
+        metrics,
+        topology,
+        pooled,
+        budget,
+        server_tls,
+        upstream_tls,
+    )))
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {

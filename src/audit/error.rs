@@ -7,17 +7,9 @@ use thiserror::Error;
 /// Why the audit log could not start.
 #[derive(Debug, Error)]
 pub enum AuditError {
-    /// A value is out of range or malformed.
-    #[error("invalid audit configuration: {0}")]
-    Invalid(String),
-    /// The directory of a file sink does not exist.
-    #[error("audit log {}: directory {} does not exist", path.display(), dir.display())]
-    MissingDirectory {
-        /// The configured file.
-        path: PathBuf,
-        /// Its parent directory.
-        dir: PathBuf,
-    },
+    /// The `[audit]` section was refused (a value out of range, a missing directory).
+    #[error(transparent)]
+    Config(#[from] crate::config::AuditConfigError),
     /// The file sink could not be opened for appending.
     #[error("cannot open audit log {} for appending: {source}", path.display())]
     Open {
@@ -37,16 +29,4 @@ pub enum AuditError {
     /// [`AuditLog::start`](super::AuditLog::start) was called outside a tokio runtime.
     #[error("the audit log writer must be started inside a tokio runtime")]
     NoRuntime,
-}
-
-/// The configuration's verdict on an `[audit]` section, as the audit log reports it (same
-/// variant, same text).
-impl From<crate::config::AuditConfigError> for AuditError {
-    fn from(e: crate::config::AuditConfigError) -> Self {
-        use crate::config::AuditConfigError as C;
-        match e {
-            C::Invalid(why) => AuditError::Invalid(why),
-            C::MissingDirectory { path, dir } => AuditError::MissingDirectory { path, dir },
-        }
-    }
 }

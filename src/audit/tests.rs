@@ -262,7 +262,13 @@ async fn bad_file_sinks_are_startup_errors_naming_the_path() {
     let dir = TempDir::new("bad");
     let missing = dir.0.join("no-such-dir").join("v.log");
     let err = AuditLog::start(&file_config(&missing, "0", 10)).unwrap_err();
-    assert!(matches!(err, AuditError::MissingDirectory { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            AuditError::Config(crate::config::AuditConfigError::MissingDirectory { .. })
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains(&missing.display().to_string()));
     // A directory where the file should be.
     let err = AuditLog::start(&file_config(&dir.0, "0", 10)).unwrap_err();

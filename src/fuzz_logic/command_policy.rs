@@ -81,6 +81,7 @@ pub fn run(data: &[u8]) {
     }
 }
 
+// Long because it is the list of the target's assertions about one message (see fuzz/README.md).
 fn check_message(msg: &Message<'_>, wire_version: Option<i32>) {
     let view = CommandView::from_message(msg);
     let again = CommandView::from_message(msg);

@@ -184,6 +184,8 @@ fn element_bytes_of(key: &bson::raw::CStr, value: RawBsonRef<'_>) -> Vec<u8> {
     d.into_bytes()
 }
 
+// Long because it is the list of the target's assertions about one rewrite, in the order the
+// fuzz README gives them; split, the list would be harder to check against it.
 fn check_rewritten(original: &Frame, out: &[u8]) {
     let before = decompressed(original);
     assert!(before.is_some(), "rewrote a reply that does not decompress");

@@ -110,6 +110,7 @@ fn hello_rewrite() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+// Long because it is data: one seed per line.
 fn reply_facts() -> Vec<(&'static str, Vec<u8>)> {
     let with = |exhaust: u8, bytes: Bytes| {
         let mut v = vec![exhaust];

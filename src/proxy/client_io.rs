@@ -12,19 +12,16 @@
 
 use std::{
     future::Future,
-    sync::Arc,
     task::Poll,
     time::{Duration, Instant},
 };
 
 use futures::StreamExt;
-use tokio::{
-    io::AsyncReadExt,
-    sync::{OwnedSemaphorePermit, Semaphore},
-};
+use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+pub(crate) use super::budget::{BudgetPermit, MemoryBudget};
 use super::error::{client_error, SessionError};
 use crate::wire::{codec::CodecError, le_u32, Frame, MessageCodec, OpCode, HEADER_LEN};
 
@@ -41,87 +38,6 @@ pub(crate) const BUDGET_FREE_BELOW: usize = 64 * 1024;
 pub const MEMORY_BUDGET_CODE: i32 = 65_003;
 /// The codeName paired with [`MEMORY_BUDGET_CODE`].
 pub const MEMORY_BUDGET_CODE_NAME: &str = "MongoguardMemoryBudget";
-
-/// The process-wide budget of client message bytes in flight (buffered large messages and
-/// decompressed messages), in KiB permits.
-#[derive(Debug)]
-pub(crate) struct MemoryBudget {
-    permits: Arc<Semaphore>,
-    total_kib: usize,
-    /// Decompressions running on the blocking pool at once: one per core, so a burst of
-    /// compression bombs cannot crowd the runtime threads out of the CPU.
-    decompressors: Semaphore,
-}
-
-/// Bytes held from the budget; given back when dropped.
-#[derive(Debug)]
-pub(crate) struct BudgetPermit(#[allow(dead_code)] OwnedSemaphorePermit);
-
-fn kib(bytes: usize) -> usize {
-    bytes.div_ceil(1024).max(1)
-}
-
-impl MemoryBudget {
-    /// A budget of `bytes`.
-    pub(crate) fn new(bytes: u64) -> MemoryBudget {
-        let total_kib = usize::try_from(bytes / 1024)
-            .unwrap_or(usize::MAX)
-            .clamp(1, Semaphore::MAX_PERMITS);
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        MemoryBudget {
-            permits: Arc::new(Semaphore::new(total_kib)),
-            total_kib,
-            decompressors: Semaphore::new(cores),
-        }
-    }
-
-    /// Takes `bytes` from the budget, waiting up to `wait` (and never past `kill`). `None`:
-    /// the budget stayed spent, or `bytes` is more than the whole budget.
-    pub(crate) async fn take(
-        &self,
-        bytes: usize,
-        wait: Duration,
-        kill: &CancellationToken,
-    ) -> Option<BudgetPermit> {
-        let n = kib(bytes);
-        if n > self.total_kib {
-            return None;
-        }
-        let n = u32::try_from(n).ok()?;
-        if let Ok(p) = self.permits.clone().try_acquire_many_owned(n) {
-            return Some(BudgetPermit(p));
-        }
-        tokio::select! {
-            biased;
-            _ = kill.cancelled() => None,
-            p = self.permits.clone().acquire_many_owned(n) => p.ok().map(BudgetPermit),
-            _ = tokio::time::sleep(wait) => None,
-        }
-    }
-
-    /// A slot to decompress on the blocking pool (`None`: shutting down).
-    pub(crate) async fn decompressor(
-        &self,
-        kill: &CancellationToken,
-    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        tokio::select! {
-            biased;
-            _ = kill.cancelled() => None,
-            p = self.decompressors.acquire() => p.ok(),
-        }
-    }
-
-    /// The budget, in bytes.
-    pub(crate) fn limit_bytes(&self) -> u64 {
-        self.total_kib as u64 * 1024
-    }
-
-    /// Bytes currently taken (for metrics).
-    pub(crate) fn in_use_bytes(&self) -> u64 {
-        let free = self.permits.available_permits();
-        (self.total_kib.saturating_sub(free) as u64) * 1024
-    }
-}
 
 /// The client-side timeouts and budget of a session.
 #[derive(Debug, Clone, Copy)]

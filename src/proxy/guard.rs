@@ -100,8 +100,8 @@ pub(crate) struct Who<'s> {
 /// Evaluates one (decompressed) client message.
 ///
 /// `scratch` receives the request's query shape (for `/shapes`) and its violation count.
-// A little over 60 lines: the unreadable-command branch (G001) and the judged branch share
-// the record, metrics and verdict code that follows; split, each would repeat it.
+// Long because the unreadable-command branch (G001) and the judged branch share the record,
+// metrics and verdict code that follows; split, each would repeat it.
 pub(crate) fn judge(
     ctx: &Context,
     msg: &Message<'_>,

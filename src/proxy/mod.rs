@@ -6,6 +6,7 @@
 //! Everything a session needs travels in one `Arc<Context>`, built by the composition root
 //! ([`crate::app`]); there is no global state, so tests run several proxies in one process.
 
+mod budget;
 mod client_io;
 mod error;
 pub mod guard;
