@@ -53,10 +53,12 @@ impl Proxy {
         let audit = Arc::new(AuditLog::start(&config.audit).map_err(ProxyError::Audit)?);
         let policy = Arc::new(policy);
         let listeners = Listeners::bind(&config).await?;
-        let server_tls = match config.tls.enabled() {
-            true => Some(crate::tls::ServerTls::load(&config.tls).map_err(ProxyError::Tls)?),
-            false => None,
-        };
+        let server_tls = config
+            .tls
+            .enabled()
+            .then(|| crate::tls::ServerTls::load(&config.tls))
+            .transpose()
+            .map_err(ProxyError::Tls)?;
         let upstream_tls =
             crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
         let admin_token = config.admin.load_token().map_err(ProxyError::Admin)?;
@@ -69,15 +71,9 @@ impl Proxy {
             upstream_tls.clone(),
             &background,
         )?;
-        let metrics = ctx.metrics.clone();
-        info!(
-            listen = %listeners.local_addr,
-            upstream = %config.upstream.uri,
-            mode = ?config.proxy.mode,
-            policy = %policy.source(),
-            policy_mode = policy.current().mode().as_str(),
-            "mongoguard listening"
-        );
+        info!(listen = %listeners.local_addr, upstream = %config.upstream.uri,
+            mode = ?config.proxy.mode, policy = %policy.source(),
+            policy_mode = policy.current().mode().as_str(), "mongoguard listening");
         let reloader = Arc::new(reload::Reloader::new(ctx.clone()));
         // Installed before anything else can be signalled: SIGHUP's default action kills.
         let reload = tokio::spawn(reload::on_triggers(
@@ -91,7 +87,7 @@ impl Proxy {
             let state = AdminState {
                 config,
                 policy,
-                metrics,
+                metrics: ctx.metrics.clone(),
                 draining: ctx.drain.clone(),
                 upstream_tls,
                 reload: reloader.clone(),
