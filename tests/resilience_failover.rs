@@ -27,7 +27,7 @@ use std::{
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 use hostile::{
-    lsid, num, proxy_from_toml, temp_dir, within, Answer, FakeUpstream, RawClient,
+    lsid, num, proxy_from_toml, temp_dir, within, Answer, FakeUpstream, RawClient, CLOSE_INSTEAD,
     NOT_WRITABLE_PRIMARY,
 };
 use mongodb::{options::ClientOptions, Client};
@@ -246,6 +246,47 @@ async fn passthrough(uri: &str, extra_proxy: &str) -> ProxyHandle {
          [admin]\nlisten = \"off\"\n"
     ))
     .await
+}
+
+/// A blocked statement of a transaction makes mongoguard send abortTransaction upstream; here
+/// the upstream dies instead of answering it. Before the single request pipeline, passthrough
+/// ended the session on that failure before answering, so the client lost its connection
+/// without learning why (reasoned from the old code's `abort_transaction(..).await?`; not
+/// re-run against it). Proves: the client gets the block error (65001), its connection stays
+/// usable (the next command opens a new upstream connection: the ping only works if it does),
+/// and nothing is left counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_abort_on_a_dying_upstream_still_answers_the_block() {
+    let answer: Answer = Arc::new(|name: &str, _body: &Document| match name {
+        "abortTransaction" => doc! {CLOSE_INSTEAD: true},
+        _ => doc! {"ok": 1.0},
+    });
+    let fake = FakeUpstream::start("fa", answer).await;
+    let proxy = passthrough(&fake.uri("fa"), "").await;
+    let stats = proxy.stats();
+    let mut c = RawClient::connect(proxy.local_addr()).await;
+    c.hello(REPLY).await.expect("hello");
+    // An always-true multi-update inside a transaction: W001 blocks it.
+    let blocked = doc! {
+        "update": "t", "$db": "txn", "lsid": lsid(9), "txnNumber": 1_i64,
+        "autocommit": false, "startTransaction": true,
+        "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "multi": true}],
+    };
+    let reply = c
+        .command(blocked, REPLY)
+        .await
+        .expect("the blocked statement is answered although the abort failed");
+    assert_eq!(num(&reply, "code"), Some(65001), "{reply}");
+    c.ping(REPLY)
+        .await
+        .expect("the client connection stays usable after the failed abort");
+    drop(c);
+    assert!(
+        within(REPLY, || stats.active.get() == 0).await,
+        "active = {} after the client left",
+        stats.active.get()
+    );
+    proxy.shutdown().await;
 }
 
 /// Fails today: passthrough stays on the first seed; after the step-down every write gets

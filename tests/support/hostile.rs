@@ -497,8 +497,12 @@ fn listen_addr(line: &str) -> Option<SocketAddr> {
 // ---------------------------------------------------------------------------------------------
 // A fake upstream.
 
-/// What the fake upstream answers to a command other than hello/isMaster.
+/// What the fake upstream answers to a command other than hello/isMaster. An answer holding
+/// `{CLOSE_INSTEAD: true}` makes it close the connection without replying (a dying upstream).
 pub type Answer = Arc<dyn Fn(&str, &Document) -> Document + Send + Sync>;
+
+/// The key of an [`Answer`] that closes the connection instead of replying.
+pub const CLOSE_INSTEAD: &str = "$fakeCloseInstead";
 
 /// A one-member replica-set "primary" on a loopback port: hello/isMaster say it is the
 /// writable primary of `set_name`; every other command is answered by `answer(name, body)`.
@@ -603,6 +607,9 @@ async fn serve_fake(
                 answer(&name, &body)
             }
         };
+        if reply.contains_key(CLOSE_INSTEAD) {
+            return;
+        }
         reply_id += 1;
         if stream
             .write_all(&op_msg_reply(reply_id, request_id, &reply))
