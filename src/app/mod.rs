@@ -139,7 +139,7 @@ impl Listeners {
 }
 
 /// The proxy's shared state: the upstream topology (monitored until `background` is
-/// cancelled) and pooled mode's state, the counters, the memory budget and the metrics.
+/// cancelled) and pooled mode's state, with the policy and audit log built here.
 fn proxy_context(
     config: &Arc<Config>,
     policy: &Arc<PolicyHolder>,
@@ -149,21 +149,12 @@ fn proxy_context(
     background: &CancellationToken,
 ) -> Result<Arc<Context>, ProxyError> {
     let (topology, pooled) = upstream(config, upstream_tls.clone(), background)?;
-    let stats = Arc::new(ProxyStats::default());
-    let budget = Arc::new(proxy::MemoryBudget::new(config.proxy.memory_budget));
-    let metrics = Arc::new(Metrics::new(
-        &config.admin,
-        proxy::scrape(stats.clone(), pooled.clone(), budget.clone()),
-    ));
     Ok(Arc::new(Context::new(
         config.clone(),
         policy.clone(),
         audit.clone(),
-        stats,
-        metrics,
         topology,
         pooled,
-        budget,
         server_tls,
         upstream_tls,
     )))

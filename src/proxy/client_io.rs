@@ -426,11 +426,25 @@ async fn refuse_over_budget(
     kill: &CancellationToken,
 ) -> Result<(), SessionError> {
     let doc = over_budget_document();
+    send_own_reply(ctx, out, op, request_id, &doc, limits.write, kill).await
+}
+
+/// Writes mongoguard's own reply `doc` to request `request_id`, in the `op` family (with a
+/// requestID of mongoguard's), within `limit`.
+pub(crate) async fn send_own_reply(
+    ctx: &super::Context,
+    out: &mut crate::net::ClientWrite,
+    op: OpCode,
+    request_id: i32,
+    doc: &bson::RawDocument,
+    limit: Duration,
+    kill: &CancellationToken,
+) -> Result<(), SessionError> {
     let our_id = ctx.request_ids.next();
-    if let Some(bytes) = crate::wire::builder::reply_for(op, request_id, our_id, &doc) {
-        send_to_client(out, &bytes, limits.write, kill).await?;
+    match crate::wire::builder::reply_for(op, request_id, our_id, doc) {
+        Some(bytes) => send_to_client(out, &bytes, limit, kill).await,
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// A timer for `d`, or one that never fires when `d` is zero (disabled).

@@ -127,21 +127,26 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// The shared state of a proxy whose upstream side, policy, audit log and metrics the
-    /// composition root built.
-    #[allow(clippy::too_many_arguments)] // One constructor, called once, by the composition root.
+    /// The shared state of a proxy in front of `topology` (and pooled mode's state), with the
+    /// policy and audit log the composition root built; the proxy's own counters, memory
+    /// budget and metrics registry are made here.
     pub(crate) fn new(
         config: Arc<Config>,
         policy: Arc<PolicyHolder>,
         audit: Arc<AuditLog>,
-        stats: Arc<ProxyStats>,
-        metrics: Arc<Metrics>,
         topology: Arc<Topology>,
         pooled: Option<Arc<Pooled>>,
-        budget: Arc<MemoryBudget>,
         server_tls: Option<crate::tls::ServerTls>,
         upstream_tls: Option<crate::tls::UpstreamTls>,
     ) -> Context {
+        let stats = Arc::new(ProxyStats::default());
+        let budget = Arc::new(MemoryBudget::new(config.proxy.memory_budget));
+        let scrape = Arc::new(observe::ProxyScrape {
+            stats: stats.clone(),
+            pooled: pooled.clone(),
+            budget: budget.clone(),
+        });
+        let metrics = Arc::new(Metrics::new(&config.admin, scrape));
         Context {
             limiter: Arc::new(Semaphore::new(config.proxy.max_client_connections)),
             request_ids: RequestIds::default(),
@@ -165,19 +170,6 @@ impl Context {
 /// Accepts clients on `listener` until the drain starts (each client: a session task).
 pub(crate) async fn serve(listener: TcpListener, ctx: Arc<Context>) {
     listener::accept_loop(listener, ctx).await
-}
-
-/// The scrape-time source of the proxy's own counters, for the metrics registry.
-pub(crate) fn scrape(
-    stats: Arc<ProxyStats>,
-    pooled: Option<Arc<Pooled>>,
-    budget: Arc<MemoryBudget>,
-) -> Arc<dyn crate::metrics::Scrape> {
-    Arc::new(observe::ProxyScrape {
-        stats,
-        pooled,
-        budget,
-    })
 }
 
 /// The event for a client connection that ended (`None`: refused at accept).

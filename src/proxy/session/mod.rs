@@ -27,18 +27,20 @@ use tokio_util::{codec::FramedRead, sync::CancellationToken};
 use tracing::{debug, info, warn};
 
 use super::{
-    client_io::{receive, send_to_client, wait_for_request, Incoming, Limits, Next, Reader},
+    client_io::{
+        receive, send_own_reply, send_to_client, wait_for_request, Incoming, Limits, Next, Reader,
+    },
     error::SessionError,
     guard::{self, Judgement, Who},
     hello::ClientMetadata,
     inspect::{inspect_with, Request},
     observe::SessionObs,
-    strategy::{Acquired, AfterNotPrimary, Link, Strategy},
+    strategy::{Acquired, AfterNotPrimary, Strategy},
     Context,
 };
 use crate::{
     net::{ClientStream, ClientWrite},
-    wire::{builder::reply_for, Frame, MessageCodec},
+    wire::{Frame, MessageCodec},
 };
 
 pub(crate) use super::client_io::End;
@@ -73,11 +75,8 @@ impl Client {
         if !request.expects_reply {
             return Ok(());
         }
-        let our_id = self.ctx.request_ids.next();
-        if let Some(bytes) = reply_for(request.op, request.request_id, our_id, doc) {
-            send_to_client(&mut self.out, &bytes, self.limits.write, &self.kill).await?;
-        }
-        Ok(())
+        let (op, id, limit) = (request.op, request.request_id, self.limits.write);
+        send_own_reply(&self.ctx, &mut self.out, op, id, doc, limit, &self.kill).await
     }
 }
 
@@ -265,10 +264,9 @@ impl<S: Strategy> Session<S> {
                     return end.map_or(Ok(()), Err);
                 }
             };
-            let host = link.host().clone();
-            let reply = match self.round_trip(link, frame, request, route).await? {
+            let (reply, host) = match self.round_trip(link, frame, request, route).await? {
                 relay::Trip::Done => return Ok(()),
-                relay::Trip::NotPrimary(reply) => reply,
+                relay::Trip::NotPrimary(reply, host) => (reply, host),
             };
             // Not executed: the server is no longer primary.
             self.ctx.topology.mark_unknown(&host);

@@ -38,7 +38,6 @@ struct Stream<E> {
     exhaust: Option<E>,
     /// The client started a large message: not read on until the request is done.
     client_paused: bool,
-    host: Host,
 }
 
 /// How a round trip ended.
@@ -46,8 +45,8 @@ pub(super) enum Trip {
     /// The reply was relayed (or the request expects none).
     Done,
     /// The server answered "not primary" (nothing relayed yet): the reply, to re-send the
-    /// request to the new primary or relay it.
-    NotPrimary(Frame),
+    /// request to the new primary or relay it, and that server.
+    NotPrimary(Frame, Host),
 }
 
 impl<S: Strategy> Session<S> {
@@ -111,14 +110,14 @@ impl<S: Strategy> Session<S> {
             first: true,
             exhaust: None,
             client_paused: false,
-            host: link.host().clone(),
         };
         loop {
             let Some(reply) = self.next_reply(link, request, &mut stream).await? else {
                 continue;
             };
-            let Some(more) = self.take_reply(&reply, request, route, &mut stream)? else {
-                return Ok(Trip::NotPrimary(reply));
+            let Some(more) = self.take_reply(&reply, link.host(), request, route, &mut stream)?
+            else {
+                return Ok(Trip::NotPrimary(reply, link.host().clone()));
             };
             if self.client.gone {
                 // Nobody to relay to; an exhaust stream cannot be cut short cleanly.
@@ -166,13 +165,22 @@ impl<S: Strategy> Session<S> {
             (false, _) => reply_timeout,
         };
         let watch_client_now = client.pending.is_none() && !client.gone && !stream.client_paused;
+        // Only a streaming hello watches its server (and pays for a copy of its name).
+        let host = streaming_hello.then(|| link.host().clone());
+        let topology = &self.ctx.topology;
+        let server_moved = async {
+            match &host {
+                Some(h) => primary_moved(topology, h).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = client.kill.cancelled() => Err(SessionError::Killed),
             // A streaming hello (monitoring) never ends by itself: cut it at drain, and when
             // its server stops being the primary.
             _ = client.drain.cancelled(), if streaming_hello => Err(SessionError::Killed),
-            e = primary_moved(&self.ctx.topology, &stream.host), if streaming_hello => Err(e),
+            e = server_moved, if streaming_hello => Err(e),
             next = link.next() => match next {
                 None => Err(SessionError::UpstreamClosed),
                 Some(Err(e)) => Err(upstream_error(e)),
@@ -203,6 +211,7 @@ impl<S: Strategy> Session<S> {
     fn take_reply(
         &mut self,
         reply: &Frame,
+        host: &Host,
         request: &Request,
         route: &S::Route,
         stream: &mut Stream<S::Exhaust>,
@@ -235,7 +244,7 @@ impl<S: Strategy> Session<S> {
             if first {
                 self.obs.first_reply_error(facts.error);
             }
-            self.strategy.observe_reply(&stream.host, route, &facts);
+            self.strategy.observe_reply(host, route, &facts);
         }
         if more && stream.exhaust.is_none() {
             stream.exhaust = Some(self.strategy.exhaust_started());
