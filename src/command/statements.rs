@@ -63,6 +63,10 @@ pub enum Statement<'a> {
         multi: bool,
         /// `upsert`.
         upsert: bool,
+        /// The statement's `collation`.
+        collation: Option<&'a RawDocument>,
+        /// The statement's `hint` (an index name or key pattern).
+        hint: Option<RawBsonRef<'a>>,
     },
     /// A delete statement.
     Delete {
@@ -70,6 +74,10 @@ pub enum Statement<'a> {
         filter: &'a RawDocument,
         /// `limit: 0` (any numeric type), bulkWrite `multi`, legacy without single-remove.
         many: bool,
+        /// The statement's `collation`.
+        collation: Option<&'a RawDocument>,
+        /// The statement's `hint` (an index name or key pattern).
+        hint: Option<RawBsonRef<'a>>,
     },
 }
 
@@ -185,11 +193,15 @@ impl<'a> CommandView<'a> {
                     update,
                     multi: u.is_multi(),
                     upsert: u.is_upsert(),
+                    collation: None,
+                    hint: None,
                 })))
             }
             Source::LegacyDelete(d) => Ok(sink(only(Statement::Delete {
                 filter: d.selector,
                 many: !d.is_single_remove(),
+                collation: None,
+                hint: None,
             }))),
             Source::LegacyQuery { .. } | Source::LegacyCursor | Source::Command { .. } => {
                 Ok(ControlFlow::Continue(()))
@@ -328,10 +340,14 @@ impl<'a> CommandView<'a> {
                 )?,
                 multi: flag(op, "multi", "bulkWrite")?,
                 upsert: flag(op, "upsert", "bulkWrite")?,
+                collation: get_doc(op, "collation", "bulkWrite")?,
+                hint: get(op, "hint")?,
             },
             "delete" => Statement::Delete {
                 filter: filter()?,
                 many: flag(op, "multi", "bulkWrite")?,
+                collation: get_doc(op, "collation", "bulkWrite")?,
+                hint: get(op, "hint")?,
             },
             _ => return Err(bad("ops")),
         };
@@ -382,6 +398,8 @@ fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
         )?,
         multi: flag(stmt, "multi", "update")?,
         upsert: flag(stmt, "upsert", "update")?,
+        collation: get_doc(stmt, "collation", "update")?,
+        hint: get(stmt, "hint")?,
     })
 }
 
@@ -402,7 +420,12 @@ fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
     } else {
         return Err(bad("limit"));
     };
-    Ok(Statement::Delete { filter, many })
+    Ok(Statement::Delete {
+        filter,
+        many,
+        collation: get_doc(stmt, "collation", "delete")?,
+        hint: get(stmt, "hint")?,
+    })
 }
 
 fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, CommandError> {
@@ -411,6 +434,8 @@ fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, Comman
         return Ok(Statement::Delete {
             filter,
             many: false,
+            collation: get_doc(body, "collation", "findAndModify")?,
+            hint: get(body, "hint")?,
         });
     }
     let update = get(body, "update")?.ok_or(CommandError::BadField {
@@ -422,6 +447,8 @@ fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, Comman
         update: UpdateMods::from_value(update, "findAndModify", "update")?,
         multi: false,
         upsert: flag(body, "upsert", "findAndModify")?,
+        collation: get_doc(body, "collation", "findAndModify")?,
+        hint: get(body, "hint")?,
     })
 }
 

@@ -227,6 +227,14 @@ impl<'a> CommandView<'a> {
         }
     }
 
+    /// The command's `let` variables, if given.
+    pub fn let_vars(&self) -> Result<Option<&'a RawDocument>, CommandError> {
+        match self.body() {
+            Some(body) => value::get_doc(body, "let", "command"),
+            None => Ok(None),
+        }
+    }
+
     /// The command inside `explain`, as a view flagged [`CommandView::is_explain`].
     pub fn explained(&self) -> Result<Option<CommandView<'a>>, CommandError> {
         if self.kind != Kind::Explain {

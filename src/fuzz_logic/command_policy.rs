@@ -335,8 +335,8 @@ mod tests {
     use crate::policy::{Action, Decision, Mode, RuleId, Violation};
 
     fn g001(action: Action, mode: Mode) -> Decision<'static> {
-        Decision {
-            violations: vec![Violation {
+        Decision::new(
+            vec![Violation {
                 rule: RuleId::G001,
                 action,
                 statement: None,
@@ -344,7 +344,7 @@ mod tests {
                 detail: Some("unreadable"),
             }],
             mode,
-        }
+        )
     }
 
     #[test]

@@ -20,6 +20,32 @@ pub struct Params {
     pub max_array_elements: usize,
     /// Q003: whether a case-insensitive regex counts as unanchored.
     pub regex_case_insensitive: bool,
+    /// W012: most documents a multi-document write may match.
+    pub max_docs: u64,
+    /// How multi-document writes not proved selective are measured.
+    pub measure: MeasureParams,
+}
+
+/// The `[measure]` table: blast-radius measurement of multi-document writes whose filter is
+/// neither proved to match everything nor proved selective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeasureParams {
+    /// Measure at all. When false, such a write gets `on_error` without any I/O.
+    pub enabled: bool,
+    /// `maxTimeMS` of each measuring query.
+    pub time_limit: std::time::Duration,
+    /// What a measurement that fails or times out does: `Block` (default) or `Warn`.
+    pub on_error: Action,
+}
+
+impl Default for MeasureParams {
+    fn default() -> Self {
+        MeasureParams {
+            enabled: true,
+            time_limit: std::time::Duration::from_millis(1000),
+            on_error: Action::Block,
+        }
+    }
 }
 
 impl Default for Params {
@@ -31,6 +57,8 @@ impl Default for Params {
             max_depth: 5,
             max_array_elements: 1000,
             regex_case_insensitive: true,
+            max_docs: 10_000,
+            measure: MeasureParams::default(),
         }
     }
 }

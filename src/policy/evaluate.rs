@@ -6,8 +6,8 @@ use bson::RawDocument;
 
 use super::{
     compiled::{Effective, Params},
-    documents, indexes, queries, writes, Action, Decision, Policy, RequestContext, RuleId,
-    Violation,
+    documents, indexes, queries, writes, Action, Decision, MeasureActions, Measurement, Mode,
+    Policy, RequestContext, RuleId, Violation, MAX_MEASURED_STATEMENTS,
 };
 use crate::command::{CommandError, CommandView, Kind};
 
@@ -17,6 +17,7 @@ pub(crate) struct Emitter<'e, 'a> {
     pub params: &'e Params,
     pub ctx: &'e RequestContext<'e>,
     out: &'e mut Vec<Violation<'a>>,
+    measure: &'e mut Vec<Measurement<'a>>,
 }
 
 impl<'a> Emitter<'_, 'a> {
@@ -37,6 +38,44 @@ impl<'a> Emitter<'_, 'a> {
         statement: Option<usize>,
         filter: Option<&'a RawDocument>,
     ) {
+        self.emit_detail(rule, statement, filter, None);
+    }
+
+    /// A multi-document write whose filter is `unknown`: measured by the proxy before the
+    /// command goes anywhere. With measurement off, or past [`MAX_MEASURED_STATEMENTS`], it
+    /// gets `measure.on_error` at once (under the rule it is measured for): unknown never
+    /// means allow.
+    pub fn measure(&mut self, m: Measurement<'a>) {
+        let why = if !self.params.measure.enabled {
+            "the filter is not proved selective and measurement is off (measure.enabled = false)"
+        } else if self.measure.len() >= MAX_MEASURED_STATEMENTS {
+            "the filter is not proved selective and the command has more such statements than \
+             mongoguard measures for one request"
+        } else {
+            self.measure.push(m);
+            return;
+        };
+        let action = on_error(self.params.measure.on_error, self.eff.mode);
+        if action == Action::Off || self.out.iter().any(|v| v.rule == m.rule && v.statement == Some(m.statement)) {
+            return;
+        }
+        self.out.push(Violation {
+            rule: m.rule,
+            action,
+            statement: Some(m.statement),
+            filter: Some(m.filter),
+            detail: Some(why),
+        });
+    }
+
+    /// [`Emitter::emit`] with a reason of its own instead of the rule's.
+    pub fn emit_detail(
+        &mut self,
+        rule: RuleId,
+        statement: Option<usize>,
+        filter: Option<&'a RawDocument>,
+        detail: Option<&'static str>,
+    ) {
         if !self.on(rule) {
             return;
         }
@@ -52,8 +91,17 @@ impl<'a> Emitter<'_, 'a> {
             action: self.eff.action(rule),
             statement,
             filter,
-            detail: None,
+            detail,
         });
+    }
+}
+
+/// `measure.on_error` for a request in `mode`: audit mode turns a block into a warning.
+fn on_error(action: Action, mode: Mode) -> Action {
+    if mode == Mode::Audit && action == Action::Block {
+        Action::Warn
+    } else {
+        action
     }
 }
 
@@ -75,12 +123,14 @@ pub(crate) fn evaluate<'a>(
 ) -> Decision<'a> {
     let eff = policy.effective(view.namespace(), ctx);
     let mut violations = Vec::new();
+    let mut measure = Vec::new();
     let result = {
         let mut em = Emitter {
             eff: &eff,
             params: &policy.params,
             ctx,
             out: &mut violations,
+            measure: &mut measure,
         };
         run(view, &mut em)
     };
@@ -94,9 +144,24 @@ pub(crate) fn evaluate<'a>(
             detail: Some(error_detail(&e)),
         });
     }
+    let let_vars = if measure.is_empty() {
+        None
+    } else {
+        view.let_vars().ok().flatten()
+    };
     Decision {
         violations,
         mode: eff.mode,
+        measure,
+        let_vars,
+        measure_actions: MeasureActions {
+            w001: eff.action(RuleId::W001),
+            w003: eff.action(RuleId::W003),
+            w012: eff.action(RuleId::W012),
+            on_error: on_error(policy.params.measure.on_error, eff.mode),
+            max_docs: policy.params.max_docs,
+            time_limit: policy.params.measure.time_limit,
+        },
     }
 }
 

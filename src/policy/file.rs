@@ -43,6 +43,17 @@ struct PolicyFile {
     rules: BTreeMap<String, RuleSetting>,
     #[serde(default)]
     overrides: Vec<OverrideFile>,
+    #[serde(default)]
+    measure: Option<MeasureFile>,
+}
+
+/// `[measure]`: every key optional; what is left out keeps the base profile's value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MeasureFile {
+    enabled: Option<bool>,
+    time_limit_ms: Option<u64>,
+    on_error: Option<Action>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -62,6 +73,7 @@ struct RuleTable {
     max_depth: Option<usize>,
     max_elements: Option<usize>,
     case_insensitive: Option<bool>,
+    max_docs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +153,9 @@ impl Policy {
             policy.mode = mode;
         }
         apply_rules(&mut policy, &file.rules).map_err(invalid)?;
+        if let Some(m) = &file.measure {
+            apply_measure(&mut policy.params.measure, m).map_err(invalid)?;
+        }
         if file.overrides.len() > MAX_OVERRIDES {
             return Err(invalid(format!("at most {MAX_OVERRIDES} overrides")));
         }
@@ -199,6 +214,33 @@ fn compile_override(o: &OverrideFile) -> Result<Override, String> {
     })
 }
 
+/// The longest `time_limit_ms`: a measurement holds the client's request, so it stays short.
+const MAX_MEASURE_MS: u64 = 60_000;
+
+fn apply_measure(p: &mut super::compiled::MeasureParams, m: &MeasureFile) -> Result<(), String> {
+    if let Some(enabled) = m.enabled {
+        p.enabled = enabled;
+    }
+    if let Some(ms) = m.time_limit_ms {
+        if ms == 0 || ms > MAX_MEASURE_MS {
+            return Err(format!(
+                "measure.time_limit_ms must be between 1 and {MAX_MEASURE_MS} (got {ms})"
+            ));
+        }
+        p.time_limit = std::time::Duration::from_millis(ms);
+    }
+    match m.on_error {
+        None => {}
+        Some(Action::Off) => {
+            return Err("measure.on_error must be \"block\" or \"warn\": a failed measurement \
+                        is never let through unrecorded"
+                .into())
+        }
+        Some(a) => p.on_error = a,
+    }
+    Ok(())
+}
+
 fn rule_id(code: &str) -> Result<RuleId, String> {
     RuleId::from_code(code).ok_or_else(|| {
         let known: Vec<&str> = RULES.iter().map(|r| r.code).collect();
@@ -213,6 +255,7 @@ fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String>
         RuleId::D002 => &["max_depth"],
         RuleId::D003 => &["max_elements"],
         RuleId::Q003 => &["case_insensitive"],
+        RuleId::W012 => &["max_docs"],
         _ => &[],
     };
     let given = [
@@ -222,6 +265,7 @@ fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String>
         ("max_depth", t.max_depth.is_some()),
         ("max_elements", t.max_elements.is_some()),
         ("case_insensitive", t.case_insensitive.is_some()),
+        ("max_docs", t.max_docs.is_some()),
     ];
     for (name, set) in given {
         if set && !allowed.contains(&name) {
@@ -256,6 +300,9 @@ fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String>
     }
     if let Some(v) = t.max_elements {
         p.max_array_elements = positive("max_elements", v)?;
+    }
+    if let Some(v) = t.max_docs {
+        p.max_docs = positive("max_docs", usize::try_from(v).unwrap_or(usize::MAX))? as u64;
     }
     if let Some(v) = t.case_insensitive {
         p.regex_case_insensitive = v;
@@ -305,6 +352,10 @@ mod tests {
             ),
             ("[[overrides]]\nclient = \"10.0.0.0/40\"\n", "bad prefix"),
             ("extends = \"lenient\"\n", "no such profile"),
+            ("[measure]\non_error = \"off\"\n", "never let through"),
+            ("[measure]\ntime_limit_ms = 0\n", "time_limit_ms"),
+            ("[measure]\nlimit = 3\n", "unknown field"),
+            ("[rules]\nW012 = { action = \"warn\", max_docs = 0 }\n", "max_docs"),
             ("mode = \"enforce\"\nmdoe = \"audit\"\n", "line 2"),
         ];
         for (text, want) in cases {

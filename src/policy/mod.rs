@@ -13,6 +13,7 @@ mod file;
 pub mod filter;
 mod holder;
 mod indexes;
+pub mod measure;
 mod queries;
 mod rules;
 #[cfg(test)]
@@ -21,16 +22,16 @@ mod writes;
 
 use std::net::IpAddr;
 
-use bson::RawDocument;
+use bson::{RawBsonRef, RawDocument};
 use serde::Deserialize;
 
-pub use compiled::{Params, Policy};
+pub use compiled::{MeasureParams, Params, Policy};
 pub use error::PolicyError;
 pub use file::{MAX_OVERRIDES, PROFILES};
 pub use holder::{PolicyHolder, PolicySource};
 pub use rules::{RuleId, RuleInfo, RULES, RULE_COUNT};
 
-use crate::command::CommandView;
+use crate::command::{CommandView, Namespace};
 
 /// What a rule does when it fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
@@ -103,6 +104,61 @@ pub struct Violation<'a> {
     pub detail: Option<&'static str>,
 }
 
+/// A multi-document write whose filter is neither proved to match every document nor proved
+/// selective (verdict `unknown`): the proxy measures it against the data before it forwards
+/// or blocks the command. Unknown never means allow.
+#[derive(Clone, Copy)]
+pub struct Measurement<'a> {
+    /// The statement's index in the batch.
+    pub statement: usize,
+    /// The namespace it writes.
+    pub ns: Namespace<'a>,
+    /// Its filter.
+    pub filter: &'a RawDocument,
+    /// Its collation.
+    pub collation: Option<&'a RawDocument>,
+    /// Its hint.
+    pub hint: Option<RawBsonRef<'a>>,
+    /// W001 (an update) or W003 (a delete): what a filter measured to match every document
+    /// of a non-empty collection fires.
+    pub rule: RuleId,
+}
+
+/// What the measurements of one request decide, resolved for that request (overrides and
+/// mode applied): the actions of W001, W003, W012 and of a failed measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct MeasureActions {
+    /// W001's action.
+    pub w001: Action,
+    /// W003's action.
+    pub w003: Action,
+    /// W012's action (`Off`: counting past `max_docs` is not needed).
+    pub w012: Action,
+    /// `measure.on_error` (a block becomes a warning in audit mode).
+    pub on_error: Action,
+    /// W012's threshold.
+    pub max_docs: u64,
+    /// `maxTimeMS` of each measuring query.
+    pub time_limit: std::time::Duration,
+}
+
+impl MeasureActions {
+    /// The action of a rule a measurement fires (W001, W003 or W012).
+    pub fn action(&self, rule: RuleId) -> Action {
+        match rule {
+            RuleId::W001 => self.w001,
+            RuleId::W003 => self.w003,
+            RuleId::W012 => self.w012,
+            _ => self.on_error,
+        }
+    }
+}
+
+/// The most statements of one request that are measured; a request with more unknown
+/// multi-document writes gets `measure.on_error` for the rest (each measurement is two
+/// queries upstream, and the client waits for all of them).
+pub const MAX_MEASURED_STATEMENTS: usize = 16;
+
 /// The outcome of evaluating one command.
 #[derive(Clone, Debug)]
 pub struct Decision<'a> {
@@ -110,9 +166,34 @@ pub struct Decision<'a> {
     pub violations: Vec<Violation<'a>>,
     /// The mode in force for this request.
     pub mode: Mode,
+    /// The statements to measure before the command may be forwarded (empty and
+    /// unallocated unless some multi-document write's filter is `unknown`).
+    pub measure: Vec<Measurement<'a>>,
+    /// The command's `let` (measuring queries carry it).
+    pub let_vars: Option<&'a RawDocument>,
+    /// What the measurements decide.
+    pub measure_actions: MeasureActions,
 }
 
-impl Decision<'_> {
+impl<'a> Decision<'a> {
+    /// A decision with these violations and nothing to measure.
+    pub fn new(violations: Vec<Violation<'a>>, mode: Mode) -> Decision<'a> {
+        Decision {
+            violations,
+            mode,
+            measure: Vec::new(),
+            let_vars: None,
+            measure_actions: MeasureActions {
+                w001: Action::Block,
+                w003: Action::Block,
+                w012: Action::Off,
+                on_error: Action::Block,
+                max_docs: 0,
+                time_limit: std::time::Duration::ZERO,
+            },
+        }
+    }
+
     /// The strongest action among the violations (`Off` when none fired).
     pub fn verdict(&self) -> Action {
         self.violations
@@ -141,3 +222,4 @@ impl Policy {
 }
 
 crate::wire::debug_fields!(Violation<'a>, "Violation", rule, action, statement, detail);
+crate::wire::debug_fields!(Measurement<'a>, "Measurement", statement, ns, rule);

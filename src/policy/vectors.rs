@@ -21,8 +21,15 @@
 //!  "context": {"app": "x", "user": "u", "client": "10.0.0.1", "wire_version": 7},   optional
 //!  "expect": ["W001"],                   exactly the rules that must fire
 //!  "verdict": "block",                   allow | warn | block
-//!  "quiet": "W004"}                      optional: a rule this vector shows staying quiet
+//!  "quiet": "W004",                     optional: a rule this vector shows staying quiet
 //!                                        (must not be in expect)
+//!  "measure": [0],                       exactly the statements whose filter is `unknown`
+//!                                        and is measured (default: none)
+//!  "measured": "all"}                    with measure: what the measurement finds for each
+//!                                        of them: "all" (every document, 5 of them),
+//!                                        "many" (more than max_docs, not all), "few" (3, not
+//!                                        all), "empty" (an empty collection), "failed";
+//!                                        expect and verdict then include its finding
 //! ```
 
 use std::{
@@ -34,7 +41,10 @@ use bson::{Bson, Document, RawDocumentBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{Action, Policy, RequestContext, RULES};
+use super::{
+    measure::{finding, Outcome},
+    Action, Policy, RequestContext, RULES,
+};
 use crate::{
     command::CommandView,
     wire::{
@@ -63,6 +73,36 @@ struct Vector {
     expect: Vec<String>,
     verdict: Verdict,
     quiet: Option<String>,
+    #[serde(default)]
+    measure: Vec<usize>,
+    measured: Option<Measured>,
+}
+
+/// A simulated measurement result.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Measured {
+    All,
+    Many,
+    Few,
+    Empty,
+    Failed,
+}
+
+impl Measured {
+    fn outcome(self, max_docs: u64) -> Outcome {
+        let counted = |matched, everything| Outcome::Counted {
+            matched,
+            everything,
+        };
+        match self {
+            Measured::All => counted(5, true),
+            Measured::Many => counted(max_docs + 1, false),
+            Measured::Few => counted(3, false),
+            Measured::Empty => counted(0, true),
+            Measured::Failed => Outcome::Failed("simulated failure".into()),
+        }
+    }
 }
 
 /// A legacy opcode instead of an OP_MSG command.
@@ -155,6 +195,9 @@ impl Vector {
             if !seen.insert(code.as_str()) {
                 return Err(format!("expect: {code} listed twice"));
             }
+        }
+        if self.measured.is_some() && self.measure.is_empty() {
+            return Err("measured without measure: nothing would be measured".into());
         }
         if let Some(quiet) = &self.quiet {
             if !known_rule(quiet) {
@@ -261,18 +304,35 @@ fn run_case(case: &Vector) -> Result<(), String> {
         upstream_wire_version: context.and_then(|c| c.wire_version),
     };
     let msg = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).map_err(|e| format!("wire: {e}"))?;
-    let (fired, verdict) = match CommandView::from_message(&msg) {
+    let (fired, verdict, measured) = match CommandView::from_message(&msg) {
         Ok(view) => {
             let d = policy.evaluate(&view, &ctx);
-            let fired: BTreeSet<String> = d
+            let mut fired: BTreeSet<String> = d
                 .violations
                 .iter()
                 .map(|v| v.rule.code().to_owned())
                 .collect();
-            (fired, Verdict::from(d.verdict()))
+            let mut verdict = d.verdict();
+            let measured: Vec<usize> = d.measure.iter().map(|m| m.statement).collect();
+            if let (Some(sim), false) = (case.measured, d.is_block()) {
+                let outcome = sim.outcome(d.measure_actions.max_docs);
+                for m in &d.measure {
+                    if let Some(f) = finding(&d.measure_actions, m.rule, &outcome) {
+                        fired.insert(f.rule.code().to_owned());
+                        verdict = verdict.max(f.action);
+                    }
+                }
+            }
+            (fired, Verdict::from(verdict), measured)
         }
-        Err(_) => (["G001".to_owned()].into_iter().collect(), Verdict::Block),
+        Err(_) => (["G001".to_owned()].into_iter().collect(), Verdict::Block, Vec::new()),
     };
+    if measured != case.measure {
+        return Err(format!(
+            "measured statements {measured:?}, expected {:?}",
+            case.measure
+        ));
+    }
     let want: BTreeSet<String> = case.expect.iter().cloned().collect();
     if fired != want || verdict != case.verdict {
         return Err(format!(

@@ -1,4 +1,4 @@
-//! W001–W011: what writes do.
+//! W001–W012: what writes do.
 
 use std::ops::ControlFlow;
 
@@ -6,11 +6,12 @@ use bson::{RawBsonRef, RawDocument};
 
 use super::{
     evaluate::Emitter,
-    filter::{coverage, Coverage},
-    RuleId,
+    filter::{verdict, FilterFacts, Verdict},
+    Measurement, RuleId,
 };
 use crate::command::{
-    number, truthy, CommandError, CommandView, Kind, Namespace, Statement, UpdateMods,
+    number, truthy, CommandError, CommandView, Kind, Namespace, Statement, StatementRef,
+    UpdateMods,
 };
 
 const STATEMENT_RULES: &[RuleId] = &[
@@ -20,6 +21,7 @@ const STATEMENT_RULES: &[RuleId] = &[
     RuleId::W004,
     RuleId::W010,
     RuleId::W011,
+    RuleId::W012,
 ];
 
 pub(crate) fn check<'a>(
@@ -28,8 +30,9 @@ pub(crate) fn check<'a>(
 ) -> Result<(), CommandError> {
     if !em.all_off(STATEMENT_RULES) {
         let mut err = None;
+        let let_vars = view.let_vars()?;
         let _ = view.for_each_statement(|s| {
-            if let Err(e) = statement(s.index, s.statement, s.find_and_modify, em) {
+            if let Err(e) = statement(s, let_vars, em) {
                 err = Some(e);
                 return ControlFlow::Break(());
             }
@@ -67,25 +70,37 @@ pub(crate) fn check<'a>(
     Ok(())
 }
 
+/// W001–W004 from the filter's verdict, W010 and W011 from the update. A multi-document
+/// write whose filter is `unknown` is handed to the proxy to measure (W001 / W003 / W012).
 fn statement<'a>(
-    index: usize,
-    statement: Statement<'a>,
-    find_and_modify: bool,
+    s: StatementRef<'a>,
+    let_vars: Option<&'a RawDocument>,
     em: &mut Emitter<'_, 'a>,
 ) -> Result<(), CommandError> {
-    let at = Some(index);
-    match statement {
+    let at = Some(s.index);
+    let judge = |filter, collation, em: &mut Emitter<'_, 'a>, rule| {
+        let facts = FilterFacts {
+            collation,
+            let_vars,
+        };
+        verdict_of(s, filter, &facts, rule, em)
+    };
+    match s.statement {
         Statement::Update {
             filter,
             update,
             multi,
+            collation,
             ..
         } => {
-            if em.on(RuleId::W001) || em.on(RuleId::W002) {
-                let all = coverage(filter) == Coverage::All;
-                if all && multi {
-                    em.emit(RuleId::W001, at, Some(filter));
-                } else if all {
+            if multi {
+                judge(filter, collation, em, RuleId::W001);
+            } else if em.on(RuleId::W002) {
+                let facts = FilterFacts {
+                    collation,
+                    let_vars,
+                };
+                if verdict(filter, &facts) == Verdict::All {
                     em.emit(RuleId::W002, at, Some(filter));
                 }
             }
@@ -97,19 +112,70 @@ fn statement<'a>(
                 _ => {}
             }
         }
-        Statement::Delete { filter, many } => {
-            let all = coverage(filter) == Coverage::All;
-            match (many, all) {
-                (true, true) => em.emit(RuleId::W003, at, Some(filter)),
-                (true, false) => em.emit(RuleId::W004, at, Some(filter)),
-                // findAndModify {remove: true} on everything removes an arbitrary document.
-                (false, true) if find_and_modify => em.emit(RuleId::W002, at, Some(filter)),
-                (false, _) => {}
+        Statement::Delete {
+            filter,
+            many: true,
+            collation,
+            ..
+        } => {
+            if judge(filter, collation, em, RuleId::W003) != Verdict::All {
+                em.emit(RuleId::W004, at, Some(filter));
+            }
+        }
+        Statement::Delete {
+            filter, collation, ..
+        } => {
+            // findAndModify {remove: true} on everything removes an arbitrary document.
+            let facts = FilterFacts {
+                collation,
+                let_vars,
+            };
+            if s.find_and_modify && em.on(RuleId::W002) && verdict(filter, &facts) == Verdict::All {
+                em.emit(RuleId::W002, at, Some(filter));
             }
         }
         Statement::Insert { .. } => {}
     }
     Ok(())
+}
+
+/// The verdict on a multi-document write's filter, acted on: `All` fires `rule` (W001 or
+/// W003) with no I/O, `Narrow` is forwarded, `Unknown` is measured. Skipped (as `Narrow`)
+/// when neither `rule` nor W012 is checked.
+fn verdict_of<'a>(
+    s: StatementRef<'a>,
+    filter: &'a RawDocument,
+    facts: &FilterFacts<'a>,
+    rule: RuleId,
+    em: &mut Emitter<'_, 'a>,
+) -> Verdict {
+    if !em.on(rule) && !em.on(RuleId::W012) {
+        return Verdict::Narrow;
+    }
+    let v = verdict(filter, facts);
+    let measure = match v {
+        Verdict::All if em.on(rule) => {
+            em.emit(rule, Some(s.index), Some(filter));
+            false
+        }
+        Verdict::All | Verdict::Unknown => true,
+        Verdict::Narrow => false,
+    };
+    if measure {
+        let hint = match s.statement {
+            Statement::Update { hint, .. } | Statement::Delete { hint, .. } => hint,
+            Statement::Insert { .. } => None,
+        };
+        em.measure(Measurement {
+            statement: s.index,
+            ns: s.ns,
+            filter,
+            collation: facts.collation,
+            hint,
+            rule,
+        });
+    }
+    v
 }
 
 /// `$push: {field: v}` where `v` is not `{$each: [...], $slice: n}`.

@@ -23,12 +23,14 @@
 mod anchor;
 pub mod shape;
 pub mod tautology;
+pub mod verdict;
 pub mod walk;
 
 mod js;
 
 pub use shape::{shape, shape_hash};
-pub use tautology::{coverage, Coverage};
+pub use tautology::{coverage, coverage_with, Coverage};
+pub use verdict::{verdict, FilterFacts, Verdict};
 pub use walk::{
     regex_is_anchored, regex_is_anchored_with, walk_expression, walk_filter, walk_pipeline, Event,
     Visitor,

@@ -64,6 +64,12 @@ pub enum Coverage {
     Unknown,
 }
 
+/// [`coverage`] of a statement's filter, knowing its collation and the command's `let`.
+pub fn coverage_with(filter: &RawDocument, facts: &super::verdict::FilterFacts<'_>) -> Coverage {
+    let _ = facts;
+    coverage(filter)
+}
+
 /// Decides whether `filter` matches every document. Allocation-free; never panics.
 pub fn coverage(filter: &RawDocument) -> Coverage {
     match filter_truth(filter, 0) {
