@@ -245,6 +245,30 @@ def test_guard_update_many_tautology_is_blocked(guard_client, guard_watch, guard
     assert_still_works(guard_client, guard_watch, guard_db)
 
 
+def test_guard_measured_always_true_filter_is_w001(guard_client, guard_watch, guard_direct, guard_db):
+    """A filter the prover cannot decide ({_id: {$gt: 0}} depends on the data) is measured
+    against the data before the write is forwarded: it matches every document, so W001, as a
+    clean, non-retryable error on a connection that stays usable."""
+    coll = guard_client[guard_db]["c"]
+    exc = expect_blocked(
+        guard_watch,
+        "update",
+        "W001",
+        lambda: coll.update_many({"_id": {"$gt": 0}}, {"$set": {"x": 1}}),
+    )
+    assert "measured" in exc.details["errmsg"], exc.details
+    assert_unchanged(guard_direct, guard_db)
+    assert_still_works(guard_client, guard_watch, guard_db)
+
+
+def test_guard_measured_selective_filter_is_forwarded(guard_client, guard_watch, guard_direct, guard_db):
+    coll = guard_client[guard_db]["c"]
+    n = len(SEED)
+    result = coll.update_many({"_id": {"$gt": 1}}, {"$set": {"x": 1}})
+    assert result.modified_count == n - 1, result.raw_result
+    assert sum(1 for d in stored(guard_direct, guard_db) if d.get("x") == 1) == n - 1
+
+
 def test_guard_delete_many_without_filter_is_blocked(guard_client, guard_watch, guard_direct, guard_db):
     coll = guard_client[guard_db]["c"]
     exc = expect_blocked(guard_watch, "delete", "W003", lambda: coll.delete_many({}))

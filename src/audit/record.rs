@@ -111,11 +111,16 @@ pub struct ViolationRecord {
     pub request_id: i32,
     /// Who produced the record.
     pub source: Source,
+    /// What this occurrence adds to the rule's reason (a blast-radius measurement's finding,
+    /// or why it failed). Never holds literals from the command.
+    pub detail: Option<String>,
+    /// Documents a blast-radius measurement counted (`max_docs + 1` means "more than").
+    pub matched: Option<u64>,
 }
 
 /// One JSON line (without the trailing newline) for `rec`.
 ///
-/// Field order: `time, rule, rule_name, reason, action, mode, client, app, driver, user, db,
+/// Field order: `time, rule, rule_name, reason, detail, matched, action, mode, client, app, driver, user, db,
 /// collection, command, statement, filter_shape, shape_hash, request_id, source`. Absent
 /// optional fields are left out (never `null`). Every string is JSON-escaped, so the result
 /// never contains a raw line break whatever the client sent.
@@ -173,6 +178,10 @@ fn write_record(rec: &ViolationRecord, out: &mut String, keys: &Keys) {
     o.str(keys.rule, rec.rule_id);
     o.str("rule_name", rec.rule_name);
     o.str("reason", rec.reason);
+    o.opt_str("detail", rec.detail.as_deref());
+    if let Some(n) = rec.matched {
+        o.num("matched", n);
+    }
     o.str("action", rec.action.as_str());
     o.str("mode", rec.mode.as_str());
     if let (Some(key), Some(addr)) = (keys.client, rec.client_addr) {
@@ -272,6 +281,8 @@ pub(crate) mod tests {
             shape_hash: Some(0xab),
             request_id: 42,
             source: Source::Proxy,
+            detail: None,
+            matched: None,
         }
     }
 

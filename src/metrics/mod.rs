@@ -119,6 +119,9 @@ pub struct Metrics {
     roundtrip: Histogram,
     processing: Histogram,
     tls_handshake_failures: Counter,
+    /// Blast-radius measurements: `[answered, failed]`.
+    measurements: [Counter; 2],
+    measure_seconds: Histogram,
     /// Session-maintained gauges.
     pub live: Arc<Live>,
     /// Application labels (capped).
@@ -186,6 +189,23 @@ impl Metrics {
             "TLS handshakes that failed",
             tls_handshake_failures.clone(),
         );
+        let by_result = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        // One statement each: a family's read guard lives to the end of its statement, and
+        // a second get_or_create in the same statement would wait on it forever.
+        let answered = by_result.get_or_create(&[("result", "answered")]).clone();
+        let failed = by_result.get_or_create(&[("result", "failed")]).clone();
+        let measurements = [answered, failed];
+        registry.register(
+            "mongoguard_measurements",
+            "Blast-radius measurements of multi-document writes not proved selective, by result",
+            by_result,
+        );
+        let measure_seconds = Histogram::new(latency_buckets());
+        registry.register(
+            "mongoguard_measure_seconds",
+            "Time to measure one statement (its two queries) before forwarding the write",
+            measure_seconds.clone(),
+        );
         let live = Arc::new(Live::default());
         registry.register_collector(Box::new(ScrapeCollector {
             source: source.clone(),
@@ -199,6 +219,8 @@ impl Metrics {
             roundtrip,
             processing,
             tls_handshake_failures,
+            measurements,
+            measure_seconds,
             live,
             apps: CappedLabels::new(config.app_name_cap),
             drivers: CappedLabels::new(config.app_name_cap),
@@ -259,6 +281,17 @@ impl Metrics {
             .inc();
         let app = self.apps.label(rec.app_name.as_deref());
         self.violations.push(rec, app);
+    }
+
+    /// One statement was measured (`failed`: its measurement did not answer).
+    pub fn measured(&self, failed: bool, took: Duration) {
+        let [answered, fail] = &self.measurements;
+        if failed {
+            fail.inc();
+        } else {
+            answered.inc();
+        }
+        self.measure_seconds.observe(took.as_secs_f64());
     }
 
     /// Counts a failed TLS handshake.

@@ -144,6 +144,8 @@ mod tests {
             shape_hash: None,
             request_id: 1,
             source: Source::Proxy,
+            detail: None,
+            matched: None,
         }
     }
 

@@ -34,6 +34,9 @@ pub(crate) enum Judgement {
         errmsg: String,
         abort: Option<RawDocumentBuf>,
     },
+    /// Measure the statements whose filter is `unknown` on the connection the write will
+    /// use, then forward it or block it (see `super::measure`).
+    Measure(Box<super::measure::MeasurePlan>),
 }
 
 /// What mongoguard does itself with a request, before (or instead of) forwarding it.
@@ -78,7 +81,7 @@ pub(crate) fn local_answer<'r>(
             },
             None => Local::Forward,
         },
-        Judgement::Forward => {
+        Judgement::Forward | Judgement::Measure(_) => {
             if request.is_write {
                 *last_blocked = None;
             }
@@ -149,7 +152,7 @@ pub(crate) fn judge(
     };
     let decision = policy.evaluate(&view, &rctx);
     scratch.capture(&view);
-    if decision.violations.is_empty() {
+    if decision.violations.is_empty() && decision.measure.is_empty() {
         return Judgement::Forward;
     }
     scratch.violations = decision.violations.len() as u64;
@@ -161,6 +164,19 @@ pub(crate) fn judge(
             errmsg: blocked_message(&decision),
             abort: view.body().and_then(abort_transaction),
         }
+    } else if !decision.measure.is_empty() {
+        let template = Violation {
+            rule: RuleId::W001,
+            action: Action::Warn,
+            statement: None,
+            filter: None,
+            detail: None,
+        };
+        let template = record(&template, decision.mode, Some(&view), who, request_id);
+        let abort = view.body().and_then(abort_transaction);
+        Judgement::Measure(Box::new(super::measure::MeasurePlan::new(
+            &decision, &view, template, abort,
+        )))
     } else {
         Judgement::Forward
     }
@@ -213,7 +229,7 @@ pub(crate) fn blocked_message(decision: &Decision<'_>) -> String {
 }
 
 /// The longest errmsg mongoguard sends: client-chosen names it quotes stay short.
-const ERRMSG_MAX: usize = 1024;
+pub(crate) const ERRMSG_MAX: usize = 1024;
 
 /// The error document for a blocked command, in the request's family: a command error for
 /// OP_MSG and `$cmd` queries, a `$err` document for a legacy OP_QUERY find.
@@ -268,5 +284,7 @@ fn record(
         shape_hash,
         request_id,
         source: audit::Source::Proxy,
+        detail: None,
+        matched: None,
     }
 }

@@ -13,6 +13,7 @@ pub mod guard;
 pub(crate) mod hello;
 pub(crate) mod inspect;
 mod listener;
+mod measure;
 mod observe;
 mod passthrough;
 mod pins;

@@ -34,6 +34,10 @@ pub(crate) struct ConnState {
     /// A hello/isMaster already ran on this connection: its client metadata is final (mongod's
     /// `ClientMetadata::tryFinalize`), any later `client` field is refused with code 186.
     pub(crate) hello_seen: bool,
+    /// A `failCommand` fail point holds the next reply this long...
+    pub(crate) fail_block: Option<std::time::Duration>,
+    /// ...or closes the connection instead of sending it.
+    pub(crate) fail_close: bool,
 }
 
 struct Conn {
@@ -64,6 +68,8 @@ pub(crate) async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr
             sasl: None,
             client_metadata: None,
             hello_seen: false,
+            fail_block: None,
+            fail_close: false,
         },
         shared: shared.clone(),
         reader: BufReader::with_capacity(32 * 1024, r),
@@ -144,6 +150,12 @@ impl Conn {
 
     /// Writes an encoded reply frame, applying reply faults and compression.
     async fn write_frame(&mut self, frame: Vec<u8>, compressor: Option<u8>) -> io::Result<()> {
+        if let Some(d) = self.state.fail_block.take() {
+            tokio::time::sleep(d).await;
+        }
+        if std::mem::take(&mut self.state.fail_close) {
+            return Err(io::Error::other("failCommand fail point: closeConnection"));
+        }
         match self.shared.fault.get() {
             Fault::Delay(d) => tokio::time::sleep(d).await,
             Fault::GarbageReply => {

@@ -55,6 +55,7 @@ mod commands;
 mod compression;
 mod conn;
 mod cursor;
+mod failpoint;
 mod fault;
 mod projection;
 mod query;

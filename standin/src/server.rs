@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     pub(crate) addr: SocketAddr,
     pub(crate) stats: Arc<Stats>,
     pub(crate) fault: FaultCell,
+    /// mongod's test fail points (`configureFailPoint`).
+    pub(crate) failpoints: crate::failpoint::FailPoints,
     /// The data; shared by every member of a [`crate::ReplicaSet`].
     pub(crate) store: Arc<Store>,
     pub(crate) cursors: Cursors,
@@ -129,6 +131,7 @@ impl StandIn {
             addr,
             stats: Arc::new(Stats::default()),
             fault: FaultCell::default(),
+            failpoints: Default::default(),
             store,
             cursors: Cursors::default(),
             sessions: crate::txn::Sessions::default(),

@@ -34,8 +34,9 @@ use super::{
     guard::{self, Judgement, Who},
     hello::ClientMetadata,
     inspect::{inspect_with, Request},
+    measure::{measure, LinkState, MeasurePlan, Measured},
     observe::SessionObs,
-    strategy::{Acquired, AfterNotPrimary, Strategy},
+    strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
     Context,
 };
 use crate::{
@@ -164,7 +165,18 @@ impl<S: Strategy> Session<S> {
             if self.answer_blocked(&request, &route).await? {
                 continue;
             }
-            self.forward(&received.frame, &request, &route).await?;
+            if let Some(errmsg) = self.forward(&received.frame, &request, &route).await? {
+                // The measurement of a multi-document write blocked it.
+                let abort = match &request.judgement {
+                    Judgement::Measure(plan) => plan.abort.clone(),
+                    _ => None,
+                };
+                let blocked = Request {
+                    judgement: Judgement::Block { errmsg, abort },
+                    ..request
+                };
+                self.answer_blocked(&blocked, &route).await?;
+            }
         }
     }
 
@@ -239,20 +251,22 @@ impl<S: Strategy> Session<S> {
     }
 
     /// Forwards `frame` on a connection the strategy acquires and relays its reply; a
-    /// not-primary reply is re-sent or relayed as the strategy says.
+    /// not-primary reply is re-sent or relayed as the strategy says. A write to measure is
+    /// measured on that connection first: `Some(errmsg)` when the measurement blocks it
+    /// (nothing was sent for the write).
     async fn forward(
         &mut self,
         frame: &Frame,
         request: &Request,
         route: &S::Route,
-    ) -> Result<(), SessionError> {
-        let mut resent = false;
+    ) -> Result<Option<String>, SessionError> {
+        let (mut resent, mut measured) = (false, false);
         loop {
             let acquired = self
                 .strategy
                 .acquire(request, route, &mut self.obs, &self.client.kill)
                 .await;
-            let link = match acquired {
+            let mut link = match acquired {
                 Acquired::Link(link) => link,
                 Acquired::Refused { answer, end } => {
                     if let Some(doc) = answer {
@@ -261,32 +275,128 @@ impl<S: Strategy> Session<S> {
                             sent?;
                         }
                     }
-                    return end.map_or(Ok(()), Err);
+                    return end.map_or(Ok(None), Err);
                 }
             };
+            if let (Judgement::Measure(plan), false) = (&request.judgement, measured) {
+                link = match self.measure(link, plan, route).await? {
+                    Ok(link) => link,
+                    Err(MeasureEnd::Block(errmsg)) => return Ok(Some(errmsg)),
+                    Err(MeasureEnd::Again) => {
+                        // Passed (on_error = warn), but on a connection left mid-exchange:
+                        // the write goes on a fresh one, unmeasured again.
+                        measured = true;
+                        continue;
+                    }
+                    Err(MeasureEnd::NotPrimary(host)) => {
+                        let reply = not_writable_primary();
+                        match self.after_not_primary(&host, route, &mut resent) {
+                            Ok(true) => continue,
+                            Ok(false) => {
+                                self.client.reply(request, &reply).await?;
+                                return Ok(None);
+                            }
+                            Err(end) => {
+                                let _ = self.client.reply(request, &reply).await;
+                                return Err(end);
+                            }
+                        }
+                    }
+                };
+            }
             let (reply, host) = match self.round_trip(link, frame, request, route).await? {
-                relay::Trip::Done => return Ok(()),
+                relay::Trip::Done => return Ok(None),
                 relay::Trip::NotPrimary(reply, host) => (reply, host),
             };
             // Not executed: the server is no longer primary.
-            self.ctx.topology.mark_unknown(&host);
-            let after = self.strategy.not_primary(&host, route, resent);
-            debug!(upstream = %host, ?after, "not primary");
-            let end = match after {
-                AfterNotPrimary::Resend => {
-                    resent = true;
-                    continue;
-                }
-                AfterNotPrimary::Relay => None,
-                AfterNotPrimary::RelayAndEnd(e) => Some(e),
+            let end = match self.after_not_primary(&host, route, &mut resent) {
+                Ok(true) => continue,
+                Ok(false) => None,
+                Err(e) => Some(e),
             };
             if request.expects_reply {
                 let c = &mut self.client;
                 send_to_client(&mut c.out, reply.bytes(), c.limits.write, &c.kill).await?;
             }
-            return end.map_or(Ok(()), Err);
+            return end.map_or(Ok(None), Err);
         }
     }
+
+    /// A request was not executed because `host` is not the primary: `Ok(true)` to re-send
+    /// it, `Ok(false)` to relay the error, `Err` to relay it and end the session.
+    fn after_not_primary(
+        &mut self,
+        host: &crate::upstream::Host,
+        route: &S::Route,
+        resent: &mut bool,
+    ) -> Result<bool, SessionError> {
+        self.ctx.topology.mark_unknown(host);
+        let after = self.strategy.not_primary(host, route, *resent);
+        debug!(upstream = %host, ?after, "not primary");
+        match after {
+            AfterNotPrimary::Resend => {
+                *resent = true;
+                Ok(true)
+            }
+            AfterNotPrimary::Relay => Ok(false),
+            AfterNotPrimary::RelayAndEnd(e) => Err(e),
+        }
+    }
+
+    /// Measures a write's unknown statements on `link` (the connection it would go on):
+    /// `Ok(link)` to send the write on, else the link is handed back and the write is not
+    /// sent there.
+    async fn measure(
+        &mut self,
+        mut link: S::Link,
+        plan: &MeasurePlan,
+        route: &S::Route,
+    ) -> Result<Result<S::Link, MeasureEnd>, SessionError> {
+        let op_msg = self
+            .wire_version
+            .or_else(|| self.strategy.wire_version())
+            .is_none_or(|v| v >= 6);
+        let kill = &self.client.kill;
+        let (measured, state) = match measure(&self.ctx, &mut link, plan, op_msg, kill).await {
+            Ok(m) => m,
+            Err(e) => {
+                self.strategy.finished(link, Outcome::Broken, route);
+                return Err(e);
+            }
+        };
+        let outcome = match state {
+            LinkState::Clean => Outcome::Replied,
+            LinkState::Broken => Outcome::Broken,
+        };
+        let end = match measured {
+            Measured::Pass if state == LinkState::Clean => return Ok(Ok(link)),
+            Measured::Pass => MeasureEnd::Again,
+            Measured::Block(errmsg) => MeasureEnd::Block(errmsg),
+            Measured::NotPrimary => MeasureEnd::NotPrimary(link.host().clone()),
+        };
+        self.strategy.finished(link, outcome, route);
+        Ok(Err(end))
+    }
+}
+
+/// Why a measured write is not sent on the connection it was measured on.
+enum MeasureEnd {
+    /// The measurement blocks it: answer this errmsg.
+    Block(String),
+    /// Send it on a fresh connection (the measured one was left mid-exchange).
+    Again,
+    /// The server is not a writable primary.
+    NotPrimary(crate::upstream::Host),
+}
+
+/// What the client gets when the server stopped being primary while its write was being
+/// measured (the write was never sent): the error its driver retries on the new primary.
+fn not_writable_primary() -> bson::RawDocumentBuf {
+    crate::wire::builder::error_document(
+        10107,
+        "NotWritablePrimary",
+        "mongoguard: the upstream is not (or no longer) the primary; the write was not sent",
+    )
 }
 
 /// A client's first hello with metadata: names the connection's log span, writes the

@@ -215,6 +215,8 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
             "CommandNotFound",
             format!("no such command: '{original}'"),
         ))
+    } else if let Some(e) = fail_point(ctx, &original, cmd) {
+        Err(e)
     } else {
         validate(name, cmd).and_then(|session| {
             if let Some(e) = role_refusal(ctx, name) {
@@ -238,6 +240,15 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
         }
         Err(e) => e.to_doc(),
     }
+}
+
+/// Applies the fail points to a command: an error to answer instead, or a delay or close
+/// of the reply kept on the connection.
+fn fail_point(ctx: &mut Ctx, original: &str, cmd: &Document) -> Option<CmdError> {
+    let effect = ctx.shared.failpoints.check(original, cmd);
+    ctx.conn.fail_block = effect.block;
+    ctx.conn.fail_close = effect.close;
+    effect.error
 }
 
 /// Generic arguments every command accepts (src/mongo/idl/generic_argument.idl, API v1 and
@@ -510,6 +521,7 @@ fn validate_write_concern(wc: &Bson) -> Result<(), CmdError> {
 /// The spellings mongod accepts: command lookup is case-sensitive, with a few historical
 /// aliases. `Update` or `FIND` is CommandNotFound there, so it is here too.
 const SPELLINGS: &[&str] = &[
+    "configureFailPoint",
     "hello",
     "isMaster",
     "ismaster",
@@ -582,6 +594,12 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
         | "resetstats" => Ok(Document::new()),
         "getlasterror" | "getlasterr" => Ok(doc! {"n": 0, "err": Bson::Null}),
         "buildinfo" => Ok(admin::build_info(ctx)),
+        "configurefailpoint" if ctx.db != "admin" => Err(CmdError::new(
+            13,
+            "Unauthorized",
+            "configureFailPoint may only be run against the admin database.",
+        )),
+        "configurefailpoint" => ctx.shared.failpoints.configure(cmd),
         "getparameter" => admin::get_parameter(ctx, cmd),
         "listdatabases" => admin::list_databases(ctx, cmd),
         "drop" => admin::drop(ctx, cmd),

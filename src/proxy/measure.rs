@@ -1,0 +1,500 @@
+//! Blast-radius measurement: a multi-document update or delete whose filter the policy could
+//! neither prove to match everything nor prove selective (verdict `unknown`) is measured
+//! against the data before it is forwarded. Unknown never means allow.
+//!
+//! For each such statement mongoguard sends, on the upstream connection (and so with the
+//! identity) the write would use, before the write:
+//!
+//! 1. `find {$nor: [F]}`, `limit: 1`, projection `{_id: 1}`: the negation. No document back
+//!    means every document matches F (exact; no approximate metadata count). When F really is
+//!    selective the first non-matching document ends it; when F matches everything on a large
+//!    collection the scan runs into `maxTimeMS`, which blocks.
+//! 2. `find F`, `limit: max_docs + 1` (1 when W012 is off), projection `{_id: 1}`: how many
+//!    match, up to the threshold, following the cursor with `getMore` if a batch falls short
+//!    of the limit, and killing it if it is left open.
+//!
+//! Both carry the statement's collation and hint, the command's `let`, and `maxTimeMS`
+//! (`[measure] time_limit_ms`); inside a running transaction they carry its `lsid` and
+//! `txnNumber` (`autocommit: false`, never `startTransaction`), so they read what the write
+//! would see. The first statement of a transaction (the one with `startTransaction`) is
+//! measured outside it, just before it starts. Every request has a fresh requestID of
+//! mongoguard's own, and no reply of these ever reaches the client.
+//!
+//! [`policy::measure::finding`](crate::policy::measure::finding) turns the answers into a
+//! violation (W001 / W003 measured, W012, or `on_error` for a failure).
+
+use std::time::{Duration, SystemTime};
+
+use bson::{RawBson, RawBsonRef, RawDocument, RawDocumentBuf};
+use tokio_util::sync::CancellationToken;
+
+use super::{error::upstream_error, error::SessionError, strategy::Link, Context};
+use crate::{
+    audit::{self, ViolationRecord},
+    command::CommandView,
+    policy::{
+        filter,
+        measure::{finding, Finding, Outcome},
+        Decision, MeasureActions, RuleId,
+    },
+    wire::{
+        builder::{encode_msg_reply, encode_query},
+        Frame, Message, OpCode, OpMsg, OpReply,
+    },
+};
+
+/// How much longer than `maxTimeMS` mongoguard waits for a measuring reply before it gives
+/// up on the connection (the server's own limit should always answer first).
+const NETWORK_MARGIN: Duration = Duration::from_secs(2);
+
+/// Error codes meaning the server stopped being (or is not) a writable primary: the write
+/// was never sent, and the client is told to retry elsewhere.
+const STATE_CHANGE_CODES: [i32; 8] = [10107, 13435, 13436, 11602, 11600, 91, 189, 10058];
+
+/// Everything needed to measure a request's statements after its message is gone.
+#[derive(Debug, Clone)]
+pub(crate) struct MeasurePlan {
+    items: Vec<Item>,
+    let_vars: Option<RawDocumentBuf>,
+    pub(crate) actions: MeasureActions,
+    /// `lsid` and `txnNumber` of the running transaction the write belongs to.
+    txn: Option<(RawBson, RawBson)>,
+    /// The abortTransaction to send when the measurement blocks a transaction's statement.
+    pub(crate) abort: Option<RawDocumentBuf>,
+    /// The request's violation record, without the rule: what findings are recorded from.
+    template: ViolationRecord,
+}
+
+#[derive(Debug, Clone)]
+struct Item {
+    statement: usize,
+    db: String,
+    coll: Option<String>,
+    filter: RawDocumentBuf,
+    collation: Option<RawDocumentBuf>,
+    hint: Option<RawBson>,
+    rule: RuleId,
+    shape: String,
+    shape_hash: u64,
+}
+
+impl MeasurePlan {
+    /// The plan for `decision`'s statements to measure. `template` is the request's record.
+    pub(crate) fn new(
+        decision: &Decision<'_>,
+        view: &CommandView<'_>,
+        template: ViolationRecord,
+        abort: Option<RawDocumentBuf>,
+    ) -> MeasurePlan {
+        let items = decision
+            .measure
+            .iter()
+            .map(|m| {
+                let shape = filter::shape(m.filter);
+                let shape_hash = filter::shape_hash(&shape);
+                Item {
+                    statement: m.statement,
+                    db: m.ns.db.to_owned(),
+                    coll: m.ns.coll.map(str::to_owned),
+                    filter: m.filter.to_owned(),
+                    collation: m.collation.map(ToOwned::to_owned),
+                    hint: m.hint.map(RawBson::from),
+                    rule: m.rule,
+                    shape,
+                    shape_hash,
+                }
+            })
+            .collect();
+        MeasurePlan {
+            items,
+            let_vars: decision.let_vars.map(ToOwned::to_owned),
+            actions: decision.measure_actions,
+            txn: view.body().and_then(running_transaction),
+            abort,
+            template,
+        }
+    }
+}
+
+/// `lsid` and `txnNumber` of a statement inside a running transaction (`autocommit: false`
+/// without `startTransaction`).
+fn running_transaction(body: &RawDocument) -> Option<(RawBson, RawBson)> {
+    let in_txn = matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false))));
+    let starts = matches!(
+        body.get("startTransaction"),
+        Ok(Some(RawBsonRef::Boolean(true)))
+    );
+    if !in_txn || starts {
+        return None;
+    }
+    let lsid = body.get("lsid").ok()??;
+    let txn = body.get("txnNumber").ok()??;
+    Some((RawBson::from(lsid), RawBson::from(txn)))
+}
+
+/// What a measurement decided.
+#[derive(Debug)]
+pub(crate) enum Measured {
+    /// Forward the write (any findings were warnings, already recorded).
+    Pass,
+    /// Answer the client with this error instead (findings recorded).
+    Block(String),
+    /// The server is not (or no longer) the writable primary: the write was not sent.
+    NotPrimary,
+}
+
+/// How a measurement left its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkState {
+    /// Every reply was read: reuse it.
+    Clean,
+    /// A reply is still outstanding (mongoguard stopped waiting): never reuse it.
+    Broken,
+}
+
+/// Why an exchange stopped short.
+enum Abort {
+    /// No reply within the time limit plus [`NETWORK_MARGIN`].
+    Timeout(Duration),
+    /// The server said it is not a writable primary.
+    NotPrimary,
+    /// The connection failed, or the shutdown deadline passed.
+    Session(SessionError),
+}
+
+/// Measures every statement of `plan` on `link` and records what it finds. `op_msg`: the
+/// upstream speaks OP_MSG (wire version 6 or later); otherwise OP_QUERY commands are sent.
+pub(crate) async fn measure<L: Link>(
+    ctx: &Context,
+    link: &mut L,
+    plan: &MeasurePlan,
+    op_msg: bool,
+    kill: &CancellationToken,
+) -> Result<(Measured, LinkState), SessionError> {
+    let mut state = LinkState::Clean;
+    let mut findings: Vec<(&Item, Finding)> = Vec::new();
+    for item in &plan.items {
+        let outcome = if state == LinkState::Broken {
+            Outcome::Failed("an earlier measuring query of this command got no answer".into())
+        } else {
+            let mut q = Queries {
+                ctx,
+                link: &mut *link,
+                plan,
+                item,
+                op_msg,
+                kill,
+            };
+            let started = std::time::Instant::now();
+            let outcome = q.outcome().await;
+            if let Ok(o) = &outcome {
+                let failed = matches!(o, Outcome::Failed(_));
+                ctx.metrics.measured(failed, started.elapsed());
+            }
+            match outcome {
+                Ok(o) => o,
+                Err(Abort::NotPrimary) => return Ok((Measured::NotPrimary, state)),
+                Err(Abort::Session(e)) => return Err(e),
+                Err(Abort::Timeout(after)) => {
+                    ctx.metrics.measured(true, started.elapsed());
+                    state = LinkState::Broken;
+                    Outcome::Failed(format!("no answer within {} ms", after.as_millis()))
+                }
+            }
+        };
+        if let Some(f) = finding(&plan.actions, item.rule, &outcome) {
+            findings.push((item, f));
+        }
+    }
+    for (item, f) in &findings {
+        super::observe::violation(ctx, record(plan, item, f));
+    }
+    let blocking: Vec<&(&Item, Finding)> = findings
+        .iter()
+        .filter(|(_, f)| f.action == crate::policy::Action::Block)
+        .collect();
+    if blocking.is_empty() {
+        return Ok((Measured::Pass, state));
+    }
+    let mut errmsg = String::from("mongoguard blocked this command: ");
+    for (i, (item, f)) in blocking.iter().enumerate() {
+        if i > 0 {
+            errmsg.push_str("; ");
+        }
+        let info = f.rule.info();
+        errmsg.push_str(&format!(
+            "{} {} (statement {}): {}",
+            info.code, info.name, item.statement, f.detail
+        ));
+    }
+    let errmsg = crate::text::clip(&errmsg, super::guard::ERRMSG_MAX).into_owned();
+    Ok((Measured::Block(errmsg), state))
+}
+
+fn record(plan: &MeasurePlan, item: &Item, f: &Finding) -> ViolationRecord {
+    let info = f.rule.info();
+    ViolationRecord {
+        time: SystemTime::now(),
+        rule_id: info.code,
+        rule_name: info.name,
+        reason: info.reason,
+        action: match f.action {
+            crate::policy::Action::Block => audit::Action::Block,
+            _ => audit::Action::Warn,
+        },
+        statement_index: Some(item.statement),
+        filter_shape: Some(item.shape.clone()),
+        shape_hash: Some(item.shape_hash),
+        detail: Some(f.detail.clone()),
+        matched: f.matched,
+        ..plan.template.clone()
+    }
+}
+
+/// The two measuring queries of one statement.
+struct Queries<'q, L> {
+    ctx: &'q Context,
+    link: &'q mut L,
+    plan: &'q MeasurePlan,
+    item: &'q Item,
+    op_msg: bool,
+    kill: &'q CancellationToken,
+}
+
+impl<L: Link> Queries<'_, L> {
+    async fn outcome(&mut self) -> Result<Outcome, Abort> {
+        let Some(coll) = self.item.coll.as_deref() else {
+            return Ok(Outcome::Failed("the write names no collection".into()));
+        };
+        let negation = bson::rawdoc! {"$nor": [self.item.filter.clone()]};
+        let reply = self.exchange(&self.find(coll, &negation, 1)).await?;
+        let everything = match Batch::read(&reply) {
+            Ok(b) => {
+                self.close(coll, b.cursor).await?;
+                b.docs == 0
+            }
+            Err(why) => return Ok(Outcome::Failed(why)),
+        };
+        let limit = if self.plan.actions.w012 == crate::policy::Action::Off {
+            1
+        } else {
+            self.plan.actions.max_docs.saturating_add(1)
+        };
+        if !everything && limit == 1 {
+            // Not everything, and W012 is off: nothing left to ask.
+            return Ok(Outcome::Counted {
+                matched: 1,
+                everything,
+            });
+        }
+        let reply = self
+            .exchange(&self.find(coll, &self.item.filter, limit))
+            .await?;
+        let mut batch = match Batch::read(&reply) {
+            Ok(b) => b,
+            Err(why) => return Ok(Outcome::Failed(why)),
+        };
+        let mut matched = batch.docs;
+        while batch.cursor != 0 && matched < limit {
+            let reply = self.exchange(&self.get_more(coll, batch.cursor)).await?;
+            batch = match Batch::read(&reply) {
+                Ok(b) => b,
+                Err(why) => return Ok(Outcome::Failed(why)),
+            };
+            matched += batch.docs;
+        }
+        self.close(coll, batch.cursor).await?;
+        Ok(Outcome::Counted {
+            matched: matched.min(limit),
+            everything,
+        })
+    }
+
+    /// `{find: coll, filter, projection: {_id: 1}, limit, batchSize: limit, maxTimeMS, ...}`.
+    fn find(&self, coll: &str, filter: &RawDocument, limit: u64) -> RawDocumentBuf {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut cmd = bson::rawdoc! {
+            "find": coll,
+            "filter": filter.to_owned(),
+            "projection": {"_id": 1},
+            "limit": limit,
+            "batchSize": limit,
+            "singleBatch": limit == 1,
+            "maxTimeMS": self.time_limit_ms(),
+        };
+        if let Some(c) = &self.item.collation {
+            cmd.append(bson::cstr!("collation"), c.clone());
+        }
+        if let Some(h) = &self.item.hint {
+            cmd.append(bson::cstr!("hint"), h.clone());
+        }
+        if let Some(l) = &self.plan.let_vars {
+            cmd.append(bson::cstr!("let"), l.clone());
+        }
+        self.finish(cmd)
+    }
+
+    fn get_more(&self, coll: &str, cursor: i64) -> RawDocumentBuf {
+        let cmd = bson::rawdoc! {
+            "getMore": cursor,
+            "collection": coll,
+            "maxTimeMS": self.time_limit_ms(),
+        };
+        self.finish(cmd)
+    }
+
+    /// Kills a cursor a measuring query left open (its reply is read and ignored).
+    async fn close(&mut self, coll: &str, cursor: i64) -> Result<(), Abort> {
+        if cursor == 0 {
+            return Ok(());
+        }
+        let cmd = self.finish(bson::rawdoc! {"killCursors": coll, "cursors": [cursor]});
+        self.exchange(&cmd).await.map(drop)
+    }
+
+    /// Adds the transaction fields and `$db`.
+    fn finish(&self, mut cmd: RawDocumentBuf) -> RawDocumentBuf {
+        if let Some((lsid, txn)) = &self.plan.txn {
+            cmd.append(bson::cstr!("lsid"), lsid.clone());
+            cmd.append(bson::cstr!("txnNumber"), txn.clone());
+            cmd.append(bson::cstr!("autocommit"), false);
+        }
+        if self.op_msg {
+            cmd.append(bson::cstr!("$db"), self.item.db.as_str());
+        }
+        cmd
+    }
+
+    fn time_limit_ms(&self) -> i64 {
+        i64::try_from(self.plan.actions.time_limit.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Sends one command with a fresh requestID and reads its reply. A server error is a
+    /// reply (read by [`Batch::read`]), except "not primary", which aborts the measurement.
+    async fn exchange(&mut self, cmd: &RawDocument) -> Result<RawDocumentBuf, Abort> {
+        let id = self.ctx.request_ids.next();
+        let bytes = if self.op_msg {
+            encode_msg_reply(id, 0, cmd)
+        } else {
+            let ns = format!("{}.$cmd", self.item.db);
+            encode_query(id, 0, &ns, 0, -1, cmd, None)
+        };
+        let limit = self.plan.actions.time_limit + NETWORK_MARGIN;
+        let link = &mut *self.link;
+        let max = self.ctx.config.proxy.max_message_size;
+        let exchange = async {
+            link.send(&bytes).await.map_err(SessionError::UpstreamIo)?;
+            match link.next().await {
+                None => Err(SessionError::UpstreamClosed),
+                Some(Err(e)) => Err(upstream_error(e)),
+                Some(Ok(f)) if f.header().response_to == id => {
+                    reply_body(&f, max).map_err(SessionError::UpstreamProtocol)
+                }
+                Some(Ok(f)) => Err(SessionError::UpstreamProtocol(
+                    crate::wire::WireError::bad_doc(
+                        "upstream reply",
+                        format!(
+                            "responseTo {} does not answer mongoguard's request {id}",
+                            f.header().response_to
+                        ),
+                    ),
+                )),
+            }
+        };
+        let body = tokio::select! {
+            biased;
+            _ = self.kill.cancelled() => return Err(Abort::Session(SessionError::Killed)),
+            r = tokio::time::timeout(limit, exchange) => match r {
+                Err(_) => return Err(Abort::Timeout(limit)),
+                Ok(r) => r.map_err(Abort::Session)?,
+            },
+        };
+        if let Ok(Some(RawBsonRef::Int32(code))) = body.get("code") {
+            if STATE_CHANGE_CODES.contains(&code) && !says_ok(&body) {
+                return Err(Abort::NotPrimary);
+            }
+        }
+        Ok(body)
+    }
+}
+
+/// The body of an OP_MSG or OP_REPLY reply (decompressed when compressed).
+fn reply_body(f: &Frame, max: usize) -> Result<RawDocumentBuf, crate::wire::WireError> {
+    let inner;
+    let frame = match f.op_code() {
+        Some(OpCode::Compressed) => match Message::parse(f.bytes(), max)? {
+            Message::Compressed(c) => {
+                inner = c.decompress()?;
+                &inner
+            }
+            _ => return Err(crate::wire::WireError::UnknownOpCode(f.header().op_code)),
+        },
+        _ => f,
+    };
+    let no_doc = || crate::wire::WireError::bad_doc("upstream reply", "no document".to_owned());
+    match frame.op_code() {
+        Some(OpCode::Msg) => Ok(OpMsg::parse(frame.bytes())?.body().to_owned()),
+        Some(OpCode::Reply) => OpReply::parse(frame.bytes())?
+            .documents()
+            .next()
+            .map(ToOwned::to_owned)
+            .ok_or_else(no_doc),
+        _ => Err(crate::wire::WireError::UnknownOpCode(
+            frame.header().op_code,
+        )),
+    }
+}
+
+fn says_ok(body: &RawDocument) -> bool {
+    match body.get("ok") {
+        Ok(Some(RawBsonRef::Double(f))) => f == 1.0,
+        Ok(Some(RawBsonRef::Int32(n))) => n == 1,
+        Ok(Some(RawBsonRef::Int64(n))) => n == 1,
+        Ok(Some(RawBsonRef::Boolean(b))) => b,
+        _ => false,
+    }
+}
+
+/// One batch of a measuring query's cursor.
+struct Batch {
+    docs: u64,
+    cursor: i64,
+}
+
+impl Batch {
+    /// Reads `{ok: 1, cursor: {id, firstBatch | nextBatch}}`; an error reply, or a reply of
+    /// another shape, is the failure's reason (its code name, never its errmsg: that can
+    /// quote the filter's literals).
+    fn read(body: &RawDocument) -> Result<Batch, String> {
+        if !says_ok(body) {
+            let code = match body.get("code") {
+                Ok(Some(RawBsonRef::Int32(c))) => c.to_string(),
+                _ => "no code".into(),
+            };
+            let name = match body.get("codeName") {
+                Ok(Some(RawBsonRef::String(n))) => n,
+                _ => "an error",
+            };
+            return Err(format!("the upstream answered {name} ({code})"));
+        }
+        let shape = || "the upstream's answer has no cursor".to_owned();
+        let Ok(Some(RawBsonRef::Document(cursor))) = body.get("cursor") else {
+            return Err(shape());
+        };
+        let id = match cursor.get("id") {
+            Ok(Some(RawBsonRef::Int64(id))) => id,
+            Ok(Some(RawBsonRef::Int32(id))) => i64::from(id),
+            _ => return Err(shape()),
+        };
+        let batch = match (cursor.get("firstBatch"), cursor.get("nextBatch")) {
+            (Ok(Some(RawBsonRef::Array(a))), _) | (_, Ok(Some(RawBsonRef::Array(a)))) => a,
+            _ => return Err(shape()),
+        };
+        let mut docs = 0u64;
+        for d in batch {
+            d.map_err(|_| "the upstream's answer is malformed".to_owned())?;
+            docs += 1;
+        }
+        Ok(Batch { docs, cursor: id })
+    }
+}
