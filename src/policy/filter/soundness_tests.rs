@@ -120,10 +120,14 @@ fn cmp_exact(a: &Exact, b: &Exact) -> Ordering {
     }
     let (
         Exact::Finite {
-            digits: da, exp: ea, ..
+            digits: da,
+            exp: ea,
+            ..
         },
         Exact::Finite {
-            digits: db, exp: eb, ..
+            digits: db,
+            exp: eb,
+            ..
         },
     ) = (a, b)
     else {
@@ -189,7 +193,9 @@ fn bson_cmp(a: &Bson, b: &Bson, ci: bool) -> Ordering {
         }
         (Bson::Boolean(x), Bson::Boolean(y)) => x.cmp(y),
         (Bson::DateTime(x), Bson::DateTime(y)) => x.cmp(y),
-        (Bson::Timestamp(x), Bson::Timestamp(y)) => (x.time, x.increment).cmp(&(y.time, y.increment)),
+        (Bson::Timestamp(x), Bson::Timestamp(y)) => {
+            (x.time, x.increment).cmp(&(y.time, y.increment))
+        }
         (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
         (Bson::Array(x), Bson::Array(y)) => {
             for (p, q) in x.iter().zip(y) {
@@ -288,10 +294,10 @@ fn compare_leaf(op: &str, rhs: &Bson, c: Cand<'_>, ci: bool) -> bool {
         if lc + rc == 5 {
             return lhs.is_none() && matches!(op, "$eq" | "$lte" | "$gte");
         }
-        return match (op, rhs) {
-            ("$lt" | "$lte", Bson::MaxKey) | ("$gt" | "$gte", Bson::MinKey) => true,
-            _ => false,
-        };
+        return matches!(
+            (op, rhs),
+            ("$lt" | "$lte", Bson::MaxKey) | ("$gt" | "$gte", Bson::MinKey)
+        );
     }
     let Some(lhs) = lhs else { return false };
     if is_nan(lhs) || is_nan(rhs) {
@@ -365,7 +371,7 @@ fn truthy_query(v: &Bson) -> bool {
     match v {
         Bson::Boolean(b) => *b,
         Bson::Null => false,
-        other => exact(other).map_or(true, |e| sign(&e) != 0 || e == Exact::NaN),
+        other => exact(other).is_none_or(|e| sign(&e) != 0 || e == Exact::NaN),
     }
 }
 
@@ -790,7 +796,10 @@ fn type_alias() -> impl Strategy<Value = Bson> {
         Bson::String("object".into()),
         Bson::String("bool".into()),
         Bson::Array(vec![Bson::String("array".into())]),
-        Bson::Array(vec![Bson::String("double".into()), Bson::String("long".into())]),
+        Bson::Array(vec![
+            Bson::String("double".into()),
+            Bson::String("long".into()),
+        ]),
     ])
 }
 
@@ -848,7 +857,14 @@ fn expr() -> impl Strategy<Value = Bson> {
     leaf.prop_recursive(3, 16, 3, |inner| {
         let cmp_op = prop::sample::select(vec!["$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$cmp"]);
         let unary = prop::sample::select(vec![
-            "$not", "$type", "$isNumber", "$toBool", "$toInt", "$toLong", "$toDouble", "$isArray",
+            "$not",
+            "$type",
+            "$isNumber",
+            "$toBool",
+            "$toInt",
+            "$toLong",
+            "$toDouble",
+            "$isArray",
         ]);
         prop_oneof![
             (cmp_op, inner.clone(), inner.clone())
@@ -859,9 +875,8 @@ fn expr() -> impl Strategy<Value = Bson> {
             )
                 .prop_map(|(op, a)| Bson::Document(doc! {op: a})),
             (unary, inner.clone(), any::<bool>()).prop_map(|(op, a, wrap)| {
-                if wrap {
-                    Bson::Document(doc! {op: [a]})
-                } else if matches!(a, Bson::Array(_)) {
+                // A bare array argument would be read as the argument list.
+                if wrap || matches!(a, Bson::Array(_)) {
                     Bson::Document(doc! {op: [a]})
                 } else {
                     Bson::Document(doc! {op: a})
@@ -876,8 +891,9 @@ fn expr() -> impl Strategy<Value = Bson> {
             ),
             (inner.clone(), inner.clone())
                 .prop_map(|(a, b)| Bson::Document(doc! {"$ifNull": [a, b]})),
-            (inner.clone(), inner)
-                .prop_map(|(v, body)| Bson::Document(doc! {"$let": {"vars": {"v": v}, "in": body}})),
+            (inner.clone(), inner).prop_map(|(v, body)| Bson::Document(
+                doc! {"$let": {"vars": {"v": v}, "in": body}}
+            )),
         ]
     })
 }
@@ -1024,16 +1040,34 @@ fn check(
             continue; // mongod would fail the write: no claim to check
         };
         tally.checked_docs += 1;
-        let c = if ci { "case-insensitive collation" } else { "simple collation" };
+        let c = if ci {
+            "case-insensitive collation"
+        } else {
+            "simple collation"
+        };
         if all == Some(true) {
-            prop_assert!(m, "claimed all, but {filter} rejects {d} (let {let_vars}, {c})");
+            prop_assert!(
+                m,
+                "claimed all, but {filter} rejects {d} (let {let_vars}, {c})"
+            );
         }
         if none == Some(true) {
-            prop_assert!(!m, "claimed none, but {filter} matches {d} (let {let_vars}, {c})");
+            prop_assert!(
+                !m,
+                "claimed none, but {filter} matches {d} (let {let_vars}, {c})"
+            );
         }
         if is_bare {
             if let Some(b) = bare {
-                prop_assert_eq!(m, b, "bare claim on {} for {} (let {}, {})", filter, d, let_vars, c);
+                prop_assert_eq!(
+                    m,
+                    b,
+                    "bare claim on {} for {} (let {}, {})",
+                    filter,
+                    d,
+                    let_vars,
+                    c
+                );
             }
         }
         if v == Verdict::All {
@@ -1076,9 +1110,18 @@ fn every_claim_holds_on_every_generated_document() {
     }
     println!("{tally:?}");
     // The generator must reach the proofs, or the property proves nothing.
-    assert!(tally.all * 20 >= tally.cases, "too few `all` claims: {tally:?}");
-    assert!(tally.none * 50 >= tally.cases, "too few `none` claims: {tally:?}");
-    assert!(tally.narrow * 50 >= tally.cases, "too few `narrow` verdicts: {tally:?}");
+    assert!(
+        tally.all * 20 >= tally.cases,
+        "too few `all` claims: {tally:?}"
+    );
+    assert!(
+        tally.none * 50 >= tally.cases,
+        "too few `none` claims: {tally:?}"
+    );
+    assert!(
+        tally.narrow * 50 >= tally.cases,
+        "too few `narrow` verdicts: {tally:?}"
+    );
 }
 
 /// Each rule the prover has, on a hand-written filter, against the reference: a proved
@@ -1142,8 +1185,20 @@ fn reference_numbers_are_exact() {
         cmp_exact(&e(Bson::Int64(two53 + 1)), &e(Bson::Double(two53 as f64))),
         Ordering::Greater
     );
-    assert_eq!(cmp_exact(&e(dec("0.1")), &e(Bson::Double(0.1))), Ordering::Less);
-    assert_eq!(cmp_exact(&e(dec("1E+3")), &e(Bson::Int32(1000))), Ordering::Equal);
-    assert_eq!(cmp_exact(&e(dec("-0")), &e(Bson::Double(0.0))), Ordering::Equal);
-    assert_eq!(cmp_exact(&e(Bson::Int32(-1)), &e(dec("-0.1"))), Ordering::Less);
+    assert_eq!(
+        cmp_exact(&e(dec("0.1")), &e(Bson::Double(0.1))),
+        Ordering::Less
+    );
+    assert_eq!(
+        cmp_exact(&e(dec("1E+3")), &e(Bson::Int32(1000))),
+        Ordering::Equal
+    );
+    assert_eq!(
+        cmp_exact(&e(dec("-0")), &e(Bson::Double(0.0))),
+        Ordering::Equal
+    );
+    assert_eq!(
+        cmp_exact(&e(Bson::Int32(-1)), &e(dec("-0.1"))),
+        Ordering::Less
+    );
 }

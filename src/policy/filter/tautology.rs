@@ -26,21 +26,27 @@
 //! # What is proven `All`
 //!
 //! `{}`; an `$and` (or implicit and) of `All` clauses; an `$or` with an `All` branch; a
-//! `$nor` whose branches all match nothing; `$expr` of a truthy constant (folding `$literal`,
-//! `$and`, `$or`, `$not`); `$where` whose body only returns a truthy constant; `$comment`
-//! (ignored); `$alwaysTrue: 1`; `$sampleRate: 1`; `$jsonSchema: {}`; on a top-level field:
-//! `$nin: []`, `$not` of anything that matches nothing (`$in: []`, `$all: []`), and those
-//! two on a dotted path too; on `_id`
-//! (which every stored document has): `$exists: true`, `$gte: MinKey`, `$lte: MaxKey`.
+//! `$nor` whose branches all match nothing; `$expr` of a constant truthy value (`constant.rs`
+//! folds literals, `$literal`, the command's `let`, `$let`, `$$NOW` / `$$CLUSTER_TIME` /
+//! `$$ROOT` / `$$CURRENT`, `$cond`, `$ifNull`, `$and` / `$or` / `$not`, comparisons in BSON's
+//! cross-type order with numbers compared exactly, `$type`, `$isNumber`, `$isArray`,
+//! `$toBool`, `$toInt`, `$toLong`, `$toDouble`); `$where` whose body only returns a truthy
+//! constant; `$comment` (ignored); `$alwaysTrue: 1`; `$sampleRate: 1`; `$jsonSchema: {}`; on
+//! any path: `$nin: []`, `$not` of anything that matches nothing (`$in: []`, `$all: []`,
+//! `$lt: MinKey`, `$gt: MaxKey`); on a top-level field: `$gte: MinKey`, `$lte: MaxKey` (the
+//! missing field included, see `fields::comparison`); on `_id` (in every stored document,
+//! never an array): `$exists: true`, `$not` of `$size`, `$elemMatch` or `$type: "array"`;
+//! and, in a second pass (`atoms.rs`), any filter that is a propositional tautology over its
+//! leaf predicates (excluded middle: `{$or: [{a: 5}, {a: {$ne: 5}}]}`).
 //!
 //! # Deliberately left unknown
 //!
-//! Dotted paths are never `All` (array traversal makes their semantics subtle), except for
-//! operators whose answer does not depend on the field's value or presence at all
-//! (`{"a.b": {$nin: []}}`, `$not` of something that matches nothing); comparisons
-//! with MinKey / MaxKey on fields other than `_id` (missing-field semantics); `NaN`
-//! comparands; unknown operators; non-constant `$expr`; real JavaScript; anything malformed
-//! (mongod would reject it) or nested deeper than [`MAX_DEPTH`].
+//! Dotted paths are never `All` from a value-dependent operator (array traversal may yield no
+//! element at all); comparisons of values of the same type in the match language (only
+//! their negations and complements, through the second pass); `NaN` comparands; unknown
+//! operators; non-constant `$expr`; string comparisons in `$expr` under a non-simple
+//! collation; real JavaScript; anything malformed (mongod would reject it) or nested deeper
+//! than [`MAX_DEPTH`]. docs/verdicts.md is the user-facing list.
 
 use bson::{RawBsonRef, RawDocument};
 

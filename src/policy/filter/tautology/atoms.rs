@@ -19,8 +19,8 @@
 //! `{_id: {$exists: true}}`, a constant `$expr`) keep their value; opaque ones (JavaScript, a
 //! non-constant `$expr`, `$sampleRate` which draws a new random number each time, `$regex`
 //! with `$options`) are unknown under every assignment (Kleene logic), so they never help a
-//! proof. The pass is bounded: at most [`MAX_ATOMS`] atoms (2^6 assignments) and
-//! [`MAX_LEAVES`] leaves, else it gives up.
+//! proof. The pass is bounded: at most [`MAX_ATOMS`] atoms (2^6 assignments),
+//! [`MAX_LEAVES`] leaves and [`MAX_BYTES`] of filter, else it gives up.
 
 use bson::{RawBsonRef, RawDocument};
 
@@ -33,6 +33,10 @@ use crate::policy::filter::{is_operator_doc, true_value, MAX_DEPTH};
 const MAX_ATOMS: usize = 6;
 /// Most leaves (clauses and field operators) walked per evaluation.
 const MAX_LEAVES: usize = 64;
+/// Largest filter (in bytes) the pass reads: each of up to 2^MAX_ATOMS evaluations walks the
+/// whole filter, operand lists included, so the work stays below 64 × 4 KiB of BSON. A larger
+/// filter is left unknown (and measured).
+const MAX_BYTES: usize = 4096;
 
 /// The operator key of a literal regex (`{a: /x/}`, `{a: {$not: /x/}}`): a pattern match,
 /// unlike `{a: {$eq: /x/}}`.
@@ -52,7 +56,7 @@ struct Table<'a> {
     len: usize,
     leaves: usize,
     /// Collecting atoms (first walk) rather than evaluating an assignment.
-    collecting: bool,
+    gathering: bool,
     assignment: u32,
 }
 
@@ -63,17 +67,20 @@ type Eval = Result<Tri, GiveUp>;
 
 /// Whether the filter is a tautology over its atoms (see the module docs).
 pub(super) fn covers_all(filter: &RawDocument, env: &Env<'_>) -> bool {
+    if filter.as_bytes().len() > MAX_BYTES {
+        return false;
+    }
     let mut table = Table {
         atoms: [None; MAX_ATOMS],
         len: 0,
         leaves: 0,
-        collecting: true,
+        gathering: true,
         assignment: 0,
     };
     if filter_eval(filter, env, &mut table, 0).is_err() || table.len == 0 {
         return false;
     }
-    table.collecting = false;
+    table.gathering = false;
     for assignment in 0..(1u32 << table.len) {
         table.assignment = assignment;
         table.leaves = 0;
@@ -94,7 +101,7 @@ impl<'a> Table<'a> {
         Ok(())
     }
 
-    /// The value of an atom under the current assignment (`Maybe` while collecting).
+    /// The value of an atom under the current assignment (`Maybe` while gathering).
     fn atom(&mut self, a: Atom<'a>) -> Eval {
         self.leaf()?;
         let found = self
@@ -102,7 +109,7 @@ impl<'a> Table<'a> {
             .iter()
             .take(self.len)
             .position(|x| x.as_ref() == Some(&a));
-        match (found, self.collecting) {
+        match (found, self.gathering) {
             (Some(i), false) => Ok(Tri::from_bool(self.assignment & (1 << i) != 0)),
             (None, false) => Err(GiveUp), // cannot happen: every atom was collected
             (Some(_), true) => Ok(Tri::Maybe),
@@ -228,7 +235,13 @@ fn ops_eval<'a>(path: &'a str, ops: &'a RawDocument, t: &mut Table<'a>, depth: u
                         value: v,
                     })?
                     .not(),
-                ("$nin", v) => t.atom(Atom { path, op: "$in", value: v })?.not(),
+                ("$nin", v) => t
+                    .atom(Atom {
+                        path,
+                        op: "$in",
+                        value: v,
+                    })?
+                    .not(),
                 ("$exists", v) => {
                     let a = t.atom(Atom {
                         path,

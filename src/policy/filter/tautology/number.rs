@@ -37,6 +37,9 @@ enum Exact {
     Inf { neg: bool },
 }
 
+/// 2^63, exactly, as a double.
+const TWO_63: f64 = (1u64 << 63) as f64;
+
 /// 10^34 - 1: the largest canonical Decimal128 coefficient.
 const MAX_COEF: u128 = 9_999_999_999_999_999_999_999_999_999_999;
 
@@ -59,7 +62,10 @@ fn decimal(d: Decimal128) -> Option<Exact> {
         (((hi >> 47) & 0x3fff) as i32, 0u128)
     } else {
         let c = (u128::from(hi & ((1u64 << 49) - 1)) << 64) | u128::from(lo);
-        (((hi >> 49) & 0x3fff) as i32, if c > MAX_COEF { 0 } else { c })
+        (
+            ((hi >> 49) & 0x3fff) as i32,
+            if c > MAX_COEF { 0 } else { c },
+        )
     };
     Some(Exact::Finite {
         neg,
@@ -85,7 +91,7 @@ fn double(f: f64) -> Option<Exact> {
     if f.is_infinite() {
         return Some(Exact::Inf { neg: f < 0.0 });
     }
-    if f.fract() == 0.0 && f.abs() < 9.223_372_036_854_775_808e18 {
+    if f.fract() == 0.0 && f.abs() < TWO_63 {
         return Some(int(f as i64));
     }
     None
@@ -149,8 +155,20 @@ fn cmp_exact(a: Exact, b: Exact) -> Ordering {
             },
         ) => {
             // Zero has no sign in comparisons (-0 == 0).
-            let s1 = if c1 == 0 { 0 } else if n1 { -1 } else { 1 };
-            let s2 = if c2 == 0 { 0 } else if n2 { -1 } else { 1 };
+            let s1 = if c1 == 0 {
+                0
+            } else if n1 {
+                -1
+            } else {
+                1
+            };
+            let s2 = if c2 == 0 {
+                0
+            } else if n2 {
+                -1
+            } else {
+                1
+            };
             match s1.cmp(&s2) {
                 Ordering::Equal if s1 == 0 => Ordering::Equal,
                 Ordering::Equal => {
@@ -173,10 +191,10 @@ fn cmp_int_double(n: i64, f: f64) -> Option<Ordering> {
     if f.is_nan() {
         return None;
     }
-    if f >= 9.223_372_036_854_775_808e18 {
+    if f >= TWO_63 {
         return Some(Ordering::Less);
     }
-    if f < -9.223_372_036_854_775_808e18 {
+    if f < -TWO_63 {
         return Some(Ordering::Greater);
     }
     let whole = f.trunc();
@@ -223,15 +241,27 @@ mod tests {
             Some(Ordering::Equal)
         );
         assert_eq!(compare(Num::Int(1), Num::Double(1.5)), Some(Ordering::Less));
-        assert_eq!(compare(Num::Int(-1), Num::Double(-1.5)), Some(Ordering::Greater));
-        assert_eq!(compare(Num::Int(i64::MAX), Num::Double(9.3e18)), Some(Ordering::Less));
+        assert_eq!(
+            compare(Num::Int(-1), Num::Double(-1.5)),
+            Some(Ordering::Greater)
+        );
+        assert_eq!(
+            compare(Num::Int(i64::MAX), Num::Double(9.3e18)),
+            Some(Ordering::Less)
+        );
         assert_eq!(compare(dec("1.0"), Num::Int(1)), Some(Ordering::Equal));
         assert_eq!(compare(dec("0.1"), Num::Int(0)), Some(Ordering::Greater));
         assert_eq!(compare(dec("-0"), Num::Int(0)), Some(Ordering::Equal));
         assert_eq!(compare(dec("1E+3"), dec("999.9")), Some(Ordering::Greater));
         assert_eq!(compare(dec("-1E+3"), dec("-999.9")), Some(Ordering::Less));
-        assert_eq!(compare(dec("9007199254740993"), Num::Double(two53 as f64)), Some(Ordering::Greater));
-        assert_eq!(compare(dec("Infinity"), Num::Int(i64::MAX)), Some(Ordering::Greater));
+        assert_eq!(
+            compare(dec("9007199254740993"), Num::Double(two53 as f64)),
+            Some(Ordering::Greater)
+        );
+        assert_eq!(
+            compare(dec("Infinity"), Num::Int(i64::MAX)),
+            Some(Ordering::Greater)
+        );
         assert_eq!(compare(dec("NaN"), Num::Int(0)), None);
         assert_eq!(compare(dec("0.5"), Num::Double(0.5)), None);
         assert_eq!(compare(Num::Double(f64::NAN), Num::Int(0)), None);
