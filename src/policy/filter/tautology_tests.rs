@@ -501,3 +501,74 @@ fn malformed_bytes_are_unknown() {
         assert_eq!(coverage(&bad), Unknown);
     }
 }
+
+/// Cost of a proof, for the closing note: run with
+/// `cargo test --release -p mongoguard --lib timing_of_proofs -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn timing_of_proofs() {
+    let big: Vec<i32> = (0..300).collect();
+    let cases = [
+        ("empty", doc("{}")),
+        ("range (conditioned)", doc(r#"{"age": {"$gt": 30}}"#)),
+        ("$where (opaque, no atoms)", doc(r#"{"$where": "this.a > 1"}"#)),
+        (
+            "excluded middle, 1 atom",
+            doc(r#"{"$or": [{"a": {"$exists": true}}, {"a": {"$exists": false}}]}"#),
+        ),
+        (
+            "excluded middle, 6 atoms",
+            doc(r#"{"$or": [{"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}, {"a": 5}, {"a": {"$ne": 6}}, {"a": 6}]}"#),
+        ),
+        (
+            "6 atoms, not all, opaque branch (all 64 assignments tried)",
+            doc(r#"{"$or": [{"$where": "x"}, {"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}, {"a": 5}, {"a": 6}]}"#),
+        ),
+        (
+            "near 4 KiB, 2 lists of 300",
+            RawDocumentBuf::try_from(&bson::doc! {"$or": [{"$where": "x"}, {"a": {"$in": big.clone()}}, {"b": {"$in": big}}]}).unwrap(),
+        ),
+        (
+            "$expr folding",
+            doc(r#"{"$expr": {"$let": {"vars": {"v": "$$NOW"}, "in": {"$cond": [{"$eq": ["$$v", "$$NOW"]}, {"$gt": [{"$numberLong": "9007199254740993"}, 9007199254740992.0]}, false]}}}}"#),
+        ),
+    ];
+    for (name, f) in &cases {
+        let n = 20_000u32;
+        let start = std::time::Instant::now();
+        let mut all = 0;
+        for _ in 0..n {
+            all += usize::from(coverage(std::hint::black_box(f)) == All);
+        }
+        let per = start.elapsed() / n;
+        println!(
+            "{name}: {} bytes, {per:?} per call, all={}",
+            f.as_bytes().len(),
+            all > 0
+        );
+    }
+}
+
+#[test]
+fn hostile_expression_nesting_is_unknown_not_a_stack_overflow() {
+    // Built as raw bytes: a nested `bson::Document` this deep overflows in its own drop.
+    let wraps: [fn(RawDocumentBuf) -> RawDocumentBuf; 4] = [
+        |e| rawdoc! {"$not": [e]},
+        |e| rawdoc! {"$cond": [true, e, false]},
+        |e| rawdoc! {"$let": {"vars": {"v": e}, "in": "$$v"}},
+        |e| rawdoc! {"$ifNull": [RawBson::Null, e]},
+    ];
+    for wrap in wraps {
+        let mut e = rawdoc! {"$literal": true};
+        for _ in 0..(MAX_DEPTH * 3) {
+            e = wrap(e);
+        }
+        assert_eq!(coverage(&rawdoc! {"$expr": e}), Unknown);
+    }
+    // Nesting that stays within the bound is still folded.
+    let mut e = rawdoc! {"$literal": true};
+    for _ in 0..10 {
+        e = rawdoc! {"$let": {"vars": {"v": e}, "in": "$$v"}};
+    }
+    assert_eq!(coverage(&rawdoc! {"$expr": e}), All);
+}
