@@ -19,7 +19,7 @@
 //! `{_id: {$exists: true}}`, a constant `$expr`) keep their value; opaque ones (JavaScript, a
 //! non-constant `$expr`, `$sampleRate` which draws a new random number each time, `$regex`
 //! with `$options`) are unknown under every assignment (Kleene logic), so they never help a
-//! proof. The pass is bounded: at most [`MAX_ATOMS`] atoms (2^6 assignments),
+//! proof. The pass is bounded: at most [`MAX_ATOMS`] atoms (2^4 assignments),
 //! [`MAX_LEAVES`] leaves and [`MAX_BYTES`] of filter, else it gives up.
 
 use bson::{RawBsonRef, RawDocument};
@@ -30,11 +30,11 @@ use super::{clause_truth, Tri, Truth};
 use crate::policy::filter::{is_operator_doc, true_value, MAX_DEPTH};
 
 /// Most distinct atoms tried (2^MAX_ATOMS assignments).
-const MAX_ATOMS: usize = 6;
+const MAX_ATOMS: usize = 4;
 /// Most leaves (clauses and field operators) walked per evaluation.
-const MAX_LEAVES: usize = 64;
+const MAX_LEAVES: usize = 32;
 /// Largest filter (in bytes) the pass reads: each of up to 2^MAX_ATOMS evaluations walks the
-/// whole filter, operand lists included, so the work stays below 64 × 4 KiB of BSON. A larger
+/// whole filter, operand lists included, so the work stays below 16 × 4 KiB of BSON. A larger
 /// filter is left unknown (and measured).
 const MAX_BYTES: usize = 4096;
 
