@@ -104,6 +104,8 @@ pub(crate) fn is_operator_doc(doc: &RawDocument) -> bool {
 #[cfg(test)]
 mod alloc_tests;
 #[cfg(test)]
+mod soundness_tests;
+#[cfg(test)]
 mod tautology_tests;
 #[cfg(test)]
 mod test_util;

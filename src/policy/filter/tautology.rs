@@ -26,30 +26,38 @@
 //! # What is proven `All`
 //!
 //! `{}`; an `$and` (or implicit and) of `All` clauses; an `$or` with an `All` branch; a
-//! `$nor` whose branches all match nothing; `$expr` of a truthy constant (folding `$literal`,
-//! `$and`, `$or`, `$not`); `$where` whose body only returns a truthy constant; `$comment`
-//! (ignored); `$alwaysTrue: 1`; `$sampleRate: 1`; `$jsonSchema: {}`; on a top-level field:
-//! `$nin: []`, `$not` of anything that matches nothing (`$in: []`, `$all: []`), and those
-//! two on a dotted path too; on `_id`
-//! (which every stored document has): `$exists: true`, `$gte: MinKey`, `$lte: MaxKey`.
+//! `$nor` whose branches all match nothing; `$expr` of a constant truthy value (`constant.rs`
+//! folds literals, `$literal`, the command's `let`, `$let`, `$$NOW` / `$$CLUSTER_TIME` /
+//! `$$ROOT` / `$$CURRENT`, `$cond`, `$ifNull`, `$and` / `$or` / `$not`, comparisons in BSON's
+//! cross-type order with numbers compared exactly, `$type`, `$isNumber`, `$isArray`,
+//! `$toBool`, `$toInt`, `$toLong`, `$toDouble`); `$where` whose body only returns a truthy
+//! constant; `$comment` (ignored); `$alwaysTrue: 1`; `$sampleRate: 1`; `$jsonSchema: {}`; on
+//! any path: `$nin: []`, `$not` of anything that matches nothing (`$in: []`, `$all: []`,
+//! `$lt: MinKey`, `$gt: MaxKey`); on a top-level field: `$gte: MinKey`, `$lte: MaxKey` (the
+//! missing field included, see `fields::comparison`); on `_id` (in every stored document,
+//! never an array): `$exists: true`, `$not` of `$size`, `$elemMatch` or `$type: "array"`;
+//! and, in a second pass (`atoms.rs`), any filter that is a propositional tautology over its
+//! leaf predicates (excluded middle: `{$or: [{a: 5}, {a: {$ne: 5}}]}`).
 //!
 //! # Deliberately left unknown
 //!
-//! Dotted paths are never `All` (array traversal makes their semantics subtle), except for
-//! operators whose answer does not depend on the field's value or presence at all
-//! (`{"a.b": {$nin: []}}`, `$not` of something that matches nothing); comparisons
-//! with MinKey / MaxKey on fields other than `_id` (missing-field semantics); `NaN`
-//! comparands; unknown operators; non-constant `$expr`; real JavaScript; anything malformed
-//! (mongod would reject it) or nested deeper than [`MAX_DEPTH`].
+//! Dotted paths are never `All` from a value-dependent operator (array traversal may yield no
+//! element at all); comparisons of values of the same type in the match language (only
+//! their negations and complements, through the second pass); `NaN` comparands; unknown
+//! operators; non-constant `$expr`; string comparisons in `$expr` under a non-simple
+//! collation; real JavaScript; anything malformed (mongod would reject it) or nested deeper
+//! than [`MAX_DEPTH`]. docs/verdicts.md is the user-facing list.
 
 use bson::{RawBsonRef, RawDocument};
 
 use super::{js, MAX_DEPTH};
 
+mod atoms;
 mod constant;
 mod fields;
+mod number;
 
-use constant::expr_truth;
+use constant::{expr_truth, Env};
 use fields::field_truth;
 
 /// Whether a filter matches every document.
@@ -65,14 +73,14 @@ pub enum Coverage {
 }
 
 /// [`coverage`] of a statement's filter, knowing its collation and the command's `let`.
+/// The `let` variables fold into `$expr` (`{$expr: "$$flag"}`); under a collation other than
+/// the simple one no string comparison is folded, so nothing is claimed from one.
 pub fn coverage_with(filter: &RawDocument, facts: &super::verdict::FilterFacts<'_>) -> Coverage {
-    let _ = facts;
-    coverage(filter)
-}
-
-/// Decides whether `filter` matches every document. Allocation-free; never panics.
-pub fn coverage(filter: &RawDocument) -> Coverage {
-    match filter_truth(filter, 0) {
+    let env = Env {
+        let_vars: facts.let_vars,
+        simple_collation: facts.simple_collation(),
+    };
+    match analyse(filter, &env) {
         Ok(t) => match t.all {
             Tri::Yes => Coverage::All,
             Tri::No => Coverage::Conditioned,
@@ -80,6 +88,45 @@ pub fn coverage(filter: &RawDocument) -> Coverage {
         },
         Err(Invalid) => Coverage::Unknown,
     }
+}
+
+/// Decides whether `filter` matches every document, for a statement with no collation and
+/// no `let`. Allocation-free; never panics.
+pub fn coverage(filter: &RawDocument) -> Coverage {
+    coverage_with(filter, &super::verdict::FilterFacts::default())
+}
+
+/// The structural analysis, then, when it cannot decide, the excluded-middle pass.
+fn analyse(filter: &RawDocument, env: &Env<'_>) -> Res {
+    let t = filter_truth(filter, env, 0)?;
+    if t.all == Tri::Maybe && atoms::covers_all(filter, env) {
+        return Ok(Truth {
+            all: Tri::Yes,
+            none: Tri::No,
+            bare: Tri::Yes,
+        });
+    }
+    Ok(t)
+}
+
+/// What the prover claims about `filter`, for the soundness property test: `(all, none,
+/// bare)` as `Some(true)` (proved), `Some(false)` (disproved) or `None`.
+#[cfg(test)]
+pub(crate) fn claims(
+    filter: &RawDocument,
+    facts: &super::verdict::FilterFacts<'_>,
+) -> Option<[Option<bool>; 3]> {
+    let env = Env {
+        let_vars: facts.let_vars,
+        simple_collation: facts.simple_collation(),
+    };
+    let t = analyse(filter, &env).ok()?;
+    let b = |t: Tri| match t {
+        Tri::Yes => Some(true),
+        Tri::No => Some(false),
+        Tri::Maybe => None,
+    };
+    Some([b(t.all), b(t.none), b(t.bare)])
 }
 
 /// A shape mongod would reject, or nesting past [`MAX_DEPTH`]: the whole filter is unknown.
@@ -210,7 +257,7 @@ impl Conj {
     }
 }
 
-fn filter_truth(doc: &RawDocument, depth: usize) -> Res {
+fn filter_truth(doc: &RawDocument, env: &Env<'_>, depth: usize) -> Res {
     if depth > MAX_DEPTH {
         return Err(Invalid);
     }
@@ -220,21 +267,21 @@ fn filter_truth(doc: &RawDocument, depth: usize) -> Res {
         let value = elem.value().map_err(|_| Invalid)?;
         match elem.key().as_str() {
             "$comment" => {}
-            key => conj.push(clause_truth(key, value, depth)?),
+            key => conj.push(clause_truth(key, value, env, depth)?),
         }
     }
     Ok(conj.finish())
 }
 
-fn clause_truth(key: &str, value: RawBsonRef<'_>, depth: usize) -> Res {
+fn clause_truth(key: &str, value: RawBsonRef<'_>, env: &Env<'_>, depth: usize) -> Res {
     let Some(op) = key.strip_prefix('$') else {
         return field_truth(key, value, depth);
     };
     match op {
-        "and" => logical(value, depth, false),
-        "or" => Ok(logical(value, depth, true)?.negate()),
-        "nor" => logical(value, depth, true),
-        "expr" => Ok(match expr_truth(value, depth + 1)? {
+        "and" => logical(value, env, depth, false),
+        "or" => Ok(logical(value, env, depth, true)?.negate()),
+        "nor" => logical(value, env, depth, true),
+        "expr" => Ok(match expr_truth(value, env, depth + 1)? {
             Some(true) => ALWAYS,
             Some(false) => NEVER,
             None => OPAQUE,
@@ -291,7 +338,7 @@ fn number(v: RawBsonRef<'_>) -> Option<f64> {
 /// The conjunction of `$and` branches, or (with `negated`) of the negated branches, which
 /// is `$nor` as is, and `$or` once the caller negates it back. mongod rejects an empty or
 /// non-array list.
-fn logical(value: RawBsonRef<'_>, depth: usize, negated: bool) -> Res {
+fn logical(value: RawBsonRef<'_>, env: &Env<'_>, depth: usize, negated: bool) -> Res {
     let RawBsonRef::Array(branches) = value else {
         return Err(Invalid);
     };
@@ -300,7 +347,7 @@ fn logical(value: RawBsonRef<'_>, depth: usize, negated: bool) -> Res {
         let RawBsonRef::Document(d) = branch.map_err(|_| Invalid)? else {
             return Err(Invalid);
         };
-        let t = filter_truth(d, depth + 1)?;
+        let t = filter_truth(d, env, depth + 1)?;
         conj.push(if negated { t.negate() } else { t });
     }
     if conj.count == 0 {

@@ -7,12 +7,29 @@ use bson::{RawArray, RawBsonRef, RawDocument};
 use super::{Conj, Invalid, Res, Tri, Truth, ALWAYS, NEEDS_VALUE, NEVER, OPAQUE};
 use crate::policy::filter::{decimal_is_nan, is_operator_doc, true_value, MAX_DEPTH};
 
+/// Where an operator applies: `_id` itself (present in every document, never an array), a
+/// top-level field (missing or holding one value, possibly an array), or a dotted path.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PathKind {
+    pub(super) is_id: bool,
+    pub(super) top: bool,
+}
+
+impl PathKind {
+    pub(super) fn of(path: &str) -> PathKind {
+        PathKind {
+            is_id: path == "_id",
+            top: !path.contains('.'),
+        }
+    }
+}
+
 /// One `field: value` clause. `bare` is re-derived for the path: a top-level field is
 /// missing from the bare document, `_id` (and `_id.x`) holds an arbitrary value there.
 pub(super) fn field_truth(path: &str, value: RawBsonRef<'_>, depth: usize) -> Res {
-    let is_id = path == "_id";
+    let at = PathKind::of(path);
     let mut t = match value {
-        RawBsonRef::Document(d) if is_operator_doc(d) => ops_truth(d, is_id, depth + 1)?,
+        RawBsonRef::Document(d) if is_operator_doc(d) => ops_truth(d, at, depth + 1)?,
         other => equality(other)?,
     };
     if path == "_id" || path.starts_with("_id.") {
@@ -58,6 +75,7 @@ fn value_independent(ops: &RawDocument, depth: usize) -> Option<bool> {
         let this = match (elem.key().as_str(), value) {
             ("$in" | "$all", RawBsonRef::Array(a)) if a.is_empty() => Some(false),
             ("$nin", RawBsonRef::Array(a)) if a.is_empty() => Some(true),
+            ("$lt", RawBsonRef::MinKey) | ("$gt", RawBsonRef::MaxKey) => Some(false),
             ("$not", RawBsonRef::Document(d)) if is_operator_doc(d) => {
                 value_independent(d, depth + 1).map(|b| !b)
             }
@@ -92,7 +110,7 @@ fn equality(value: RawBsonRef<'_>) -> Res {
 
 /// The operators on one field (`{$exists: true, $ne: 5}`): an implicit `$and`. `bare` here
 /// means "matches when the field is missing".
-fn ops_truth(ops: &RawDocument, is_id: bool, depth: usize) -> Res {
+fn ops_truth(ops: &RawDocument, at: PathKind, depth: usize) -> Res {
     if depth > MAX_DEPTH {
         return Err(Invalid);
     }
@@ -107,7 +125,7 @@ fn ops_truth(ops: &RawDocument, is_id: bool, depth: usize) -> Res {
             "$maxDistance" | "$minDistance" => {}
             key => {
                 has_regex |= key == "$regex";
-                conj.push(op_truth(key, value, is_id, depth)?);
+                conj.push(op_truth(key, value, at, depth)?);
             }
         }
     }
@@ -117,11 +135,12 @@ fn ops_truth(ops: &RawDocument, is_id: bool, depth: usize) -> Res {
     Ok(conj.finish())
 }
 
-fn op_truth(op: &str, value: RawBsonRef<'_>, is_id: bool, depth: usize) -> Res {
+pub(super) fn op_truth(op: &str, value: RawBsonRef<'_>, at: PathKind, depth: usize) -> Res {
+    let is_id = at.is_id;
     match op {
         "$eq" => equality_op(value),
         "$ne" => Ok(equality_op(value)?.negate()),
-        "$gt" | "$gte" | "$lt" | "$lte" => comparison(op, value, is_id),
+        "$gt" | "$gte" | "$lt" | "$lte" => comparison(op, value, at),
         "$in" => in_list(value),
         "$nin" => Ok(in_list(value)?.negate()),
         "$exists" => Ok(match (true_value(value), is_id) {
@@ -156,11 +175,15 @@ fn op_truth(op: &str, value: RawBsonRef<'_>, is_id: bool, depth: usize) -> Res {
         "$not" => match value {
             RawBsonRef::RegularExpression(_) => Ok(NEEDS_VALUE.negate()),
             RawBsonRef::Document(d) if is_operator_doc(d) => {
-                Ok(ops_truth(d, is_id, depth + 1)?.negate())
+                Ok(ops_truth(d, at, depth + 1)?.negate())
             }
             _ => Err(Invalid),
         },
-        // `_id` may hold any type, so a `$type` list might cover every one of them.
+        // `_id` is never an array (mongod refuses an array `_id`): array-only operators and
+        // `$type: "array"` never match it.
+        "$size" | "$elemMatch" if is_id => Ok(NEVER),
+        "$type" if is_id && only_array_type(value)? => Ok(NEVER),
+        // `_id` may hold any other type, so a `$type` list might cover every one of them.
         "$type" if is_id => Ok(Truth {
             all: Tri::Maybe,
             ..NEEDS_VALUE
@@ -169,6 +192,32 @@ fn op_truth(op: &str, value: RawBsonRef<'_>, is_id: bool, depth: usize) -> Res {
         | "$bitsAnySet" | "$bitsAnyClear" | "$geoWithin" | "$geoIntersects" | "$within"
         | "$near" | "$nearSphere" => Ok(NEEDS_VALUE),
         _ => Ok(OPAQUE),
+    }
+}
+
+/// Whether a `$type` argument names the array type only (`"array"`, `4`, or a list of those).
+fn only_array_type(value: RawBsonRef<'_>) -> Result<bool, Invalid> {
+    fn is_array(v: RawBsonRef<'_>) -> bool {
+        match v {
+            RawBsonRef::String(s) => s == "array",
+            RawBsonRef::Int32(n) => n == 4,
+            RawBsonRef::Int64(n) => n == 4,
+            RawBsonRef::Double(f) => f == 4.0,
+            _ => false,
+        }
+    }
+    match value {
+        RawBsonRef::Array(list) => {
+            let mut any = false;
+            for v in list {
+                if !is_array(v.map_err(|_| Invalid)?) {
+                    return Ok(false);
+                }
+                any = true;
+            }
+            Ok(any)
+        }
+        other => Ok(is_array(other)),
     }
 }
 
@@ -184,19 +233,38 @@ fn equality_op(value: RawBsonRef<'_>) -> Res {
     }
 }
 
-fn comparison(op: &str, value: RawBsonRef<'_>, is_id: bool) -> Res {
+/// `$gt` / `$gte` / `$lt` / `$lte`. With MinKey or MaxKey the answer follows mongod's
+/// `ComparisonMatchExpression::matchesSingleElement` (src/mongo/db/matcher/
+/// expression_leaf.cpp): a value of another canonical type than MinKey / MaxKey, *including
+/// the missing field* (EOO), matches `$gt`/`$gte: MinKey` and `$lt`/`$lte: MaxKey`, never the
+/// others; MinKey (MaxKey) itself equals itself. jstests/core/min_max_key.js shows the same
+/// on a collection. So `$gte: MinKey` and `$lte: MaxKey` match every value and the missing
+/// field: every document, on a top-level field (a dotted path through an array of scalars
+/// may yield no element at all, so there it is not claimed). `$lt: MinKey` and `$gt: MaxKey`
+/// match no element, so nothing on any path.
+fn comparison(op: &str, value: RawBsonRef<'_>, at: PathKind) -> Res {
     Ok(match (op, value) {
         (_, RawBsonRef::Undefined) => return Err(Invalid),
-        // Every value sorts between MinKey and MaxKey, and `_id` always has one.
-        ("$gte", RawBsonRef::MinKey) | ("$lte", RawBsonRef::MaxKey) if is_id => ALWAYS,
-        ("$lt", RawBsonRef::MinKey) | ("$gt", RawBsonRef::MaxKey) if is_id => NEVER,
-        (_, RawBsonRef::MinKey | RawBsonRef::MaxKey) if is_id => Truth {
+        ("$gte", RawBsonRef::MinKey) | ("$lte", RawBsonRef::MaxKey) if at.top => ALWAYS,
+        // Dotted: the bare document (no such path) matches, so something matches.
+        ("$gte", RawBsonRef::MinKey) | ("$lte", RawBsonRef::MaxKey) => Truth {
+            all: Tri::Maybe,
+            none: Tri::No,
+            bare: Tri::Yes,
+        },
+        ("$lt", RawBsonRef::MinKey) | ("$gt", RawBsonRef::MaxKey) => NEVER,
+        // Everything but MinKey (MaxKey) itself, and the missing field.
+        ("$gt", RawBsonRef::MinKey) | ("$lt", RawBsonRef::MaxKey) => Truth {
             all: Tri::No,
             none: Tri::No,
-            bare: Tri::Maybe,
+            bare: Tri::Yes,
         },
-        // Off `_id`, how a missing field compares with MinKey / MaxKey is not proven here.
-        (_, RawBsonRef::MinKey | RawBsonRef::MaxKey) => OPAQUE,
+        // `$lte: MinKey`, `$gte: MaxKey`: MinKey (MaxKey) itself only.
+        (_, RawBsonRef::MinKey | RawBsonRef::MaxKey) => Truth {
+            all: Tri::No,
+            none: Tri::No,
+            bare: Tri::No,
+        },
         (_, RawBsonRef::Double(f)) if f.is_nan() => OPAQUE,
         (_, RawBsonRef::Decimal128(d)) if decimal_is_nan(d) => OPAQUE,
         // A missing field compares equal to null.
