@@ -38,6 +38,7 @@ const MIN_TTL_SECONDS: f64 = 60.0;
 /// Commands that change the server for every client, by mongod's command name: defaults,
 /// parameters and versions; shutdown and user-write blocking; replica-set administration;
 /// the balancer and sharding administration; connection, log and certificate administration.
+/// The lowercase names are the aliases mongos registers for the same commands.
 pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     "setDefaultRWConcern",
     "setFeatureCompatibilityVersion",
@@ -83,6 +84,14 @@ pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     "dropConnections",
     "logRotate",
     "rotateCertificates",
+    "addshard",
+    "removeshard",
+    "addshardtozone",
+    "removeshardfromzone",
+    "updatezonekeyrange",
+    "enablesharding",
+    "movechunk",
+    "moveprimary",
 ];
 
 pub(crate) fn check<'a>(
