@@ -13,7 +13,8 @@
 //! - W015 fires on an aggregate with `$out` (it replaces its target whole), `$merge` whose
 //!   `whenMatched` is `"replace"` or a pipeline, mapReduce `out: "name"` or
 //!   `out: {replace: ...}`, renameCollection with `dropTarget` truthy (a boolean, a number, or
-//!   the UUID form that drops a target with that UUID), and convertToCapped.
+//!   the UUID form that drops a target with that UUID), convertToCapped, and `emptycapped`
+//!   (a test command that truncates a capped collection).
 //!   cloneCollectionAsCapped is not W015: mongod refuses a target that exists
 //!   (src/mongo/db/catalog/capped_utils.cpp, NamespaceExists).
 //! - W016 fires when an index spec of createIndexes, a collMod `index`, or the collection-level
@@ -82,6 +83,8 @@ pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     "transitionFromDedicatedConfigServer",
     "configureQueryAnalyzer",
     "dropConnections",
+    "killAllSessions",
+    "killAllSessionsByPattern",
     "logRotate",
     "rotateCertificates",
     "addshard",
@@ -121,6 +124,8 @@ pub(crate) fn check<'a>(
             em.emit(RuleId::W015, None, None)
         }
         Kind::ConvertToCapped => em.emit(RuleId::W015, None, None),
+        // Truncates a capped collection (a test command: src/mongo/db/catalog/capped_utils.cpp).
+        Kind::Other if view.name() == "emptycapped" => em.emit(RuleId::W015, None, None),
         Kind::CreateIndexes if em.on(RuleId::W016) => create_indexes_ttl(view, body, em)?,
         Kind::CollMod if em.on(RuleId::W016) && coll_mod_ttl(body)? => {
             em.emit(RuleId::W016, None, None)
