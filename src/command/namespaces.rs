@@ -1,5 +1,7 @@
 //! The namespaces a command writes (what W005 checks), as opposed to `$db`: `bulkWrite` runs
-//! on admin but writes its `nsInfo` namespaces; renameCollection writes both sides.
+//! on admin but writes its `nsInfo` namespaces; renameCollection writes both sides; user and
+//! role management writes `admin.system.users` / `admin.system.roles` whatever `$db` it is
+//! sent to; applyOps writes what each of its operations names, nested applyOps included.
 
 use std::ops::ControlFlow;
 
@@ -63,7 +65,14 @@ impl<'a> CommandView<'a> {
             Kind::Aggregate => self.aggregate_outputs(&mut f),
             Kind::MapReduce => self.map_reduce_target(body, &mut f),
             Kind::BulkWrite => self.bulk_write_namespaces(body, &mut f),
-            Kind::ApplyOps => apply_ops_namespaces(body, &mut f),
+            Kind::ApplyOps => apply_ops_namespaces(body, &mut f, 0),
+            Kind::Sensitive | Kind::Other => Ok(match auth_collection(self.name) {
+                Some(coll) => f(Namespace {
+                    db: "admin",
+                    coll: Some(coll),
+                }),
+                None => ControlFlow::Continue(()),
+            }),
             _ => Ok(ControlFlow::Continue(())),
         }
     }
@@ -153,38 +162,104 @@ impl<'a> CommandView<'a> {
     }
 }
 
-/// The namespace of each operation of an applyOps; for a command op (`db.$cmd`), the
-/// collection is the command's first value.
+/// The collection of `admin` that a user or role management command writes
+/// (src/mongo/db/commands/user_management_commands.idl; `_mergeAuthzCollections` is the
+/// internal command that restores both).
+pub(crate) fn auth_collection(name: &str) -> Option<&'static str> {
+    match name {
+        "createUser"
+        | "updateUser"
+        | "dropUser"
+        | "dropAllUsersFromDatabase"
+        | "grantRolesToUser"
+        | "revokeRolesFromUser"
+        | "_mergeAuthzCollections" => Some("system.users"),
+        "createRole"
+        | "updateRole"
+        | "dropRole"
+        | "dropAllRolesFromDatabase"
+        | "grantPrivilegesToRole"
+        | "revokePrivilegesFromRole"
+        | "grantRolesToRole"
+        | "revokeRolesFromRole" => Some("system.roles"),
+        _ => None,
+    }
+}
+
+/// How deep applyOps inside applyOps is followed before the command is refused.
+const MAX_APPLY_OPS_DEPTH: usize = 8;
+
+/// Every namespace each operation of an applyOps touches: its `ns`, and for a command
+/// operation (`db.$cmd`) the command's own targets: the collection its first value names
+/// (create, drop, collMod, createIndexes, ...), both sides of a renameCollection (full
+/// namespaces), the whole database of a dropDatabase, and the operations of a nested applyOps
+/// to [`MAX_APPLY_OPS_DEPTH`]. An operation mongoguard cannot read is an error.
 fn apply_ops_namespaces<'a>(
     body: &'a RawDocument,
     f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    depth: usize,
 ) -> Flow {
     let bad = |field| CommandError::BadField {
         command: "applyOps",
         field,
     };
+    if depth > MAX_APPLY_OPS_DEPTH {
+        return Err(CommandError::TooDeep);
+    }
     let ops = get_array(body, "applyOps", "applyOps")?.ok_or(bad("applyOps"))?;
     for op in ops {
         let RawBsonRef::Document(op) = op.map_err(|_| CommandError::Malformed)? else {
             return Err(bad("applyOps"));
         };
         let op = unique_keys(op)?;
-        let full = get_str(op, "ns", "applyOps")?.ok_or(bad("ns"))?;
-        let mut target = Namespace::parse_full(full);
-        if target.coll == Some("$cmd") {
-            target.coll = get_doc(op, "o", "applyOps")?
-                .and_then(|o| o.iter_elements().next())
-                .and_then(|e| e.ok())
-                .and_then(|e| match e.value() {
-                    Ok(RawBsonRef::String(s)) => Some(s),
-                    _ => None,
-                });
-        }
-        if f(target).is_break() {
+        let target = Namespace::parse_full(get_str(op, "ns", "applyOps")?.ok_or(bad("ns"))?);
+        let flow = if target.coll == Some("$cmd") {
+            let o = get_doc(op, "o", "applyOps")?.ok_or(bad("o"))?;
+            command_op_namespaces(target.db, unique_keys(o)?, f, depth)?
+        } else {
+            f(target)
+        };
+        if flow.is_break() {
             return Ok(ControlFlow::Break(()));
         }
     }
     Ok(ControlFlow::Continue(()))
+}
+
+/// The namespaces of one command operation `o` of an applyOps on database `db`.
+fn command_op_namespaces<'a>(
+    db: &'a str,
+    o: &'a RawDocument,
+    f: &mut impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    depth: usize,
+) -> Flow {
+    let bad = |field| CommandError::BadField {
+        command: "applyOps",
+        field,
+    };
+    let first = o
+        .iter_elements()
+        .next()
+        .ok_or(bad("o"))?
+        .map_err(|_| CommandError::Malformed)?;
+    let value = first.value().map_err(|_| CommandError::Malformed)?;
+    match (first.key().as_str(), value) {
+        ("applyOps", _) => apply_ops_namespaces(o, f, depth + 1),
+        ("renameCollection", RawBsonRef::String(from)) => {
+            if f(Namespace::parse_full(from)).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+            let to = get_str(o, "to", "applyOps")?.ok_or(bad("to"))?;
+            Ok(f(Namespace::parse_full(to)))
+        }
+        ("dropDatabase", _) => Ok(f(Namespace { db, coll: None })),
+        (_, RawBsonRef::String(coll)) => Ok(f(Namespace {
+            db,
+            coll: Some(coll),
+        })),
+        // A command op whose first value names no collection: the whole database is its target.
+        _ => Ok(f(Namespace { db, coll: None })),
+    }
 }
 
 /// `$out` / `$merge` targets of one stage.

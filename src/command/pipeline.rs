@@ -9,7 +9,7 @@ use super::{
     error::CommandError,
     kind::Kind,
     statements::Statement,
-    value::{get, get_doc},
+    value::{get, get_doc, get_opt_doc},
     view::{CommandView, Source},
 };
 
@@ -136,7 +136,9 @@ impl<'a> CommandView<'a> {
                 _ => None,
             };
             if let Some(field) = field {
-                if let Some(filter) = get_doc(body, field, "command")? {
+                // An optional field: null is absent (find_command.idl `filter`, count and
+                // distinct `query`), and absent is no filter at all.
+                if let Some(filter) = get_opt_doc(body, field, "command")? {
                     if f(None, filter).is_break() {
                         return Ok(ControlFlow::Break(()));
                     }

@@ -9,7 +9,7 @@ use bson::{RawArray, RawBsonRef, RawDocument};
 use super::{
     error::CommandError,
     kind::Kind,
-    value::{self, flag, get, get_doc, number},
+    value::{self, flag, get, get_doc, get_opt_doc, number},
     view::{CommandView, Namespace, Source},
 };
 
@@ -340,13 +340,13 @@ impl<'a> CommandView<'a> {
                 )?,
                 multi: flag(op, "multi", "bulkWrite")?,
                 upsert: flag(op, "upsert", "bulkWrite")?,
-                collation: get_doc(op, "collation", "bulkWrite")?,
+                collation: get_opt_doc(op, "collation", "bulkWrite")?,
                 hint: get(op, "hint")?,
             },
             "delete" => Statement::Delete {
                 filter: filter()?,
                 many: flag(op, "multi", "bulkWrite")?,
-                collation: get_doc(op, "collation", "bulkWrite")?,
+                collation: get_opt_doc(op, "collation", "bulkWrite")?,
                 hint: get(op, "hint")?,
             },
             _ => return Err(bad("ops")),
@@ -398,7 +398,7 @@ fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
         )?,
         multi: flag(stmt, "multi", "update")?,
         upsert: flag(stmt, "upsert", "update")?,
-        collation: get_doc(stmt, "collation", "update")?,
+        collation: get_opt_doc(stmt, "collation", "update")?,
         hint: get(stmt, "hint")?,
     })
 }
@@ -423,18 +423,19 @@ fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
     Ok(Statement::Delete {
         filter,
         many,
-        collation: get_doc(stmt, "collation", "delete")?,
+        collation: get_opt_doc(stmt, "collation", "delete")?,
         hint: get(stmt, "hint")?,
     })
 }
 
 fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, CommandError> {
-    let filter = get_doc(body, "query", "findAndModify")?.unwrap_or(empty_doc());
+    // `query` is optional and defaults to {} (find_and_modify.idl); null reads as absent.
+    let filter = get_opt_doc(body, "query", "findAndModify")?.unwrap_or(empty_doc());
     if flag(body, "remove", "findAndModify")? {
         return Ok(Statement::Delete {
             filter,
             many: false,
-            collation: get_doc(body, "collation", "findAndModify")?,
+            collation: get_opt_doc(body, "collation", "findAndModify")?,
             hint: get(body, "hint")?,
         });
     }
@@ -447,7 +448,7 @@ fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, Comman
         update: UpdateMods::from_value(update, "findAndModify", "update")?,
         multi: false,
         upsert: flag(body, "upsert", "findAndModify")?,
-        collation: get_doc(body, "collation", "findAndModify")?,
+        collation: get_opt_doc(body, "collation", "findAndModify")?,
         hint: get(body, "hint")?,
     })
 }

@@ -348,3 +348,130 @@ fn written_namespaces_of_ddl() {
         with_view(&msg(body), |v| assert_eq!(written(&v), want));
     }
 }
+
+/// User and role management writes admin.system.users / roles whatever `$db` it is sent to
+/// (src/mongo/db/commands/user_management_commands.idl); their reads write nothing.
+#[test]
+fn user_and_role_management_writes_the_auth_collections() {
+    let cases = [
+        (
+            rawdoc! {"createUser": "u", "pwd": "p", "roles": [], "$db": "app"},
+            vec!["admin.system.users"],
+        ),
+        (
+            rawdoc! {"grantRolesToUser": "u", "roles": ["root"], "$db": "app"},
+            vec!["admin.system.users"],
+        ),
+        (
+            rawdoc! {"dropAllUsersFromDatabase": 1, "$db": "app"},
+            vec!["admin.system.users"],
+        ),
+        (
+            rawdoc! {"createRole": "r", "privileges": [], "roles": [], "$db": "app"},
+            vec!["admin.system.roles"],
+        ),
+        (
+            rawdoc! {"revokePrivilegesFromRole": "r", "privileges": [], "$db": "app"},
+            vec!["admin.system.roles"],
+        ),
+        (rawdoc! {"usersInfo": 1, "$db": "app"}, vec![]),
+        (rawdoc! {"rolesInfo": 1, "$db": "admin"}, vec![]),
+    ];
+    for (body, want) in cases {
+        with_view(&msg(body), |v| assert_eq!(written(&v), want));
+    }
+}
+
+/// applyOps: a rename op writes both full namespaces, dropDatabase the whole database, and a
+/// nested applyOps is followed (its ops are as much writes as the outer ones).
+#[test]
+fn apply_ops_targets_of_command_ops_and_nested_apply_ops() {
+    let body = rawdoc! {"applyOps": [
+        {"op": "c", "ns": "app.$cmd", "o": {"renameCollection": "app.a", "to": "admin.b"}},
+        {"op": "c", "ns": "app.$cmd", "o": {"applyOps": [
+            {"op": "c", "ns": "other.$cmd", "o": {"applyOps": [{"op": "i", "ns": "local.x", "o": {"_id": 1}}]}},
+            {"op": "c", "ns": "z.$cmd", "o": {"dropDatabase": 1}},
+        ]}},
+    ], "$db": "admin"};
+    with_view(&msg(body), |v| {
+        assert_eq!(written(&v), vec!["app.a", "admin.b", "local.x", "z.*"])
+    });
+}
+
+#[test]
+fn apply_ops_nesting_past_the_limit_and_unreadable_ops_are_errors() {
+    let mut inner = rawdoc! {"applyOps": [{"op": "i", "ns": "a.b", "o": {}}]};
+    for _ in 0..11 {
+        inner = rawdoc! {"applyOps": [{"op": "c", "ns": "a.$cmd", "o": inner}]};
+    }
+    let bytes =
+        msg(rawdoc! {"applyOps": [{"op": "c", "ns": "a.$cmd", "o": inner}], "$db": "admin"});
+    with_view(&bytes, |v| {
+        assert_eq!(
+            v.for_each_written_namespace(|_| ControlFlow::Continue(())),
+            Err(CommandError::TooDeep)
+        )
+    });
+    let cases = [
+        rawdoc! {"applyOps": [{"op": "c", "ns": "a.$cmd"}], "$db": "admin"},
+        rawdoc! {"applyOps": [{"op": "c", "ns": "a.$cmd", "o": {"renameCollection": "a.b"}}], "$db": "admin"},
+        rawdoc! {"applyOps": [{"op": "i", "o": {}}], "$db": "admin"},
+        rawdoc! {"applyOps": [1], "$db": "admin"},
+    ];
+    for body in cases {
+        with_view(&msg(body), |v| {
+            assert!(v
+                .for_each_written_namespace(|_| ControlFlow::Continue(()))
+                .is_err())
+        });
+    }
+}
+
+/// Optional fields mongod's IDL parser skips when null (src/mongo/idl/idl_parser.cpp
+/// `checkAndAssertTypeSlowPath`): a null find `filter`, count `query`, `writeConcern`, `let`
+/// or statement `collation` is absent, not unreadable.
+#[test]
+fn null_optional_fields_are_absent() {
+    let find = rawdoc! {"find": "c", "filter": null, "let": null, "writeConcern": null, "$db": "d"};
+    with_view(&msg(find), |v| {
+        assert_eq!(filter_count(&v), 0);
+        assert!(v.let_vars().unwrap().is_none());
+        assert!(v.write_concern().unwrap().is_none());
+    });
+    let count = rawdoc! {"count": "c", "query": bson::RawBson::Undefined, "$db": "d"};
+    with_view(&msg(count), |v| assert_eq!(filter_count(&v), 0));
+    let update = rawdoc! {"update": "c", "updates": [{"q": {"a": 1}, "u": {"$set": {"b": 1}}, "collation": null}], "$db": "d"};
+    with_view(&msg(update), |v| assert_eq!(statements(&v).len(), 1));
+    // findAndModify's query defaults to {} (find_and_modify.idl): null is that default.
+    let fam =
+        rawdoc! {"findAndModify": "c", "query": null, "update": {"$inc": {"n": 1}}, "$db": "d"};
+    with_view(&msg(fam), |v| {
+        let mut empty = false;
+        let _ = v
+            .for_each_statement(|s| {
+                if let Statement::Update { filter, .. } = s.statement {
+                    empty = filter.is_empty();
+                }
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        assert!(empty);
+    });
+    // A wrong type is still unreadable.
+    let find = rawdoc! {"find": "c", "filter": 5, "$db": "d"};
+    with_view(&msg(find), |v| {
+        assert!(v.for_each_filter(|_, _| ControlFlow::Continue(())).is_err())
+    });
+}
+
+/// A Decimal128 limit is a number (mongod reads it with `numberDouble()`).
+#[test]
+fn decimal128_delete_limit_is_read() {
+    let one: bson::Decimal128 = "1.0".parse().unwrap();
+    let zero: bson::Decimal128 = "0E+3".parse().unwrap();
+    let body = rawdoc! {"delete": "c", "deletes": [{"q": {"a": 1}, "limit": one}, {"q": {"a": 1}, "limit": zero}], "$db": "d"};
+    with_view(&msg(body), |v| {
+        let got: Vec<String> = statements(&v).into_iter().map(|s| s.2).collect();
+        assert_eq!(got, vec!["delete many=false", "delete many=true"]);
+    });
+}

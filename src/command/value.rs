@@ -100,36 +100,114 @@ pub(crate) fn flag(
     }
 }
 
-/// A number of any BSON numeric type, as f64.
+/// A number of any BSON numeric type, as f64, the way mongod's `BSONElement::numberDouble`
+/// reads it: a Decimal128 is rounded to the nearest double (`Decimal128::toDouble`), so
+/// `limit: NumberDecimal("1.000")` is 1 and `expireAfterSeconds: NumberDecimal("30")` is 30.
 pub fn number(v: RawBsonRef<'_>) -> Option<f64> {
     match v {
         RawBsonRef::Int32(i) => Some(f64::from(i)),
         RawBsonRef::Int64(i) => Some(i as f64),
         RawBsonRef::Double(d) => Some(d),
-        RawBsonRef::Decimal128(d) => Some(if decimal_is_zero(d.bytes()) {
-            0.0
-        } else {
-            f64::NAN
-        }),
+        RawBsonRef::Decimal128(d) => Some(decimal_to_f64(d.bytes())),
         _ => None,
     }
 }
 
-/// True for a Decimal128 zero of any exponent and sign: the 113-bit coefficient is zero
-/// (BID encoding, "11" combination prefix means coefficient >= 2^113 which is non-canonical
-/// and treated as zero by the spec).
-fn decimal_is_zero(bytes: [u8; 16]) -> bool {
-    let high = u64::from_le_bytes([
-        bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15],
-    ]);
-    let low = u64::from_le_bytes([
-        bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-    ]);
+/// The two 64-bit halves of a Decimal128 (little-endian in BSON): (high, low).
+fn halves(bytes: [u8; 16]) -> (u64, u64) {
+    let [l0, l1, l2, l3, l4, l5, l6, l7, h0, h1, h2, h3, h4, h5, h6, h7] = bytes;
+    (
+        u64::from_le_bytes([h0, h1, h2, h3, h4, h5, h6, h7]),
+        u64::from_le_bytes([l0, l1, l2, l3, l4, l5, l6, l7]),
+    )
+}
+
+/// The largest canonical Decimal128 coefficient, 10^34 - 1: a larger one is non-canonical
+/// and reads as zero (IEEE 754-2008, BID encoding).
+const MAX_COEFFICIENT: u128 = 9_999_999_999_999_999_999_999_999_999_999_999;
+
+/// Exponent bias of Decimal128.
+const EXPONENT_BIAS: i32 = 6176;
+
+/// What a Decimal128 (BID encoding) holds.
+enum Decimal {
+    /// Infinity of either sign, or NaN (`f64` carries both).
+    Special(f64),
+    /// (negative, coefficient, unbiased exponent); a non-canonical coefficient is zero.
+    Finite(bool, u128, i32),
+}
+
+fn decode(bytes: [u8; 16]) -> Decimal {
+    let (high, low) = halves(bytes);
+    let negative = high >> 63 == 1;
     if (high >> 61) & 0b11 == 0b11 {
-        // Either infinity/NaN (not zero) or a non-canonical coefficient (zero).
-        return (high >> 58) & 0b11111 != 0b11110 && (high >> 58) & 0b11111 != 0b11111;
+        return match (high >> 58) & 0b11111 {
+            0b11110 if negative => Decimal::Special(f64::NEG_INFINITY),
+            0b11110 => Decimal::Special(f64::INFINITY),
+            0b11111 => Decimal::Special(f64::NAN),
+            // "11" combination: the coefficient is at least 2^113, never canonical: zero.
+            _ => Decimal::Finite(negative, 0, 0),
+        };
     }
-    high & ((1u64 << 49) - 1) == 0 && low == 0
+    let exponent = ((high >> 49) & 0x3FFF) as i32 - EXPONENT_BIAS;
+    let coefficient = (u128::from(high & ((1u64 << 49) - 1)) << 64) | u128::from(low);
+    let coefficient = if coefficient > MAX_COEFFICIENT {
+        0
+    } else {
+        coefficient
+    };
+    Decimal::Finite(negative, coefficient, exponent)
+}
+
+/// A Decimal128 as the nearest double: infinities and NaN as such, a non-canonical
+/// coefficient as zero, anything else correctly rounded (the decimal string
+/// `coefficient`e`exponent` is parsed by the standard library, which rounds to nearest).
+fn decimal_to_f64(bytes: [u8; 16]) -> f64 {
+    let (negative, coefficient, exponent) = match decode(bytes) {
+        Decimal::Special(x) => return x,
+        Decimal::Finite(n, c, e) => (n, c, e),
+    };
+    let signed = |x: f64| if negative { -x } else { x };
+    if coefficient == 0 {
+        return signed(0.0);
+    }
+    // At most 34 digits, "e", a sign and 4 digits: a stack buffer, no allocation.
+    let mut buf = [0u8; 48];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    if std::io::Write::write_fmt(&mut cursor, format_args!("{coefficient}e{exponent}")).is_err() {
+        return f64::NAN;
+    }
+    let len = usize::try_from(cursor.position()).unwrap_or(0);
+    buf.get(..len)
+        .and_then(|text| std::str::from_utf8(text).ok())
+        .and_then(|text| text.parse::<f64>().ok())
+        .map_or(f64::NAN, signed)
+}
+
+/// True for a Decimal128 zero of any exponent and sign (a non-canonical coefficient is
+/// zero); a tiny non-zero value that rounds to a zero double is not zero (mongod's
+/// `trueValue` asks `Decimal128::isZero`).
+fn decimal_is_zero(bytes: [u8; 16]) -> bool {
+    matches!(decode(bytes), Decimal::Finite(_, 0, _))
+}
+
+/// A document field where mongod's IDL parser reads `null` and `undefined` as absent
+/// (`IDLParserContext::checkAndAssertType` returns false for them, so the generated parser
+/// skips the field: src/mongo/idl/idl_parser.cpp, buildscripts/idl/idl/generator.py
+/// `gen_field_deserializer`). Any other type than a document is an error.
+pub(crate) fn get_opt_doc<'a>(
+    doc: &'a RawDocument,
+    key: &'static str,
+    command: &'static str,
+) -> Result<Option<&'a RawDocument>, CommandError> {
+    match get(doc, key)? {
+        None | Some(RawBsonRef::Null | RawBsonRef::Undefined) => Ok(None),
+        Some(RawBsonRef::Document(d)) => Ok(Some(d)),
+        Some(_) => Err(CommandError::BadField {
+            command,
+            field: key,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +228,62 @@ mod tests {
         assert_eq!(truthy(RawBsonRef::Decimal128(zero)), Some(false));
         assert_eq!(truthy(RawBsonRef::Decimal128(neg_zero)), Some(false));
         assert_eq!(truthy(RawBsonRef::Decimal128(one)), Some(true));
+    }
+
+    fn dec(s: &str) -> f64 {
+        number(RawBsonRef::Decimal128(s.parse().unwrap())).unwrap()
+    }
+
+    /// mongod reads a Decimal128 where it takes a number through `numberDouble()` (delete
+    /// `limit`: src/mongo/db/ops/write_ops.cpp `readMultiDeleteProperty`), which rounds it to
+    /// the nearest double: every spelling of one is 1.
+    #[test]
+    fn decimal128_is_a_number() {
+        assert_eq!(dec("1"), 1.0);
+        assert_eq!(dec("1.000"), 1.0);
+        assert_eq!(dec("1000E-3"), 1.0);
+        assert_eq!(dec("0.5"), 0.5);
+        assert_eq!(dec("30"), 30.0);
+        assert_eq!(dec("-59.9"), -59.9);
+        assert_eq!(dec("59.99999999999999999999999999999999"), 60.0);
+        assert_eq!(dec("1E+6144"), f64::INFINITY);
+        assert_eq!(dec("1E-6176"), 0.0);
+        let tiny = RawBsonRef::Decimal128("1E-6176".parse().unwrap());
+        assert_eq!(truthy(tiny), Some(true));
+        assert_eq!(dec("-0"), 0.0);
+        assert_eq!(dec("Infinity"), f64::INFINITY);
+        assert_eq!(dec("-Infinity"), f64::NEG_INFINITY);
+        assert!(dec("NaN").is_nan());
+        assert_eq!(
+            dec("9999999999999999999999999999999999E+6111"),
+            f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn a_non_canonical_decimal_reads_as_zero() {
+        // "11" combination with a coefficient of 2^113 and more.
+        let mut bytes = [0u8; 16];
+        bytes[15] = 0x60;
+        bytes[14] = 0x00;
+        let v = RawBsonRef::Decimal128(bson::Decimal128::from_bytes(bytes));
+        assert_eq!(number(v), Some(0.0));
+        assert_eq!(truthy(v), Some(false));
+        // A coefficient past 10^34 - 1 in the ordinary form.
+        let mut bytes = [0xFFu8; 16];
+        bytes[15] = 0x30;
+        bytes[14] = 0x41;
+        let v = RawBsonRef::Decimal128(bson::Decimal128::from_bytes(bytes));
+        assert_eq!(number(v), Some(0.0));
+    }
+
+    #[test]
+    fn null_and_undefined_are_absent_where_mongod_reads_them_so() {
+        let d = bson::rawdoc! {"n": null, "u": bson::RawBson::Undefined, "d": {"a": 1}, "s": "x"};
+        assert!(get_opt_doc(&d, "n", "t").unwrap().is_none());
+        assert!(get_opt_doc(&d, "u", "t").unwrap().is_none());
+        assert!(get_opt_doc(&d, "missing", "t").unwrap().is_none());
+        assert!(get_opt_doc(&d, "d", "t").unwrap().is_some());
+        assert!(get_opt_doc(&d, "s", "t").is_err());
     }
 }

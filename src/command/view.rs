@@ -220,7 +220,8 @@ impl<'a> CommandView<'a> {
     /// `writeConcern`, if given.
     pub fn write_concern(&self) -> Result<Option<&'a RawDocument>, CommandError> {
         match self.body() {
-            Some(body) => value::get_doc(body, "writeConcern", "command")?
+            // null is absent (mongod: no write concern given, the default applies).
+            Some(body) => value::get_opt_doc(body, "writeConcern", "command")?
                 .map(value::unique_keys)
                 .transpose(),
             None => Ok(None),
@@ -230,7 +231,7 @@ impl<'a> CommandView<'a> {
     /// The command's `let` variables, if given.
     pub fn let_vars(&self) -> Result<Option<&'a RawDocument>, CommandError> {
         match self.body() {
-            Some(body) => value::get_doc(body, "let", "command"),
+            Some(body) => value::get_opt_doc(body, "let", "command"),
             None => Ok(None),
         }
     }

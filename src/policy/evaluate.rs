@@ -5,6 +5,7 @@ use std::ops::ControlFlow;
 use bson::RawDocument;
 
 use super::{
+    admin_rules,
     compiled::{Effective, Params},
     documents, indexes, queries, writes, Action, Decision, MeasureActions, Measurement, Mode,
     Policy, RequestContext, RuleId, Violation, MAX_MEASURED_STATEMENTS,
@@ -109,8 +110,9 @@ fn on_error(action: Action, mode: Mode) -> Action {
 pub(crate) type Family =
     for<'e, 'a> fn(&CommandView<'a>, &mut Emitter<'e, 'a>) -> Result<(), CommandError>;
 
-const FAMILIES: [Family; 4] = [
+const FAMILIES: [Family; 5] = [
     writes::check,
+    admin_rules::check,
     queries::check,
     indexes::check,
     documents::check,

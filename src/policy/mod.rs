@@ -5,6 +5,7 @@
 //! [`Decision`]: it never performs I/O, never panics on input, allocates nothing when the
 //! command is allowed, and turns any doubt about what a command does into a block (G001).
 
+mod admin_rules;
 mod compiled;
 mod documents;
 mod error;

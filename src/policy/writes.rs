@@ -10,8 +10,7 @@ use super::{
     Measurement, RuleId,
 };
 use crate::command::{
-    number, truthy, CommandError, CommandView, Kind, Namespace, Statement, StatementRef,
-    UpdateMods,
+    number, truthy, CommandError, CommandView, Kind, Namespace, Statement, StatementRef, UpdateMods,
 };
 
 const STATEMENT_RULES: &[RuleId] = &[
@@ -205,23 +204,69 @@ pub(crate) fn is_system_namespace(ns: Namespace<'_>) -> bool {
 }
 
 /// W006 (`j` falsy) and W007 (`w: 0`) from `writeConcern`, and from getLastError's own
-/// fields for legacy applications.
+/// fields for legacy applications; W006 also from the default write concern that
+/// setDefaultRWConcern installs for every client.
+///
+/// `j: null` (or undefined) is absent, not false: `j` is an optional `safeBool` of
+/// `WriteConcernIdl` (src/mongo/db/write_concern_options.idl) and the IDL parser skips a null
+/// optional field (src/mongo/idl/idl_parser.cpp `checkAndAssertTypeSlowPath`), so the
+/// server's default journaling applies. `w: 0` on `endSessions` is how drivers close their
+/// sessions without waiting (Node.js, mongosh): it writes no application data and is not W007.
 fn write_concern<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(), CommandError> {
+    if view.name() == "setDefaultRWConcern" {
+        if let Some(body) = view.body() {
+            if let Some(default) = value_doc(body, "defaultWriteConcern")? {
+                if journal_off(default)? {
+                    em.emit(RuleId::W006, None, None);
+                }
+            }
+        }
+    }
     let wc = if view.kind() == Kind::GetLastError {
         view.body()
     } else {
         view.write_concern()?
     };
     let Some(wc) = wc else { return Ok(()) };
-    if let Ok(Some(j)) = wc.get("j") {
-        if truthy(j) == Some(false) {
-            em.emit(RuleId::W006, None, None);
-        }
+    if journal_off(wc)? {
+        em.emit(RuleId::W006, None, None);
     }
     if let Ok(Some(w)) = wc.get("w") {
-        if number(w) == Some(0.0) {
+        if number(w) == Some(0.0) && !NO_USER_DATA.contains(&view.name()) {
             em.emit(RuleId::W007, None, None);
         }
     }
     Ok(())
+}
+
+/// Commands whose `w: 0` loses no application write: drivers end their sessions with it.
+const NO_USER_DATA: &[&str] = &["endSessions"];
+
+/// `j` given and falsy (false, any numeric zero); null and undefined are absent.
+fn journal_off(wc: &RawDocument) -> Result<bool, CommandError> {
+    match wc.get("j") {
+        Ok(Some(RawBsonRef::Null | RawBsonRef::Undefined)) | Ok(None) => Ok(false),
+        Ok(Some(j)) => Ok(truthy(j) == Some(false)),
+        Err(_) => Err(CommandError::Malformed),
+    }
+}
+
+/// An optional document field of a command body (null is absent); another type is an error.
+fn value_doc<'a>(
+    body: &'a RawDocument,
+    key: &'static str,
+) -> Result<Option<&'a RawDocument>, CommandError> {
+    match body.get(key) {
+        Ok(None | Some(RawBsonRef::Null | RawBsonRef::Undefined)) => Ok(None),
+        Ok(Some(RawBsonRef::Document(d))) => {
+            // A repeated `j` could hide a false one from a first-key reader.
+            crate::wire::check_duplicate_keys(d).map_err(|_| CommandError::DuplicateKey)?;
+            Ok(Some(d))
+        }
+        Ok(Some(_)) => Err(CommandError::BadField {
+            command: "setDefaultRWConcern",
+            field: "defaultWriteConcern",
+        }),
+        Err(_) => Err(CommandError::Malformed),
+    }
 }

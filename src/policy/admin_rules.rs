@@ -1,0 +1,333 @@
+//! W013–W016: server administration and destructive DDL.
+//!
+//! Edge decisions (docs/rules.md has the user-facing account):
+//! - W013 fires on the commands of [`SERVER_ADMINISTRATION`] by name (mongod looks commands
+//!   up case-sensitively), on `applyOps` always (see below), on `fsync` with `lock` truthy, and
+//!   on `profile` unless it only reads: level `-1` with none of `slowms`, `sampleRate`,
+//!   `filter` (mongod applies those even at level -1: src/mongo/db/commands/profile_common.cpp).
+//!   A level or lock that is not a number or boolean is unreadable (G001).
+//! - applyOps is refused by W013 whatever it holds: its operations are oplog entries
+//!   (inserts, updates, deletes and commands of every kind) that would need every other rule
+//!   re-applied to each of them; W005 still judges every namespace they touch.
+//! - W014 fires on `drop` of a collection outside MongoDB's own namespaces (those are W005).
+//! - W015 fires on an aggregate with `$out` (it replaces its target whole), `$merge` whose
+//!   `whenMatched` is `"replace"` or a pipeline, mapReduce `out: "name"` or
+//!   `out: {replace: ...}`, renameCollection with `dropTarget` truthy (a boolean, a number, or
+//!   the UUID form that drops a target with that UUID), convertToCapped, and `emptycapped`
+//!   (a test command that truncates a capped collection).
+//!   cloneCollectionAsCapped is not W015: mongod refuses a target that exists
+//!   (src/mongo/db/catalog/capped_utils.cpp, NamespaceExists).
+//! - W016 fires when an index spec of createIndexes, a collMod `index`, or the collection-level
+//!   `expireAfterSeconds` of create / collMod (clustered and time-series collections) sets a
+//!   TTL that is not a number of at least 60 seconds: any numeric type (Decimal128 included),
+//!   NaN, negative numbers and non-numbers included (old servers read them as 0); null is
+//!   absent, and collMod's `"off"` turns expiry off.
+//! - Nothing fires on an explained command.
+
+use std::ops::ControlFlow;
+
+use bson::{RawBsonRef, RawDocument};
+
+use super::{evaluate::Emitter, writes::is_system_namespace, RuleId};
+use crate::command::{number, truthy, CommandError, CommandView, Kind};
+
+const RULES: &[RuleId] = &[RuleId::W013, RuleId::W014, RuleId::W015, RuleId::W016];
+
+/// The shortest TTL W016 lets through, in seconds.
+const MIN_TTL_SECONDS: f64 = 60.0;
+
+/// Commands that change the server for every client, by mongod's command name: defaults,
+/// parameters and versions; shutdown and user-write blocking; replica-set administration;
+/// the balancer and sharding administration; connection, log and certificate administration.
+/// The lowercase names are the aliases mongos registers for the same commands.
+pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
+    "setDefaultRWConcern",
+    "setFeatureCompatibilityVersion",
+    "setParameter",
+    "setClusterParameter",
+    "setUserWriteBlockMode",
+    "setProfilingFilterGlobally",
+    "setQuerySettings",
+    "removeQuerySettings",
+    "shutdown",
+    "fsyncUnlock",
+    "replSetReconfig",
+    "replSetInitiate",
+    "replSetStepDown",
+    "replSetStepUp",
+    "replSetFreeze",
+    "replSetMaintenance",
+    "replSetSyncFrom",
+    "replSetResizeOplog",
+    "replSetAbortPrimaryCatchUp",
+    "balancerStart",
+    "balancerStop",
+    "configureCollectionBalancing",
+    "addShard",
+    "removeShard",
+    "addShardToZone",
+    "removeShardFromZone",
+    "updateZoneKeyRange",
+    "enableSharding",
+    "moveChunk",
+    "moveRange",
+    "split",
+    "mergeChunks",
+    "mergeAllChunksOnShard",
+    "clearJumboFlag",
+    "movePrimary",
+    "moveCollection",
+    "unshardCollection",
+    "setAllowMigrations",
+    "transitionToDedicatedConfigServer",
+    "transitionFromDedicatedConfigServer",
+    "configureQueryAnalyzer",
+    "dropConnections",
+    "killAllSessions",
+    "killAllSessionsByPattern",
+    "logRotate",
+    "rotateCertificates",
+    "addshard",
+    "removeshard",
+    "addshardtozone",
+    "removeshardfromzone",
+    "updatezonekeyrange",
+    "enablesharding",
+    "movechunk",
+    "moveprimary",
+];
+
+pub(crate) fn check<'a>(
+    view: &CommandView<'a>,
+    em: &mut Emitter<'_, 'a>,
+) -> Result<(), CommandError> {
+    if view.is_explain() || em.all_off(RULES) {
+        return Ok(());
+    }
+    let Some(body) = view.body() else {
+        return Ok(());
+    };
+    if em.on(RuleId::W013) && server_administration(view, body)? {
+        em.emit(RuleId::W013, None, None);
+    }
+    match view.kind() {
+        Kind::Drop if em.on(RuleId::W014) && !is_system_namespace(view.namespace()) => {
+            em.emit(RuleId::W014, None, None)
+        }
+        Kind::Aggregate if em.on(RuleId::W015) && aggregate_overwrites(view)? => {
+            em.emit(RuleId::W015, None, None)
+        }
+        Kind::MapReduce if em.on(RuleId::W015) && map_reduce_replaces(body)? => {
+            em.emit(RuleId::W015, None, None)
+        }
+        Kind::RenameCollection if em.on(RuleId::W015) && drops_target(body)? => {
+            em.emit(RuleId::W015, None, None)
+        }
+        Kind::ConvertToCapped => em.emit(RuleId::W015, None, None),
+        // Truncates a capped collection (a test command: src/mongo/db/catalog/capped_utils.cpp).
+        Kind::Other if view.name() == "emptycapped" => em.emit(RuleId::W015, None, None),
+        Kind::CreateIndexes if em.on(RuleId::W016) => create_indexes_ttl(view, body, em)?,
+        Kind::CollMod if em.on(RuleId::W016) && coll_mod_ttl(body)? => {
+            em.emit(RuleId::W016, None, None)
+        }
+        Kind::Create if em.on(RuleId::W016) && collection_ttl(body)? => {
+            em.emit(RuleId::W016, None, None)
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn bad(command: &'static str, field: &'static str) -> CommandError {
+    CommandError::BadField { command, field }
+}
+
+fn get<'a>(doc: &'a RawDocument, key: &str) -> Result<Option<RawBsonRef<'a>>, CommandError> {
+    doc.get(key).map_err(|_| CommandError::Malformed)
+}
+
+/// A field with null and undefined read as absent (mongod's IDL parser skips them).
+fn present<'a>(doc: &'a RawDocument, key: &str) -> Result<Option<RawBsonRef<'a>>, CommandError> {
+    Ok(get(doc, key)?.filter(|v| !matches!(v, RawBsonRef::Null | RawBsonRef::Undefined)))
+}
+
+/// A sub-document whose first key is what a first-key reader sees: refuse repeated keys.
+fn unique(doc: &RawDocument) -> Result<&RawDocument, CommandError> {
+    crate::wire::check_duplicate_keys(doc).map_err(|_| CommandError::DuplicateKey)?;
+    Ok(doc)
+}
+
+/// W013: see the module docs.
+fn server_administration(view: &CommandView<'_>, body: &RawDocument) -> Result<bool, CommandError> {
+    let name = view.name();
+    if view.kind() == Kind::ApplyOps || SERVER_ADMINISTRATION.contains(&name) {
+        return Ok(true);
+    }
+    match name {
+        // src/mongo/db/commands/fsync.cpp: `lock` holds every write until fsyncUnlock.
+        "fsync" => match present(body, "lock")? {
+            None => Ok(false),
+            Some(v) => truthy(v).ok_or(bad("fsync", "lock")),
+        },
+        "profile" => {
+            let level = present(body, "profile")?
+                .and_then(number)
+                .ok_or(bad("profile", "profile"))?;
+            let mut settings = false;
+            for field in ["slowms", "sampleRate", "filter"] {
+                settings |= present(body, field)?.is_some();
+            }
+            Ok(level != -1.0 || settings)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// W015 for an aggregate: a `$out` stage, or a `$merge` whose `whenMatched` rewrites
+/// matched documents (`"replace"` or a pipeline). Other values keep or merge them;
+/// an unreadable one is an error.
+fn aggregate_overwrites(view: &CommandView<'_>) -> Result<bool, CommandError> {
+    let mut found = Ok(false);
+    let _ = view.for_each_stage(|stage| {
+        let verdict = stage_overwrites(stage);
+        let stop = !matches!(verdict, Ok(false));
+        found = verdict;
+        if stop {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
+    found
+}
+
+fn stage_overwrites(stage: &RawDocument) -> Result<bool, CommandError> {
+    let Some(first) = stage.iter_elements().next() else {
+        return Ok(false);
+    };
+    let first = first.map_err(|_| CommandError::Malformed)?;
+    match (
+        first.key().as_str(),
+        first.value().map_err(|_| CommandError::Malformed)?,
+    ) {
+        ("$out", _) => Ok(true),
+        ("$merge", RawBsonRef::Document(spec)) => match present(unique(spec)?, "whenMatched")? {
+            None => Ok(false),
+            Some(RawBsonRef::String(mode)) => Ok(mode == "replace"),
+            Some(RawBsonRef::Array(_)) => Ok(true),
+            Some(_) => Err(bad("aggregate", "$merge")),
+        },
+        // `$merge: "coll"`: the defaults (merge, insert).
+        ("$merge", _) => Ok(false),
+        _ => Ok(false),
+    }
+}
+
+/// mapReduce `out: "name"` replaces `name`; `out: {replace: ...}` says so.
+fn map_reduce_replaces(body: &RawDocument) -> Result<bool, CommandError> {
+    match get(body, "out")? {
+        Some(RawBsonRef::String(_)) => Ok(true),
+        Some(RawBsonRef::Document(out)) => Ok(present(unique(out)?, "replace")?.is_some()),
+        _ => Err(bad("mapReduce", "out")),
+    }
+}
+
+/// renameCollection `dropTarget`: truthy, or a UUID (drop the target if it has that UUID).
+fn drops_target(body: &RawDocument) -> Result<bool, CommandError> {
+    match present(body, "dropTarget")? {
+        None => Ok(false),
+        Some(RawBsonRef::Binary(_)) => Ok(true),
+        Some(v) => truthy(v).ok_or(bad("renameCollection", "dropTarget")),
+    }
+}
+
+/// A TTL value that W016 fires on: anything but a number of at least 60 seconds.
+fn expires_too_soon(v: RawBsonRef<'_>) -> bool {
+    !number(v).is_some_and(|n| n >= MIN_TTL_SECONDS)
+}
+
+/// W016 for each createIndexes spec, with the spec's position as the statement index.
+fn create_indexes_ttl<'a>(
+    view: &CommandView<'a>,
+    body: &'a RawDocument,
+    em: &mut Emitter<'_, 'a>,
+) -> Result<(), CommandError> {
+    let mut err = None;
+    let _ = view.each_entry(body, "indexes", "createIndexes", &mut |index, spec| {
+        match unique(spec).and_then(|s| present(s, "expireAfterSeconds")) {
+            Ok(Some(ttl)) if expires_too_soon(ttl) => em.emit(RuleId::W016, Some(index), None),
+            Ok(_) => {}
+            Err(e) => {
+                err = Some(e);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    err.map_or(Ok(()), Err)
+}
+
+/// collMod `index: {expireAfterSeconds}` (by keyPattern or name), or the collection-level
+/// `expireAfterSeconds` of a clustered or time-series collection.
+fn coll_mod_ttl(body: &RawDocument) -> Result<bool, CommandError> {
+    if let Some(index) = present(body, "index")? {
+        let RawBsonRef::Document(index) = index else {
+            return Err(bad("collMod", "index"));
+        };
+        if present(unique(index)?, "expireAfterSeconds")?.is_some_and(expires_too_soon) {
+            return Ok(true);
+        }
+    }
+    collection_ttl(body)
+}
+
+/// The collection-level `expireAfterSeconds` of create or collMod; `"off"` disables expiry.
+fn collection_ttl(body: &RawDocument) -> Result<bool, CommandError> {
+    Ok(match present(body, "expireAfterSeconds")? {
+        None | Some(RawBsonRef::String("off")) => false,
+        Some(ttl) => expires_too_soon(ttl),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    #[test]
+    fn ttl_boundaries() {
+        let d = |s: &str| RawBsonRef::Decimal128(s.parse().unwrap());
+        assert!(expires_too_soon(RawBsonRef::Int32(0)));
+        assert!(expires_too_soon(RawBsonRef::Int32(59)));
+        assert!(!expires_too_soon(RawBsonRef::Int32(60)));
+        assert!(expires_too_soon(RawBsonRef::Double(59.5)));
+        assert!(expires_too_soon(RawBsonRef::Double(f64::NAN)));
+        assert!(expires_too_soon(RawBsonRef::Int64(-1)));
+        assert!(expires_too_soon(d("0")));
+        assert!(expires_too_soon(d("59.999")));
+        assert!(!expires_too_soon(d("60.0")));
+        assert!(!expires_too_soon(d("86400")));
+        assert!(expires_too_soon(RawBsonRef::String("3600")));
+    }
+
+    #[test]
+    fn merge_modes() {
+        assert!(!stage_overwrites(&rawdoc! {"$merge": "x"}).unwrap());
+        assert!(!stage_overwrites(&rawdoc! {"$merge": {"into": "x"}}).unwrap());
+        assert!(
+            !stage_overwrites(&rawdoc! {"$merge": {"into": "x", "whenMatched": "merge"}}).unwrap()
+        );
+        assert!(
+            !stage_overwrites(&rawdoc! {"$merge": {"into": "x", "whenMatched": null}}).unwrap()
+        );
+        assert!(
+            stage_overwrites(&rawdoc! {"$merge": {"into": "x", "whenMatched": "replace"}}).unwrap()
+        );
+        assert!(stage_overwrites(
+            &rawdoc! {"$merge": {"into": "x", "whenMatched": [{"$set": {"a": 1}}]}}
+        )
+        .unwrap());
+        assert!(stage_overwrites(&rawdoc! {"$merge": {"into": "x", "whenMatched": 1}}).is_err());
+        assert!(stage_overwrites(&rawdoc! {"$out": "x"}).unwrap());
+    }
+}
