@@ -10,8 +10,7 @@ use super::{
     Measurement, RuleId,
 };
 use crate::command::{
-    number, truthy, CommandError, CommandView, Kind, Namespace, Statement, StatementRef,
-    UpdateMods,
+    number, truthy, CommandError, CommandView, Kind, Namespace, Statement, StatementRef, UpdateMods,
 };
 
 const STATEMENT_RULES: &[RuleId] = &[

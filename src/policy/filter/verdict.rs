@@ -168,15 +168,21 @@ mod tests {
         assert_eq!(v(doc! {"status": "old"}), Verdict::Narrow);
         assert_eq!(v(doc! {"a.b": 5, "$where": "sleep(1)"}), Verdict::Narrow);
         assert_eq!(v(doc! {"a": {"$gt": 1, "$eq": 3}}), Verdict::Narrow);
-        assert_eq!(v(doc! {"$and": [{"x": {"$gt": 1}}, {"$and": [{"id": {"$in": [1, 2]}}]}]}), Verdict::Narrow);
+        assert_eq!(
+            v(doc! {"$and": [{"x": {"$gt": 1}}, {"$and": [{"id": {"$in": [1, 2]}}]}]}),
+            Verdict::Narrow
+        );
         // Not narrow: ranges, null, MinKey, regex, long $in, a disjunction.
         assert_eq!(v(doc! {"a": {"$gt": 1}}), Verdict::Unknown);
         assert_eq!(v(doc! {"a": Bson::Null}), Verdict::Unknown);
         assert_eq!(v(doc! {"a": {"$eq": Bson::MinKey}}), Verdict::Unknown);
-        assert_eq!(v(doc! {"a": Bson::RegularExpression(Regex {
-            pattern: bson::cstr!(".*").into(),
-            options: bson::cstr!("").into(),
-        })}), Verdict::Unknown);
+        assert_eq!(
+            v(doc! {"a": Bson::RegularExpression(Regex {
+                pattern: bson::cstr!(".*").into(),
+                options: bson::cstr!("").into(),
+            })}),
+            Verdict::Unknown
+        );
         let long: Vec<i32> = (0..=NARROW_IN_MAX as i32).collect();
         assert_eq!(v(doc! {"a": {"$in": long}}), Verdict::Unknown);
         assert_eq!(v(doc! {"a": {"$in": [1, Bson::Null]}}), Verdict::Unknown);
@@ -190,7 +196,15 @@ mod tests {
         let simple = bson::rawdoc! {"locale": "simple"};
         let fr = bson::rawdoc! {"locale": "fr", "strength": 1};
         assert!(FilterFacts::default().simple_collation());
-        assert!(FilterFacts { collation: Some(&simple), let_vars: None }.simple_collation());
-        assert!(!FilterFacts { collation: Some(&fr), let_vars: None }.simple_collation());
+        assert!(FilterFacts {
+            collation: Some(&simple),
+            let_vars: None
+        }
+        .simple_collation());
+        assert!(!FilterFacts {
+            collation: Some(&fr),
+            let_vars: None
+        }
+        .simple_collation());
     }
 }
