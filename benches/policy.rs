@@ -11,7 +11,10 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mongoguard::{
     command::CommandView,
     policy::{Policy, RequestContext},
-    wire::{Message, DEFAULT_MAX_MESSAGE_SIZE},
+    wire::{
+        builder::{MsgBuilder, Sequence},
+        Message, DEFAULT_MAX_MESSAGE_SIZE,
+    },
 };
 
 #[path = "support/workloads.rs"]
@@ -47,5 +50,61 @@ fn workloads(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, workloads);
+/// 100,000 documents with string `_id`s: every statement warns D004 (random-id), so the
+/// decision has one violation per statement before the per-rule cap.
+fn insert_string_ids(n: usize) -> bytes::Bytes {
+    let docs: Vec<bson::RawDocumentBuf> = (0..n)
+        .map(|i| bson::rawdoc! {"_id": format!("u-{i:08}"), "n": i as i64})
+        .collect();
+    MsgBuilder::new(bson::rawdoc! {"insert": "users", "ordered": false, "$db": "app"})
+        .sequence(Sequence::new("documents", docs))
+        .encode(4, 0)
+}
+
+/// 100,000 update statements, alternately a narrow multi-document update (an equality on a
+/// selective literal) and a single-document update: nothing to measure, nothing fires.
+fn update_mixed(n: usize) -> bytes::Bytes {
+    let updates: Vec<bson::RawDocumentBuf> = (0..n)
+        .map(|i| {
+            if i % 2 == 0 {
+                bson::rawdoc! {
+                    "q": {"tenant": format!("t-{i}"), "status": "open"},
+                    "u": {"$set": {"seen": true}},
+                    "multi": true,
+                }
+            } else {
+                bson::rawdoc! {"q": {"_id": i as i64}, "u": {"$set": {"seen": true}}}
+            }
+        })
+        .collect();
+    MsgBuilder::new(bson::rawdoc! {"update": "users", "ordered": false, "$db": "app"})
+        .sequence(Sequence::new("updates", updates))
+        .encode(5, 0)
+}
+
+/// Large batches: evaluation must stay linear in the statements of a batch (issue 11).
+fn large_batches(c: &mut Criterion) {
+    let policy = Policy::standard();
+    let ctx = RequestContext::default();
+    const N: usize = 100_000;
+    for (name, frame) in [
+        ("insert_100k_string_ids", insert_string_ids(N)),
+        ("update_100k_narrow_or_single", update_mixed(N)),
+    ] {
+        let mut group = c.benchmark_group(format!("policy/{name}"));
+        group.throughput(Throughput::Elements(N as u64));
+        group.sample_size(10);
+        let msg = Message::parse(&frame, DEFAULT_MAX_MESSAGE_SIZE).expect("a valid frame");
+        let view = CommandView::from_message(&msg).expect("a readable command");
+        let d = policy.evaluate(&view, &ctx);
+        assert!(!d.is_block(), "{name}: {:?}", d.violations.first());
+        assert!(d.measure.is_empty(), "{name}: nothing to measure");
+        group.bench_function("evaluate", |b| {
+            b.iter(|| black_box(policy.evaluate(black_box(&view), &ctx).violations.len()))
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, workloads, large_batches);
 criterion_main!(benches);

@@ -331,6 +331,9 @@ fn policy_command(cmd: &PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::Validate { file } => {
             let policy = Policy::load(file)?;
             println!("{}: valid (hash {:016x})", file.display(), policy.hash());
+            for w in policy.warnings() {
+                println!("warning: {w}");
+            }
             print_rules(&policy);
         }
         PolicyCommand::Show { policy } => {

@@ -175,3 +175,123 @@ fn users_add_writes_secrets_not_passwords_and_refuses_duplicates() {
     let again = add("alice");
     assert!(!again.status.success());
 }
+
+#[test]
+fn check_lists_unknown_multi_writes_apart_from_violations() {
+    // Multi-document writes whose filter is a range: neither proved to match everything nor
+    // proved selective. The proxy measures them; check reads no data, so it lists them.
+    let dir = std::env::temp_dir().join(format!("mg-check-unknown-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("unknown.jsonl");
+    std::fs::write(
+        &file,
+        "{\"update\": \"users\", \"updates\": [{\"q\": {\"age\": {\"$gt\": 30417}}, \"u\": {\"$set\": {\"x\": 1}}, \"multi\": true}], \"$db\": \"app\"}\n\
+         {\"update\": \"users\", \"updates\": [{\"q\": {\"age\": {\"$lt\": 30418}}, \"u\": {\"$set\": {\"x\": 1}}, \"multi\": true}, {\"q\": {\"_id\": 1}, \"u\": {\"$set\": {\"x\": 1}}}], \"$db\": \"app\"}\n\
+         {\"delete\": \"logs\", \"deletes\": [{\"q\": {\"at\": {\"$lt\": 30419}}, \"limit\": 0}], \"$db\": \"app\"}\n\
+         {\"find\": \"users\", \"filter\": {\"_id\": 1}, \"$db\": \"app\"}\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let (code, out, err) = mongoguard(&["check", path]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (violations, unknown) = out
+        .split_once("\nunknown: ")
+        .unwrap_or_else(|| panic!("{out}"));
+    // The delete-many is a violation (W004 warn); the measured ones are not violations.
+    assert!(violations.contains("W004 delete-many [warn]"), "{out}");
+    assert!(!violations.contains("W001"), "{out}");
+    assert!(!violations.contains("W003"), "{out}");
+    assert!(unknown.starts_with("3 multi-document write(s)"), "{out}");
+    assert!(
+        unknown.contains("app.users") && unknown.contains("2 x update (W001)"),
+        "{out}"
+    );
+    assert!(
+        unknown.contains("app.logs") && unknown.contains("1 x delete (W003)"),
+        "{out}"
+    );
+    for literal in ["30417", "30418", "30419"] {
+        assert!(!out.contains(literal), "literal {literal} leaked: {out}");
+    }
+
+    let (code, out, _) = mongoguard(&["check", "--format", "json", path]);
+    assert_eq!(code, 0, "{out}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON report");
+    assert_eq!(report["blocking"], false);
+    let unknown = report["unknown"].as_array().unwrap();
+    assert_eq!(unknown.len(), 2, "{out}");
+    let users = unknown
+        .iter()
+        .find(|u| u["namespace"] == "app.users")
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(users["count"], 2);
+    assert_eq!(users["rule"], "W001");
+    assert_eq!(users["command"], "update");
+    assert!(users["example_shape"].is_object(), "{out}");
+    let groups = report["groups"].as_array().unwrap();
+    assert!(
+        groups
+            .iter()
+            .all(|g| g["rule"] != "W001" && g["rule"] != "W003"),
+        "{out}"
+    );
+
+    // Nothing to measure: no section at all.
+    std::fs::write(
+        &file,
+        "{\"find\": \"users\", \"filter\": {\"_id\": 1}, \"$db\": \"app\"}\n",
+    )
+    .unwrap();
+    let (_, out, _) = mongoguard(&["check", path]);
+    assert!(!out.contains("unknown:"), "{out}");
+    let (_, out, _) = mongoguard(&["check", "--format", "json", path]);
+    let report: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON report");
+    assert_eq!(report["unknown"], serde_json::json!([]));
+}
+
+#[test]
+fn check_counts_every_statement_past_the_listed_ones() {
+    let dir = std::env::temp_dir().join(format!("mg-check-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("many.jsonl");
+    let docs: Vec<String> = (0..50).map(|i| format!("{{\"_id\": \"k{i}\"}}")).collect();
+    std::fs::write(
+        &file,
+        format!(
+            "{{\"insert\": \"users\", \"documents\": [{}], \"$db\": \"app\"}}\n",
+            docs.join(", ")
+        ),
+    )
+    .unwrap();
+    let (code, out, _) = mongoguard(&["check", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("50 x insert"), "{out}");
+}
+
+#[test]
+fn policy_validate_refuses_app_overrides_that_relax_and_warns_when_trusted() {
+    let dir = std::env::temp_dir().join(format!("mg-policy-app-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("app.toml");
+    let relax = "[[overrides]]\napp = \"nightly-*\"\nrules = { W001 = \"warn\" }\n";
+    std::fs::write(&file, relax).unwrap();
+    let (code, out, err) = mongoguard(&["policy", "validate", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("relaxes rules on `app`"), "{err}");
+    std::fs::write(&file, format!("trust_app_name = true\n{relax}")).unwrap();
+    let (code, out, err) = mongoguard(&["policy", "validate", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("valid"), "{out}");
+    assert!(
+        out.contains("warning: overrides[0] relaxes rules on `app`"),
+        "{out}"
+    );
+    std::fs::write(
+        &file,
+        "[[overrides]]\napp = \"nightly-*\"\nrules = { W004 = \"block\" }\n",
+    )
+    .unwrap();
+    let (code, out, err) = mongoguard(&["policy", "validate", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("warning"), "{out}");
+}

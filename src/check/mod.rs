@@ -5,6 +5,11 @@
 //! documents exported from `system.profile` (JSON lines), or a JSON-lines file of commands.
 //! The report groups violations by rule and namespace with one example *shape* each (never a
 //! literal value).
+//!
+//! What the proxy measures against the data before deciding (multi-document writes whose
+//! filter is neither proved to match every document nor proved selective: verdict `unknown`)
+//! cannot be decided offline: `check` reads no data. Those statements are listed in a section
+//! of their own, never counted as violations nor as passing.
 
 mod input;
 mod report;
@@ -40,10 +45,26 @@ pub struct Group {
     pub example_shape: Option<String>,
 }
 
+/// One (namespace, rule) group of multi-document writes the proxy would measure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownGroup {
+    /// The rule a measurement decides (W001 for an update, W003 for a delete).
+    pub rule: &'static str,
+    /// `db.collection`.
+    pub namespace: String,
+    /// Statements.
+    pub count: u64,
+    /// Command name of the example.
+    pub command: String,
+    /// Literal-free shape of an example filter.
+    pub example_shape: String,
+}
+
 /// Accumulates evaluations.
 #[derive(Debug, Default)]
 pub struct Checker {
     groups: BTreeMap<(&'static str, String, Action), Group>,
+    unknown: BTreeMap<(&'static str, String), UnknownGroup>,
     /// Lines read.
     pub lines: u64,
     /// Commands evaluated.
@@ -85,12 +106,29 @@ impl Checker {
             }
         };
         let decision = policy.evaluate(&view, &ctx);
-        for v in &decision.violations {
-            let ns = view.namespace();
-            let namespace = match ns.coll {
-                Some(c) => format!("{}.{}", ns.db, c),
-                None => ns.db.to_owned(),
+        for m in &decision.measure {
+            let namespace = match m.ns.coll {
+                Some(c) => format!("{}.{}", m.ns.db, c),
+                None => m.ns.db.to_owned(),
             };
+            let code = m.rule.info().code;
+            self.unknown
+                .entry((code, namespace.clone()))
+                .or_insert_with(|| UnknownGroup {
+                    rule: code,
+                    namespace,
+                    count: 0,
+                    command: view.display_name().to_owned(),
+                    example_shape: filter::shape(m.filter),
+                })
+                .count += 1;
+        }
+        let ns = view.namespace();
+        let namespace = match ns.coll {
+            Some(c) => format!("{}.{}", ns.db, c),
+            None => ns.db.to_owned(),
+        };
+        for v in &decision.violations {
             let info = v.rule.info();
             let group = self
                 .groups
@@ -99,12 +137,23 @@ impl Checker {
                     rule: info.code,
                     name: info.name,
                     action: v.action,
-                    namespace,
+                    namespace: namespace.clone(),
                     count: 0,
                     command: view.display_name().to_owned(),
                     example_shape: v.filter.map(filter::shape),
                 });
             group.count += 1;
+        }
+        for u in &decision.unlisted {
+            // Past the listed ones, statements are counted, not listed: their groups exist
+            // (at least MAX_LISTED_PER_RULE of the same rule and action are listed).
+            let info = u.rule.info();
+            if let Some(g) = self
+                .groups
+                .get_mut(&(info.code, namespace.clone(), u.action))
+            {
+                g.count = g.count.saturating_add(u.count);
+            }
         }
     }
 
@@ -117,8 +166,16 @@ impl Checker {
                 .then(b.count.cmp(&a.count))
                 .then(a.namespace.cmp(&b.namespace))
         });
+        let mut unknown: Vec<UnknownGroup> = self.unknown.values().cloned().collect();
+        unknown.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then(a.namespace.cmp(&b.namespace))
+                .then(a.rule.cmp(b.rule))
+        });
         Report {
             groups,
+            unknown,
             lines: self.lines,
             evaluated: self.evaluated,
             ignored: self.ignored,

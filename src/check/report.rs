@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde_json::{json, Value};
 
-use super::Group;
+use super::{Group, UnknownGroup};
 use crate::policy::Action;
 
 /// Output format.
@@ -21,6 +21,9 @@ pub enum Format {
 pub struct Report {
     /// (rule, namespace) groups.
     pub groups: Vec<Group>,
+    /// Multi-document writes whose filter is `unknown`: the proxy measures them against the
+    /// data; `check` cannot, so they are neither violations nor passes.
+    pub unknown: Vec<UnknownGroup>,
     /// Lines read.
     pub lines: u64,
     /// Commands evaluated.
@@ -60,14 +63,36 @@ impl Report {
         }
         if self.groups.is_empty() {
             let _ = writeln!(out, "\nno violations");
-            return out;
+        } else {
+            let _ = writeln!(out);
+            self.text_groups(&mut out);
+            let blocking = self.count_where(Action::Block);
+            let warning = self.count_where(Action::Warn);
+            let _ = writeln!(out, "\n{blocking} blocking, {warning} warning violation(s)");
         }
-        let _ = writeln!(out);
-        self.text_groups(&mut out);
-        let blocking = self.count_where(Action::Block);
-        let warning = self.count_where(Action::Warn);
-        let _ = writeln!(out, "\n{blocking} blocking, {warning} warning violation(s)");
+        self.text_unknown(&mut out);
         out
+    }
+
+    /// The multi-document writes the proxy would measure, after the violations.
+    fn text_unknown(&self, out: &mut String) {
+        if self.unknown.is_empty() {
+            return;
+        }
+        let total: u64 = self.unknown.iter().map(|u| u.count).sum();
+        let _ = writeln!(
+            out,
+            "\nunknown: {total} multi-document write(s) not proved selective; the proxy measures \
+             them against the data before forwarding (W001/W003 if they match every document, \
+             W012 past max_docs); check reads no data and decides nothing about them"
+        );
+        for u in &self.unknown {
+            let _ = writeln!(
+                out,
+                "    {:<40} {:>6} x {} ({})  e.g. {}",
+                u.namespace, u.count, u.command, u.rule, u.example_shape
+            );
+        }
     }
 
     /// One heading per rule with its total, then one line per namespace and command.
@@ -129,6 +154,17 @@ impl Report {
                 })
             })
             .collect();
+        let unknown: Vec<Value> = self
+            .unknown
+            .iter()
+            .map(|u| {
+                let shape = serde_json::from_str::<Value>(&u.example_shape).unwrap_or(Value::Null);
+                json!({
+                    "rule": u.rule, "namespace": u.namespace, "count": u.count,
+                    "command": u.command, "example_shape": shape,
+                })
+            })
+            .collect();
         json!({
             "lines": self.lines,
             "evaluated": self.evaluated,
@@ -136,6 +172,7 @@ impl Report {
             "unreadable": self.unreadable,
             "blocking": self.has_blocking(),
             "groups": groups,
+            "unknown": unknown,
         })
     }
 }

@@ -249,6 +249,11 @@ pub struct Policy {
     pub(crate) params: Params,
     pub(crate) overrides: Vec<Override>,
     pub(crate) hash: u64,
+    /// `trust_app_name = true`: overrides keyed on the (client-claimed) application name may
+    /// relax rules. Their indexes are in `app_relaxing`.
+    pub(crate) trust_app_name: bool,
+    /// Overrides keyed on `app` that relax something (only possible when trusted).
+    pub(crate) app_relaxing: Vec<usize>,
 }
 
 /// The actions in force for one request, after overrides and mode.
@@ -275,6 +280,8 @@ impl Policy {
             params: Params::default(),
             overrides: Vec::new(),
             hash: 0,
+            trust_app_name: false,
+            app_relaxing: Vec::new(),
         }
     }
 
@@ -286,6 +293,8 @@ impl Policy {
             params: Params::default(),
             overrides: Vec::new(),
             hash: 0,
+            trust_app_name: false,
+            app_relaxing: Vec::new(),
         }
     }
 
@@ -309,8 +318,29 @@ impl Policy {
         self.hash
     }
 
+    /// Whether the policy trusts the application name (`trust_app_name = true`).
+    pub fn trusts_app_name(&self) -> bool {
+        self.trust_app_name
+    }
+
+    /// What `policy validate` warns about in a policy that loads: overrides that relax rules
+    /// on the application name, which any client can claim (only loadable with
+    /// `trust_app_name = true`).
+    pub fn warnings(&self) -> Vec<String> {
+        self.app_relaxing
+            .iter()
+            .map(|i| {
+                format!(
+                    "overrides[{i}] relaxes rules on `app`, a name any client can claim in its \
+                     handshake (trust_app_name = true): key it on user or client to make it a fact"
+                )
+            })
+            .collect()
+    }
+
     /// Resolves the actions for a request: overrides in order (the last one that sets a rule
-    /// wins), then audit mode turns every block into a warning.
+    /// wins), then audit mode turns every block into a warning. G001 (unreadable-command)
+    /// blocks whatever the mode and the overrides: mongoguard fails closed.
     pub(crate) fn effective(&self, ns: Namespace<'_>, ctx: &RequestContext<'_>) -> Effective {
         let mut eff = Effective {
             actions: self.actions,
@@ -336,6 +366,7 @@ impl Policy {
                 }
             }
         }
+        set_action(&mut eff.actions, super::RuleId::G001, Action::Block);
         eff
     }
 }

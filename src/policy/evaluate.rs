@@ -7,18 +7,111 @@ use bson::RawDocument;
 use super::{
     admin_rules,
     compiled::{Effective, Params},
-    documents, indexes, queries, writes, Action, Decision, MeasureActions, Measurement, Mode,
-    Policy, RequestContext, RuleId, Violation, MAX_MEASURED_STATEMENTS,
+    documents, indexes, queries,
+    rules::{RULES, RULE_COUNT},
+    writes, Action, Decision, MeasureActions, Measurement, Mode, Policy, RequestContext, RuleId,
+    Unlisted, Violation, MAX_LISTED_PER_RULE, MAX_MEASURED_STATEMENTS,
 };
 use crate::command::{CommandError, CommandView, Kind};
 
 /// What rule code uses to report: knows the actions in force and collects violations.
+///
+/// Bounded: recording a violation costs O(1) whatever the batch size (no scan of the earlier
+/// ones), and at most [`MAX_LISTED_PER_RULE`] violations of one rule and action are listed one
+/// by one; the rest are counted (`Decision::unlisted`).
 pub(crate) struct Emitter<'e, 'a> {
     eff: &'e Effective,
     pub params: &'e Params,
     pub ctx: &'e RequestContext<'e>,
     out: &'e mut Vec<Violation<'a>>,
     measure: &'e mut Vec<Measurement<'a>>,
+    seen: &'e mut Seen,
+}
+
+/// Which (rule, statement) pairs already fired in this request, and how many violations of
+/// each rule were listed. Empty (unallocated) until the first violation.
+#[derive(Default)]
+pub(crate) struct Seen {
+    /// Indexed by rule (`RULE_COUNT` entries once anything fired).
+    rules: Vec<RuleSeen>,
+}
+
+#[derive(Default, Clone)]
+struct RuleSeen {
+    /// Fired without a statement.
+    whole: bool,
+    /// Bit `i`: fired for statement `i` (grows to the highest statement that fired).
+    statements: Vec<u64>,
+    /// Violations listed, by action: `[warn, block]`.
+    listed: [usize; 2],
+    /// Violations counted but not listed, by action: `[warn, block]`.
+    unlisted: [u64; 2],
+}
+
+/// What [`Seen::first`] found.
+enum First<'s> {
+    /// The first time for this (rule, statement): the rule's entry.
+    New(&'s mut RuleSeen),
+    /// Already fired for this statement.
+    Again,
+    /// A rule outside the table (cannot happen).
+    Untracked,
+}
+
+impl Seen {
+    /// Marks (rule, statement) as fired.
+    fn first(&mut self, rule: RuleId, statement: Option<usize>) -> First<'_> {
+        if self.rules.is_empty() {
+            self.rules.resize(RULE_COUNT, RuleSeen::default());
+        }
+        // Every RuleId is below RULE_COUNT; were it not, the violation is listed (never
+        // dropped).
+        let Some(r) = self.rules.get_mut(rule as usize) else {
+            return First::Untracked;
+        };
+        let fresh = match statement {
+            None => !std::mem::replace(&mut r.whole, true),
+            Some(i) => {
+                let (word, bit) = (i / 64, 1u64 << (i % 64));
+                if r.statements.len() <= word {
+                    r.statements.resize(word + 1, 0);
+                }
+                match r.statements.get_mut(word) {
+                    Some(w) => {
+                        let fresh = *w & bit == 0;
+                        *w |= bit;
+                        fresh
+                    }
+                    None => true,
+                }
+            }
+        };
+        if fresh {
+            First::New(r)
+        } else {
+            First::Again
+        }
+    }
+
+    /// The violations counted but not listed, in rule order.
+    fn unlisted(&self) -> Vec<Unlisted> {
+        let mut out = Vec::new();
+        for info in RULES.iter() {
+            let Some(r) = self.rules.get(info.id as usize) else {
+                continue;
+            };
+            for (count, action) in r.unlisted.iter().zip([Action::Warn, Action::Block]) {
+                if *count > 0 {
+                    out.push(Unlisted {
+                        rule: info.id,
+                        action,
+                        count: *count,
+                    });
+                }
+            }
+        }
+        out
+    }
 }
 
 impl<'a> Emitter<'_, 'a> {
@@ -57,16 +150,7 @@ impl<'a> Emitter<'_, 'a> {
             return;
         };
         let action = on_error(self.params.measure.on_error, self.eff.mode);
-        if action == Action::Off || self.out.iter().any(|v| v.rule == m.rule && v.statement == Some(m.statement)) {
-            return;
-        }
-        self.out.push(Violation {
-            rule: m.rule,
-            action,
-            statement: Some(m.statement),
-            filter: Some(m.filter),
-            detail: Some(why),
-        });
+        self.record(m.rule, action, Some(m.statement), Some(m.filter), Some(why));
     }
 
     /// [`Emitter::emit`] with a reason of its own instead of the rule's.
@@ -80,20 +164,48 @@ impl<'a> Emitter<'_, 'a> {
         if !self.on(rule) {
             return;
         }
-        if self
-            .out
-            .iter()
-            .any(|v| v.rule == rule && v.statement == statement)
-        {
-            return;
+        self.record(rule, self.eff.action(rule), statement, filter, detail);
+    }
+
+    /// Records a violation once per (rule, statement): listed while fewer than
+    /// [`MAX_LISTED_PER_RULE`] of that rule and action are, counted after that.
+    fn record(
+        &mut self,
+        rule: RuleId,
+        action: Action,
+        statement: Option<usize>,
+        filter: Option<&'a RawDocument>,
+        detail: Option<&'static str>,
+    ) {
+        let slot = match action {
+            Action::Off => return,
+            Action::Warn => 0,
+            Action::Block => 1,
+        };
+        let listed = match self.seen.first(rule, statement) {
+            First::New(r) => match (r.listed.get_mut(slot), r.unlisted.get_mut(slot)) {
+                (Some(l), _) if *l < MAX_LISTED_PER_RULE => {
+                    *l += 1;
+                    true
+                }
+                (_, Some(u)) => {
+                    *u += 1;
+                    false
+                }
+                _ => true,
+            },
+            First::Again => return,
+            First::Untracked => true,
+        };
+        if listed {
+            self.out.push(Violation {
+                rule,
+                action,
+                statement,
+                filter,
+                detail,
+            });
         }
-        self.out.push(Violation {
-            rule,
-            action: self.eff.action(rule),
-            statement,
-            filter,
-            detail,
-        });
     }
 }
 
@@ -126,6 +238,7 @@ pub(crate) fn evaluate<'a>(
     let eff = policy.effective(view.namespace(), ctx);
     let mut violations = Vec::new();
     let mut measure = Vec::new();
+    let mut seen = Seen::default();
     let result = {
         let mut em = Emitter {
             eff: &eff,
@@ -133,14 +246,15 @@ pub(crate) fn evaluate<'a>(
             ctx,
             out: &mut violations,
             measure: &mut measure,
+            seen: &mut seen,
         };
         run(view, &mut em)
     };
     if let Err(e) = result {
         violations.push(Violation {
             rule: RuleId::G001,
-            // G001 always blocks in enforce mode (load-time validated); audit mode warns.
-            action: eff.action(RuleId::G001),
+            // G001 blocks under every mode and override (see `Policy::effective`).
+            action: Action::Block,
             statement: None,
             filter: None,
             detail: Some(error_detail(&e)),
@@ -153,6 +267,7 @@ pub(crate) fn evaluate<'a>(
     };
     Decision {
         violations,
+        unlisted: seen.unlisted(),
         mode: eff.mode,
         measure,
         let_vars,
@@ -215,4 +330,128 @@ pub(crate) fn each_filter<'a>(
         }
     })?;
     err.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::{rawdoc, RawArrayBuf, RawDocumentBuf};
+
+    type Outcome = (
+        Action,
+        Vec<(RuleId, Action, Option<usize>)>,
+        Vec<Unlisted>,
+        u64,
+    );
+
+    use super::*;
+
+    fn insert(n: usize, id: impl Fn(usize) -> bson::RawBson) -> RawDocumentBuf {
+        let mut docs = RawArrayBuf::new();
+        for i in 0..n {
+            docs.push(rawdoc! {"_id": id(i)});
+        }
+        rawdoc! {"insert": "users", "documents": docs, "$db": "app"}
+    }
+
+    fn run(policy: &Policy, body: &RawDocumentBuf) -> Outcome {
+        let view = CommandView::command("app", body).unwrap();
+        let d = policy.evaluate(&view, &RequestContext::default());
+        let listed = d
+            .violations
+            .iter()
+            .map(|v| (v.rule, v.action, v.statement))
+            .collect();
+        (d.verdict(), listed, d.unlisted.clone(), d.total())
+    }
+
+    #[test]
+    fn a_rule_lists_at_most_eight_statements_and_counts_the_rest() {
+        let n = 20_000;
+        let body = insert(n, |i| bson::RawBson::String(format!("id-{i}")));
+        let (verdict, listed, unlisted, total) = run(&Policy::standard(), &body);
+        assert_eq!(verdict, Action::Warn);
+        let want: Vec<_> = (0..MAX_LISTED_PER_RULE)
+            .map(|i| (RuleId::D004, Action::Warn, Some(i)))
+            .collect();
+        assert_eq!(listed, want);
+        assert_eq!(
+            unlisted,
+            vec![Unlisted {
+                rule: RuleId::D004,
+                action: Action::Warn,
+                count: (n - MAX_LISTED_PER_RULE) as u64,
+            }]
+        );
+        assert_eq!(total, n as u64);
+    }
+
+    #[test]
+    fn the_cap_never_hides_a_block() {
+        let policy = Policy::from_toml("[rules]\nD004 = \"block\"\n", "p.toml").unwrap();
+        let body = insert(100, |i| bson::RawBson::String(format!("id-{i}")));
+        let (verdict, listed, unlisted, total) = run(&policy, &body);
+        assert_eq!(verdict, Action::Block);
+        assert_eq!(listed.len(), MAX_LISTED_PER_RULE);
+        assert!(listed.iter().all(|l| l.1 == Action::Block));
+        assert_eq!(unlisted.len(), 1);
+        assert_eq!(unlisted[0].action, Action::Block);
+        assert_eq!(total, 100);
+    }
+
+    #[test]
+    fn under_the_cap_nothing_is_counted_and_an_allowed_batch_allocates_no_list() {
+        let body = insert(MAX_LISTED_PER_RULE, |i| {
+            bson::RawBson::String(format!("id-{i}"))
+        });
+        let (_, listed, unlisted, total) = run(&Policy::standard(), &body);
+        assert_eq!(listed.len(), MAX_LISTED_PER_RULE);
+        assert!(unlisted.is_empty());
+        assert_eq!(total, MAX_LISTED_PER_RULE as u64);
+        let body = insert(1000, |i| bson::RawBson::Int64(i as i64));
+        let view = CommandView::command("app", &body).unwrap();
+        let d = Policy::standard().evaluate(&view, &RequestContext::default());
+        assert!(d.violations.is_empty() && d.unlisted.is_empty());
+        assert_eq!(d.unlisted.capacity(), 0);
+    }
+
+    #[test]
+    fn once_per_rule_and_statement_in_any_order() {
+        let policy = Policy::standard();
+        let eff = policy.effective(
+            crate::command::Namespace {
+                db: "app",
+                coll: Some("c"),
+            },
+            &RequestContext::default(),
+        );
+        let ctx = RequestContext::default();
+        let (mut out, mut measure, mut seen) = (Vec::new(), Vec::new(), Seen::default());
+        let mut em = Emitter {
+            eff: &eff,
+            params: &policy.params,
+            ctx: &ctx,
+            out: &mut out,
+            measure: &mut measure,
+            seen: &mut seen,
+        };
+        for s in [3, 1, 3, 200, 1, 0, 200, 3] {
+            em.emit(RuleId::W002, Some(s), None);
+        }
+        em.emit(RuleId::W002, None, None);
+        em.emit(RuleId::W002, None, None);
+        em.emit(RuleId::W004, Some(3), None);
+        let got: Vec<_> = out.iter().map(|v| (v.rule, v.statement)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (RuleId::W002, Some(3)),
+                (RuleId::W002, Some(1)),
+                (RuleId::W002, Some(200)),
+                (RuleId::W002, Some(0)),
+                (RuleId::W002, None),
+                (RuleId::W004, Some(3)),
+            ]
+        );
+        assert!(seen.unlisted().is_empty());
+    }
 }

@@ -14,6 +14,13 @@
 //! mode = "audit"                # optional: audit mode for matching requests
 //! rules = { Q001 = "off", W004 = "warn" }
 //! ```
+//!
+//! An override relaxes rules only on facts: the user and the client address are facts, the
+//! application name is a claim any client makes in its handshake. An override keyed on `app`
+//! that relaxes anything (an action below the base or an earlier override, or `mode = "audit"`)
+//! is refused unless the file sets `trust_app_name = true` at the top level; an `app`
+//! override that only tightens is always accepted. G001 is `block` under every mode and
+//! override.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +52,8 @@ struct PolicyFile {
     overrides: Vec<OverrideFile>,
     #[serde(default)]
     measure: Option<MeasureFile>,
+    #[serde(default)]
+    trust_app_name: Option<bool>,
 }
 
 /// `[measure]`: every key optional; what is left out keeps the base profile's value.
@@ -159,8 +168,22 @@ impl Policy {
         if file.overrides.len() > MAX_OVERRIDES {
             return Err(invalid(format!("at most {MAX_OVERRIDES} overrides")));
         }
+        if let Some(trust) = file.trust_app_name {
+            policy.trust_app_name = trust;
+        }
         for (i, o) in file.overrides.iter().enumerate() {
             let o = compile_override(o).map_err(|m| invalid(format!("overrides[{i}]: {m}")))?;
+            if o.app.is_some() && relaxes(&policy, &o) {
+                if !policy.trust_app_name {
+                    return Err(invalid(format!(
+                        "overrides[{i}] relaxes rules on `app`, the application name a client \
+                         claims in its handshake (any client can send any name): key it on \
+                         user or client, or set trust_app_name = true at the top level to \
+                         accept the claim"
+                    )));
+                }
+                policy.app_relaxing.push(i);
+            }
             policy.overrides.push(o);
         }
         policy.hash = fnv1a(text.as_bytes()) ^ policy.hash.rotate_left(7);
@@ -214,6 +237,22 @@ fn compile_override(o: &OverrideFile) -> Result<Override, String> {
     })
 }
 
+/// True when the override sets `mode = "audit"`, or a rule to an action below the one it
+/// may replace for some request: the policy's own, or any an earlier override sets (an
+/// earlier override may have tightened the rule for the same request).
+fn relaxes(policy: &Policy, o: &Override) -> bool {
+    o.mode == Some(Mode::Audit)
+        || RULES.iter().any(|r| {
+            let earlier = policy
+                .overrides
+                .iter()
+                .filter_map(|e| e.actions.get(r.id as usize).copied().flatten())
+                .fold(policy.action(r.id), Action::max);
+            let set = o.actions.get(r.id as usize).copied().flatten();
+            set.is_some_and(|a| a < earlier)
+        })
+}
+
 /// The longest `time_limit_ms`: a measurement holds the client's request, so it stays short.
 const MAX_MEASURE_MS: u64 = 60_000;
 
@@ -232,9 +271,11 @@ fn apply_measure(p: &mut super::compiled::MeasureParams, m: &MeasureFile) -> Res
     match m.on_error {
         None => {}
         Some(Action::Off) => {
-            return Err("measure.on_error must be \"block\" or \"warn\": a failed measurement \
+            return Err(
+                "measure.on_error must be \"block\" or \"warn\": a failed measurement \
                         is never let through unrecorded"
-                .into())
+                    .into(),
+            )
         }
         Some(a) => p.on_error = a,
     }
@@ -355,13 +396,97 @@ mod tests {
             ("[measure]\non_error = \"off\"\n", "never let through"),
             ("[measure]\ntime_limit_ms = 0\n", "time_limit_ms"),
             ("[measure]\nlimit = 3\n", "unknown field"),
-            ("[rules]\nW012 = { action = \"warn\", max_docs = 0 }\n", "max_docs"),
+            (
+                "[rules]\nW012 = { action = \"warn\", max_docs = 0 }\n",
+                "max_docs",
+            ),
             ("mode = \"enforce\"\nmdoe = \"audit\"\n", "line 2"),
         ];
         for (text, want) in cases {
             let err = Policy::from_toml(text, "p.toml").unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");
             assert!(err.contains("p.toml"), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_app_override_that_relaxes_is_refused_unless_the_app_name_is_trusted() {
+        // Each relaxes something on the application name alone.
+        let relaxing = [
+            // an action below the base (W001 is block in standard)
+            "[[overrides]]\napp = \"nightly-*\"\nrules = { W001 = \"warn\" }\n",
+            // off
+            "[[overrides]]\napp = \"etl\"\nrules = { Q001 = \"off\" }\n",
+            // audit mode, with no rule named
+            "[[overrides]]\napp = \"etl\"\nmode = \"audit\"\n",
+            // app together with a namespace still rests on the claim
+            "[[overrides]]\nnamespace = \"a.*\"\napp = \"x\"\nrules = { W004 = \"off\" }\n",
+            // below what an earlier override tightened the rule to for the same request
+            "[[overrides]]\nuser = \"etl\"\nrules = { W004 = \"block\" }\n\
+             [[overrides]]\napp = \"x\"\nrules = { W004 = \"warn\" }\n",
+            // below the file's own [rules]
+            "[rules]\nW010 = \"block\"\n[[overrides]]\napp = \"x\"\nrules = { W010 = \"warn\" }\n",
+        ];
+        for text in relaxing {
+            let err = Policy::from_toml(text, "p.toml").unwrap_err().to_string();
+            assert!(err.contains("p.toml"), "{err}");
+            assert!(err.contains("relaxes rules on `app`"), "{text:?}: {err}");
+            assert!(err.contains("trust_app_name = true"), "{err}");
+            let trusted = format!("trust_app_name = true\n{text}");
+            let p = Policy::from_toml(&trusted, "p.toml").unwrap();
+            assert!(p.trusts_app_name());
+            let warnings = p.warnings();
+            assert_eq!(warnings.len(), 1, "{text:?}: {warnings:?}");
+            assert!(warnings[0].contains("app"), "{warnings:?}");
+            // Explicitly untrusted is the default: refused.
+            let untrusted = format!("trust_app_name = false\n{text}");
+            assert!(Policy::from_toml(&untrusted, "p.toml").is_err(), "{text:?}");
+        }
+        // Tightening (or restating the base) on the application name is fine, untrusted.
+        let tightening = [
+            "[[overrides]]\napp = \"x\"\nrules = { W004 = \"block\", Q001 = \"block\" }\n",
+            "[[overrides]]\napp = \"x\"\nmode = \"enforce\"\nrules = { W001 = \"block\" }\n",
+            // facts may relax
+            "[[overrides]]\nuser = \"etl\"\nmode = \"audit\"\nrules = { W001 = \"off\" }\n",
+            "[[overrides]]\nclient = \"10.0.0.0/8\"\nrules = { Q001 = \"off\" }\n",
+        ];
+        for text in tightening {
+            let p = Policy::from_toml(text, "p.toml").unwrap();
+            assert!(p.warnings().is_empty(), "{text:?}");
+            assert!(!p.trusts_app_name());
+        }
+        assert!(Policy::from_toml("trust_app_name = \"yes\"\n", "p.toml").is_err());
+    }
+
+    #[test]
+    fn g001_blocks_under_audit_mode_and_every_override() {
+        use crate::{command::Namespace, policy::RequestContext};
+        let text = "mode = \"audit\"\ntrust_app_name = true\n\
+                    [[overrides]]\napp = \"x\"\nmode = \"audit\"\nrules = { W001 = \"off\" }\n\
+                    [[overrides]]\nuser = \"u\"\nmode = \"audit\"\n";
+        let p = Policy::from_toml(text, "p.toml").unwrap();
+        let ns = Namespace {
+            db: "app",
+            coll: Some("c"),
+        };
+        let contexts = [
+            RequestContext::default(),
+            RequestContext {
+                app: Some("x"),
+                user: Some("u"),
+                ..RequestContext::default()
+            },
+        ];
+        for ctx in contexts {
+            let eff = p.effective(ns, &ctx);
+            assert_eq!(eff.mode, Mode::Audit);
+            assert_eq!(eff.action(RuleId::G001), Action::Block);
+            assert_eq!(eff.action(RuleId::W003), Action::Warn, "audit still warns");
+        }
+        for name in ["audit", "standard", "strict"] {
+            let p = Policy::profile(name).unwrap();
+            let eff = p.effective(ns, &RequestContext::default());
+            assert_eq!(eff.action(RuleId::G001), Action::Block, "{name}");
         }
     }
 }

@@ -123,7 +123,10 @@ mod tests {
             everything: false,
         };
         let f = finding(&a, RuleId::W001, &many).unwrap();
-        assert_eq!((f.rule, f.action, f.matched), (RuleId::W012, Action::Warn, Some(11)));
+        assert_eq!(
+            (f.rule, f.action, f.matched),
+            (RuleId::W012, Action::Warn, Some(11))
+        );
         let few = Outcome::Counted {
             matched: 10,
             everything: false,
@@ -142,6 +145,9 @@ mod tests {
             matched: 11,
             everything: true,
         };
-        assert_eq!(finding(&off, RuleId::W001, &big_all).unwrap().rule, RuleId::W012);
+        assert_eq!(
+            finding(&off, RuleId::W001, &big_all).unwrap().rule,
+            RuleId::W012
+        );
     }
 }

@@ -160,11 +160,33 @@ impl MeasureActions {
 /// queries upstream, and the client waits for all of them).
 pub const MAX_MEASURED_STATEMENTS: usize = 16;
 
+/// The most violations of one rule (with one action) a [`Decision`] lists one by one; the
+/// rest of that rule's statements are counted in [`Decision::unlisted`]. Keeps evaluation,
+/// records and the client's errmsg bounded whatever the size of a batch.
+pub const MAX_LISTED_PER_RULE: usize = 8;
+
+/// Violations of one rule, with one action, that fired but are not listed in
+/// [`Decision::violations`] (past [`MAX_LISTED_PER_RULE`]): "and N more statements".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unlisted {
+    /// The rule.
+    pub rule: RuleId,
+    /// Their action (`Warn` or `Block`); at least [`MAX_LISTED_PER_RULE`] violations of the
+    /// same rule and action are listed, so [`Decision::verdict`] is unchanged by the cap.
+    pub action: Action,
+    /// How many.
+    pub count: u64,
+}
+
 /// The outcome of evaluating one command.
 #[derive(Clone, Debug)]
 pub struct Decision<'a> {
     /// Every violation, in rule order of checking. Empty (and unallocated) when allowed.
+    /// At most [`MAX_LISTED_PER_RULE`] per rule and action.
     pub violations: Vec<Violation<'a>>,
+    /// The violations counted but not listed, by rule and action, in rule order (empty and
+    /// unallocated unless some rule fired on more than [`MAX_LISTED_PER_RULE`] statements).
+    pub unlisted: Vec<Unlisted>,
     /// The mode in force for this request.
     pub mode: Mode,
     /// The statements to measure before the command may be forwarded (empty and
@@ -181,6 +203,7 @@ impl<'a> Decision<'a> {
     pub fn new(violations: Vec<Violation<'a>>, mode: Mode) -> Decision<'a> {
         Decision {
             violations,
+            unlisted: Vec::new(),
             mode,
             measure: Vec::new(),
             let_vars: None,
@@ -207,6 +230,24 @@ impl<'a> Decision<'a> {
     /// True when the command must not be forwarded.
     pub fn is_block(&self) -> bool {
         self.verdict() == Action::Block
+    }
+
+    /// How many more violations of `rule` (any action) fired than are listed: what an
+    /// errmsg or a record says as "and N more statements" after the listed ones.
+    pub fn unlisted(&self, rule: RuleId) -> u64 {
+        self.unlisted
+            .iter()
+            .filter(|u| u.rule == rule)
+            .map(|u| u.count)
+            .sum()
+    }
+
+    /// How many violations fired in all, listed or not.
+    pub fn total(&self) -> u64 {
+        let listed = u64::try_from(self.violations.len()).unwrap_or(u64::MAX);
+        self.unlisted
+            .iter()
+            .fold(listed, |n, u| n.saturating_add(u.count))
     }
 
     /// The violations that block.

@@ -325,7 +325,11 @@ fn run_case(case: &Vector) -> Result<(), String> {
             }
             (fired, Verdict::from(verdict), measured)
         }
-        Err(_) => (["G001".to_owned()].into_iter().collect(), Verdict::Block, Vec::new()),
+        Err(_) => (
+            ["G001".to_owned()].into_iter().collect(),
+            Verdict::Block,
+            Vec::new(),
+        ),
     };
     if measured != case.measure {
         return Err(format!(
