@@ -17,7 +17,6 @@
 //! `maxTimeAlwaysTimeOut`.
 
 #[path = "support/hostile.rs"]
-#[allow(dead_code)]
 mod hostile;
 mod support;
 

@@ -116,12 +116,8 @@ pub(crate) fn judge(
     let view = match CommandView::from_message(msg) {
         Ok(v) => v,
         Err(e) => {
-            // Nothing can be read, so no override can match: the global mode decides.
-            let action = if policy.mode() == Mode::Audit {
-                Action::Warn
-            } else {
-                Action::Block
-            };
+            // G001 blocks under every mode and every override: mongoguard fails closed.
+            let action = Action::Block;
             let v = Violation {
                 rule: RuleId::G001,
                 action,
@@ -155,7 +151,7 @@ pub(crate) fn judge(
     if decision.violations.is_empty() && decision.measure.is_empty() {
         return Judgement::Forward;
     }
-    scratch.violations = decision.violations.len() as u64;
+    scratch.violations = decision.total();
     for v in &decision.violations {
         observe::violation(ctx, record(v, decision.mode, Some(&view), who, request_id));
     }
@@ -205,7 +201,11 @@ fn abort_transaction(body: &bson::RawDocument) -> Option<RawDocumentBuf> {
 /// ..." — every blocking rule, with its statement index.
 pub(crate) fn blocked_message(decision: &Decision<'_>) -> String {
     let mut out = String::from("mongoguard blocked this command: ");
+    let mut previous: Option<RuleId> = None;
     for (i, v) in decision.blocking().enumerate() {
+        if previous.is_some_and(|p| p != v.rule) {
+            more_statements(&mut out, decision, previous);
+        }
         if i > 0 {
             out.push_str("; ");
         }
@@ -218,13 +218,24 @@ pub(crate) fn blocked_message(decision: &Decision<'_>) -> String {
         }
         out.push_str(": ");
         out.push_str(v.detail.unwrap_or(info.reason));
+        previous = Some(v.rule);
         if out.len() > ERRMSG_MAX {
             break;
         }
     }
+    more_statements(&mut out, decision, previous);
     match crate::text::clip(&out, ERRMSG_MAX) {
         std::borrow::Cow::Borrowed(_) => out,
         std::borrow::Cow::Owned(short) => short,
+    }
+}
+
+/// "; and 19992 more statements" after the listed violations of a rule (evaluation lists a
+/// few per rule and counts the rest).
+fn more_statements(out: &mut String, decision: &Decision<'_>, rule: Option<RuleId>) {
+    let n = rule.map_or(0, |r| decision.unlisted(r));
+    if n > 0 {
+        out.push_str(&format!("; and {n} more statements"));
     }
 }
 
