@@ -183,7 +183,15 @@ async fn driver_over_tls_and_every_failure_is_clean() {
         "plaintext client got {n} bytes: {:?}",
         &buf[..n.min(16)]
     );
-    assert!(proxy.stats().tls_handshake_failures.get() > before);
+    // The proxy counts the failure once its handshake future ends, which may be just after the
+    // client read the alert: wait for it (bounded).
+    let counted = tokio::time::timeout(Duration::from_secs(20), async {
+        while proxy.stats().tls_handshake_failures.get() <= before {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the failed handshake was never counted");
 
     // The proxy still serves TLS clients afterwards.
     works(&format!(

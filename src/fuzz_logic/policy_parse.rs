@@ -16,7 +16,7 @@ use bson::rawdoc;
 
 use crate::{
     command::CommandView,
-    policy::{Action, Mode, Policy, RequestContext, RuleId, MAX_OVERRIDES, RULES},
+    policy::{Action, Policy, RequestContext, RuleId, MAX_OVERRIDES, RULES},
 };
 
 const ORIGIN: &str = "fuzz-policy.toml";
@@ -98,15 +98,15 @@ fn check_fails_closed(policy: &Policy) {
         upstream_wire_version: Some(17),
     };
     for ctx in [RequestContext::default(), known] {
-        let eff = policy.effective(bad.namespace(), &ctx);
         let d = policy.evaluate(&bad, &ctx);
         let g = d.violations.iter().find(|v| v.rule == RuleId::G001);
-        let want = match eff.mode {
-            Mode::Enforce => Action::Block,
-            Mode::Audit => Action::Warn,
-        };
-        assert_eq!(g.map(|v| v.action), Some(want), "unreadable command: {d:?}");
-        assert_eq!(d.is_block(), eff.mode == Mode::Enforce);
+        // G001 blocks under every mode and every override (fail closed).
+        assert_eq!(
+            g.map(|v| v.action),
+            Some(Action::Block),
+            "unreadable command: {d:?}"
+        );
+        assert!(d.is_block(), "unreadable command not blocked: {d:?}");
         let d = policy.evaluate(&good, &ctx);
         assert!(
             d.violations.iter().all(|v| v.rule != RuleId::G001),
