@@ -189,6 +189,9 @@ def assert_blocked(exc: OperationFailure, rule: str) -> None:
     errmsg = details.get("errmsg", "")
     assert errmsg.startswith(BLOCK_PREFIX), details
     assert rule in errmsg, f"{rule} not in {errmsg!r}"
+    # Errors that teach: the rule's part of the message ends with what to do instead.
+    after = errmsg[errmsg.index(rule):]
+    assert ". Instead: " in after and not after.endswith("Instead: "), errmsg
     assert rule in str(exc), str(exc)
     assert "errorLabels" not in details, f"a block must carry no errorLabels: {details}"
     for label in ("RetryableWriteError", "TransientTransactionError", "NoWritesPerformed"):

@@ -129,11 +129,11 @@ pub(crate) fn judge(
             observe::violation(ctx, record(&v, policy.mode(), None, who, request_id));
             return match action {
                 Action::Block => Judgement::Block {
-                    errmsg: crate::text::clip(
-                        &format!("mongoguard blocked this command: G001 unreadable-command: {e}"),
-                        ERRMSG_MAX,
-                    )
-                    .into_owned(),
+                    errmsg: {
+                        let mut text = BlockedText::default();
+                        text.push(RuleId::G001, 0, None, &e.to_string());
+                        text.finish()
+                    },
                     abort: None,
                 },
                 _ => Judgement::Forward,
@@ -197,45 +197,131 @@ fn abort_transaction(body: &bson::RawDocument) -> Option<RawDocumentBuf> {
     Some(cmd)
 }
 
-/// "mongoguard blocked this command: W001 multi-update-without-filter (statement 3): reason;
-/// ..." — every blocking rule, with its statement index.
+/// "mongoguard blocked this command: W001 multi-update-without-filter (statement 3): reason.
+/// Instead: remedy; ..." — every blocking rule, with its statement indexes.
 pub(crate) fn blocked_message(decision: &Decision<'_>) -> String {
-    let mut out = String::from("mongoguard blocked this command: ");
-    let mut previous: Option<RuleId> = None;
-    for (i, v) in decision.blocking().enumerate() {
-        if previous.is_some_and(|p| p != v.rule) {
-            more_statements(&mut out, decision, previous);
-        }
-        if i > 0 {
-            out.push_str("; ");
-        }
-        let info = v.rule.info();
-        out.push_str(info.code);
-        out.push(' ');
-        out.push_str(info.name);
-        if let Some(s) = v.statement {
-            out.push_str(&format!(" (statement {s})"));
-        }
-        out.push_str(": ");
-        out.push_str(v.detail.unwrap_or(info.reason));
-        previous = Some(v.rule);
-        if out.len() > ERRMSG_MAX {
-            break;
-        }
+    let mut text = BlockedText::default();
+    for v in decision.blocking() {
+        let detail = v.detail.unwrap_or(v.rule.info().reason);
+        text.push(v.rule, decision.unlisted(v.rule), v.statement, detail);
     }
-    more_statements(&mut out, decision, previous);
-    match crate::text::clip(&out, ERRMSG_MAX) {
-        std::borrow::Cow::Borrowed(_) => out,
-        std::borrow::Cow::Owned(short) => short,
-    }
+    text.finish()
 }
 
-/// "; and 19992 more statements" after the listed violations of a rule (evaluation lists a
-/// few per rule and counts the rest).
-fn more_statements(out: &mut String, decision: &Decision<'_>, rule: Option<RuleId>) {
-    let n = rule.map_or(0, |r| decision.unlisted(r));
-    if n > 0 {
-        out.push_str(&format!("; and {n} more statements"));
+/// The errmsg of a blocked command, rule by rule: `CODE name (statements 0, 2): what is wrong;
+/// (statement 5): another detail; and N more statements. Instead: the rule's remedy`, rules
+/// joined by "; ". Consecutive statements of a rule with the same text share one clause. The
+/// message stays within [`ERRMSG_MAX`] and every rule it names ends with its remedy: clauses
+/// that would not fit are counted in "and N more statements" instead of being cut mid-way.
+#[derive(Default)]
+pub(crate) struct BlockedText {
+    out: String,
+    /// The rule being collected, the statements it has beyond those pushed (evaluation lists
+    /// a few per rule and counts the rest), and its clauses: statement indexes and their text.
+    open: Option<(RuleId, u64, Vec<Clause>)>,
+    rules_left_out: usize,
+}
+
+/// Statement indexes and the text they share.
+type Clause = (Vec<usize>, String);
+
+/// The longest text of one clause (a client-chosen name quoted in a detail stays short).
+const CLAUSE_MAX: usize = 400;
+
+impl BlockedText {
+    const PREFIX: &'static str = "mongoguard blocked this command: ";
+
+    /// One blocking violation. `unlisted`: how many more statements this rule hit than are
+    /// pushed (the same number for every push of the rule).
+    pub(crate) fn push(
+        &mut self,
+        rule: RuleId,
+        unlisted: u64,
+        statement: Option<usize>,
+        text: &str,
+    ) {
+        if self.open.as_ref().is_some_and(|(r, _, _)| *r != rule) {
+            self.close();
+        }
+        let (_, _, clauses) = self
+            .open
+            .get_or_insert_with(|| (rule, unlisted, Vec::new()));
+        match clauses.last_mut() {
+            Some((statements, last)) if last == text => statements.extend(statement),
+            _ => {
+                let text = crate::text::clip(text, CLAUSE_MAX).into_owned();
+                clauses.push((statement.into_iter().collect(), text))
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        let Some((rule, unlisted, clauses)) = self.open.take() else {
+            return;
+        };
+        let info = rule.info();
+        let mut group = String::new();
+        group.push_str(info.code);
+        group.push(' ');
+        group.push_str(info.name);
+        let mut left_out = unlisted;
+        let tail = |n: u64| {
+            let more = if n > 0 {
+                format!("; and {n} more statements")
+            } else {
+                String::new()
+            };
+            format!("{more}. Instead: {}", info.remedy)
+        };
+        // Room for the separator, the group's tail and a generous "more statements" count.
+        let budget = |group: &str, out: &str| {
+            Self::PREFIX.len() + out.len() + 2 + group.len() + tail(u64::MAX).len()
+        };
+        for (i, (statements, text)) in clauses.iter().enumerate() {
+            let mut clause = String::new();
+            if i > 0 {
+                clause.push(';');
+            }
+            match statements.as_slice() {
+                [] => {}
+                [one] => clause.push_str(&format!(" (statement {one})")),
+                many => {
+                    let list: Vec<String> = many.iter().map(|s| s.to_string()).collect();
+                    clause.push_str(&format!(" (statements {})", list.join(", ")));
+                }
+            }
+            clause.push_str(": ");
+            clause.push_str(text);
+            if budget(&group, &self.out) + clause.len() > ERRMSG_MAX && i > 0 {
+                let rest = clauses.iter().skip(i);
+                left_out += rest.map(|(s, _)| s.len().max(1) as u64).sum::<u64>();
+                break;
+            }
+            group.push_str(&clause);
+        }
+        group.push_str(&tail(left_out));
+        if !self.out.is_empty() && budget(&group, &self.out) > ERRMSG_MAX {
+            self.rules_left_out += 1;
+            return;
+        }
+        if !self.out.is_empty() {
+            self.out.push_str("; ");
+        }
+        self.out.push_str(&group);
+    }
+
+    /// The errmsg.
+    pub(crate) fn finish(mut self) -> String {
+        self.close();
+        let mut out = String::from(Self::PREFIX);
+        out.push_str(&self.out);
+        if self.rules_left_out > 0 {
+            out.push_str(&format!("; and {} more rules", self.rules_left_out));
+        }
+        match crate::text::clip(&out, ERRMSG_MAX) {
+            std::borrow::Cow::Borrowed(_) => out,
+            std::borrow::Cow::Owned(short) => short,
+        }
     }
 }
 
@@ -297,5 +383,86 @@ fn record(
         source: audit::Source::Proxy,
         detail: None,
         matched: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BlockedText, ERRMSG_MAX};
+    use crate::policy::RuleId;
+
+    fn remedy(rule: RuleId) -> String {
+        format!(". Instead: {}", rule.info().remedy)
+    }
+
+    #[test]
+    fn every_rule_named_ends_with_its_remedy() {
+        let mut t = BlockedText::default();
+        t.push(RuleId::W001, 0, Some(0), RuleId::W001.info().reason);
+        t.push(RuleId::W001, 0, Some(2), RuleId::W001.info().reason);
+        t.push(RuleId::W006, 0, None, RuleId::W006.info().reason);
+        let msg = t.finish();
+        let w001 = format!(
+            "mongoguard blocked this command: W001 multi-update-without-filter (statements 0, 2): {}{}; ",
+            RuleId::W001.info().reason,
+            remedy(RuleId::W001)
+        );
+        assert!(msg.starts_with(&w001), "{msg}");
+        assert!(msg.ends_with(&remedy(RuleId::W006)), "{msg}");
+        assert!(
+            msg.contains("W006 journal-disabled: a write concern"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn different_details_get_their_own_clause_and_unlisted_are_counted() {
+        let mut t = BlockedText::default();
+        t.push(RuleId::W012, 7, Some(1), "matched 500 documents");
+        t.push(RuleId::W012, 7, Some(3), "matched 900 documents");
+        let msg = t.finish();
+        assert!(
+            msg.ends_with(&format!(
+                "W012 large-multi-write (statement 1): matched 500 documents; (statement 3): matched 900 documents; and 7 more statements{}",
+                remedy(RuleId::W012)
+            )),
+            "{msg}"
+        );
+    }
+
+    /// Hostile: thousands of statements with distinct, long details (client-chosen names)
+    /// must not push the remedy past the size limit nor cut it.
+    #[test]
+    fn long_messages_stay_bounded_and_keep_the_remedy() {
+        let mut t = BlockedText::default();
+        let long = "x".repeat(5000);
+        for i in 0..2000 {
+            t.push(RuleId::W005, 10, Some(i), &format!("{i}{long}"));
+        }
+        for i in 0..50 {
+            t.push(
+                RuleId::W006,
+                0,
+                Some(i),
+                &format!("detail {i} {}", "y".repeat(100)),
+            );
+        }
+        let msg = t.finish();
+        assert!(msg.len() <= ERRMSG_MAX, "{}", msg.len());
+        assert!(msg.contains(&remedy(RuleId::W005)), "{msg}");
+        assert!(msg.contains("more statements"), "{msg}");
+        // The second rule does not fit whole: it is named as left out, not cut mid-way.
+        assert!(msg.ends_with("; and 1 more rules"), "{msg}");
+    }
+
+    #[test]
+    fn every_rule_has_a_remedy_in_its_message() {
+        for info in crate::policy::RULES.iter() {
+            let mut t = BlockedText::default();
+            t.push(info.id, 0, None, info.reason);
+            let msg = t.finish();
+            assert!(msg.ends_with(&remedy(info.id)), "{msg}");
+            assert!(msg.len() <= ERRMSG_MAX);
+        }
     }
 }

@@ -216,18 +216,11 @@ pub(crate) async fn measure<L: Link>(
     if blocking.is_empty() {
         return Ok((Measured::Pass, state));
     }
-    let mut errmsg = String::from("mongoguard blocked this command: ");
-    for (i, (item, f)) in blocking.iter().enumerate() {
-        if i > 0 {
-            errmsg.push_str("; ");
-        }
-        let info = f.rule.info();
-        errmsg.push_str(&format!(
-            "{} {} (statement {}): {}",
-            info.code, info.name, item.statement, f.detail
-        ));
+    let mut text = super::guard::BlockedText::default();
+    for (item, f) in &blocking {
+        text.push(f.rule, 0, Some(item.statement), &f.detail);
     }
-    let errmsg = crate::text::clip(&errmsg, super::guard::ERRMSG_MAX).into_owned();
+    let errmsg = text.finish();
     Ok((Measured::Block(errmsg), state))
 }
 
