@@ -176,8 +176,8 @@ struct RunArgs {
 
 #[derive(Debug, Args)]
 struct CheckArgs {
-    /// Policy file (default: the built-in standard profile).
-    #[arg(long, value_name = "FILE")]
+    /// Policy file, or a built-in profile name: standard, strict, audit (default: standard).
+    #[arg(long, value_name = "FILE|PROFILE")]
     policy: Option<PathBuf>,
     /// Report format.
     #[arg(long, value_enum, default_value = "text")]
@@ -274,9 +274,10 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A policy file or a built-in profile name (`PolicySource::resolve`).
 fn load_policy(file: Option<&PathBuf>) -> anyhow::Result<Policy> {
     Ok(match file {
-        Some(path) => Policy::load(path)?,
+        Some(name) => mongoguard::policy::PolicySource::resolve(name)?.load()?,
         None => Policy::standard(),
     })
 }
@@ -292,21 +293,19 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
                 std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
             Box::new(BufReader::new(f))
         };
-        for line in reader.lines() {
+        let source = file.display().to_string();
+        for (i, line) in reader.lines().enumerate() {
             let line = line.with_context(|| format!("reading {}", file.display()))?;
-            checker.line(&policy, &line, &args.db);
+            checker.line_at(&policy, &line, &args.db, &source, i as u64 + 1);
         }
     }
+    checker.finish(&policy);
     let report = checker.report();
     print!("{}", report.render(args.format));
     if args.format == Format::Json {
         println!();
     }
-    Ok(if report.has_blocking() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(ExitCode::from(report.exit_code()))
 }
 
 fn print_rules(policy: &Policy) {
@@ -337,11 +336,7 @@ fn policy_command(cmd: &PolicyCommand) -> anyhow::Result<ExitCode> {
             print_rules(&policy);
         }
         PolicyCommand::Show { policy } => {
-            let p = match Policy::profile(policy) {
-                Some(p) => p,
-                None => Policy::load(std::path::Path::new(policy))?,
-            };
-            print_rules(&p);
+            print_rules(&load_policy(Some(&PathBuf::from(policy)))?);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -18,6 +18,42 @@ pub enum PolicySource {
     File(PathBuf),
 }
 
+impl PolicySource {
+    /// What `--policy NAME`, `[policy] file = "NAME"` and `policy show NAME` mean: a
+    /// built-in profile name (`standard`, `strict`, `audit`) or a policy file. A name that is
+    /// both a profile and an existing file is refused as ambiguous rather than guessed (write
+    /// `./strict` for the file).
+    pub fn resolve(name: &Path) -> Result<PolicySource, PolicyError> {
+        let profile = name
+            .to_str()
+            .and_then(|n| super::PROFILES.iter().find(|(p, _)| *p == n))
+            .map(|(p, _)| *p);
+        match profile {
+            Some(p) if name.exists() => Err(PolicyError::Invalid {
+                origin: name.display().to_string(),
+                message: format!(
+                    "both the built-in profile {p} and a file of that name exist; write ./{p} for the file"
+                ),
+            }),
+            Some(p) => Ok(PolicySource::BuiltIn(p)),
+            None => Ok(PolicySource::File(name.to_owned())),
+        }
+    }
+
+    /// Compiles the policy this source names.
+    pub fn load(&self) -> Result<Policy, PolicyError> {
+        match self {
+            PolicySource::BuiltIn(name) => {
+                Policy::profile(name).ok_or_else(|| PolicyError::Invalid {
+                    origin: (*name).to_owned(),
+                    message: "no such built-in profile".to_owned(),
+                })
+            }
+            PolicySource::File(path) => Policy::load(path),
+        }
+    }
+}
+
 impl std::fmt::Display for PolicySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -43,13 +79,14 @@ impl PolicyHolder {
     /// Loads the initial policy: the file if given (an error is fatal: never fall back to
     /// defaults), else the built-in standard profile.
     pub fn load(file: Option<&Path>) -> Result<PolicyHolder, PolicyError> {
-        let (policy, source, modified) = match file {
-            Some(path) => (
-                Policy::load(path)?,
-                PolicySource::File(path.to_owned()),
-                mtime(path),
-            ),
-            None => (Policy::standard(), PolicySource::BuiltIn("standard"), None),
+        let source = match file {
+            Some(path) => PolicySource::resolve(path)?,
+            None => PolicySource::BuiltIn("standard"),
+        };
+        let policy = source.load()?;
+        let modified = match &source {
+            PolicySource::File(path) => mtime(path),
+            PolicySource::BuiltIn(_) => None,
         };
         Ok(PolicyHolder {
             current: RwLock::new(Arc::new(policy)),
