@@ -413,20 +413,76 @@ async fn idle_client_is_disconnected() {
     c.expect_closed().await;
 }
 
+/// A client over `max_client_connections` gets a MongoDB error naming the limit, in its own
+/// opcode family (OP_MSG hello, legacy OP_QUERY isMaster), then the close — not a bare reset.
 #[tokio::test]
-async fn connection_cap_closes_the_extra_client() {
+async fn connection_cap_answers_the_extra_client_with_an_error() {
     let (_s, proxy) = stack_with(|c| c.proxy.max_client_connections = 1).await;
     let mut first = Raw::connect(&proxy).await;
     assert!(ok(&first
         .command(1, rawdoc! {"ping": 1, "$db": "admin"})
         .await));
     let mut second = Raw::connect(&proxy).await;
-    second.send(&ping()).await;
+    let reply = second
+        .command(7, rawdoc! {"hello": 1, "$db": "admin"})
+        .await;
+    assert_eq!(reply.get_i32("code").unwrap(), 6, "{reply:?}");
+    assert_eq!(reply.get_str("codeName").unwrap(), "HostUnreachable");
+    let errmsg = reply.get_str("errmsg").unwrap();
+    assert!(errmsg.contains("max_client_connections = 1"), "{errmsg}");
+    assert!(!ok(&reply));
     second.expect_closed().await;
-    assert_eq!(proxy.stats().rejected.get(), 1);
+
+    let mut legacy = Raw::connect(&proxy).await;
+    let query = mongoguard::wire::builder::encode_query(
+        9,
+        0,
+        "admin.$cmd",
+        0,
+        -1,
+        &rawdoc! {"isMaster": 1},
+        None,
+    );
+    legacy.send(&query).await;
+    let reply = legacy.recv().await.expect("an OP_REPLY");
+    assert_eq!(reply.header().response_to, 9);
+    let r = OpReply::parse(reply.bytes()).unwrap();
+    let doc = r.documents().next().unwrap();
+    assert_eq!(doc.get_i32("code").unwrap(), 6);
+    legacy.expect_closed().await;
+
+    assert_eq!(proxy.stats().rejected.get(), 2);
     assert!(ok(&first
         .command(2, rawdoc! {"ping": 1, "$db": "admin"})
         .await));
+}
+
+/// Hostile: hundreds of refused clients that send nothing (or a lying length) cost bounded
+/// work: each is closed within the refusal timeout, and the admitted client is served
+/// throughout.
+#[tokio::test]
+async fn a_flood_of_refused_silent_clients_is_bounded() {
+    let (_s, proxy) = stack_with(|c| c.proxy.max_client_connections = 1).await;
+    let mut first = Raw::connect(&proxy).await;
+    assert!(ok(&first
+        .command(1, rawdoc! {"ping": 1, "$db": "admin"})
+        .await));
+    let mut silent = Vec::new();
+    for i in 0..300 {
+        let mut c = Raw::connect(&proxy).await;
+        if i % 2 == 0 {
+            // A header that claims 64 MiB.
+            c.send(&with_length(ping(), 64 << 20)).await;
+        }
+        silent.push(c);
+    }
+    assert!(ok(&first
+        .command(2, rawdoc! {"ping": 1, "$db": "admin"})
+        .await));
+    for c in &mut silent {
+        c.expect_closed().await;
+    }
+    assert_eq!(proxy.stats().rejected.get(), 300);
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use tokio::net::TcpListener;
-use tracing::{error, info_span, warn, Instrument};
+use tracing::{error, info_span, Instrument};
 
 use super::{session, Context};
 
@@ -37,11 +37,19 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
         ctx.stats.accepted.inc();
         let Ok(permit) = ctx.limiter.clone().try_acquire_owned() else {
             ctx.stats.rejected.inc();
-            warn!(%peer, limit = ctx.config.proxy.max_client_connections,
-                "max_client_connections reached; closing new connection");
             ctx.audit
                 .event(super::close_event(peer, Duration::ZERO, None));
-            drop(socket);
+            let limit = ctx.config.proxy.max_client_connections;
+            super::refuse::refuse(
+                ctx.server_tls.clone(),
+                socket,
+                peer,
+                format!(
+                    "mongoguard: too many client connections (max_client_connections = {limit} \
+                     reached); connection refused. Use a connection pool, close idle \
+                     connections, or raise the limit"
+                ),
+            );
             continue;
         };
         let span = info_span!(

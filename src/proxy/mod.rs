@@ -18,6 +18,7 @@ mod observe;
 mod passthrough;
 mod pins;
 mod pooled;
+pub(crate) mod refuse;
 pub(crate) mod routing;
 pub(crate) mod session;
 mod strategy;
