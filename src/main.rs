@@ -53,8 +53,10 @@ MODES
 CONFIGURATION
     A TOML file given with --config (no file is read without it); --listen, --upstream,
     --policy, --log-format and --log-level override its values. Unknown keys are errors.
-    `mongoguard --check-config -c FILE` validates a file and prints the result. Sections:
-    [proxy] [upstream] [pool] [auth] [log] [policy] [audit] (see mongoguard.example.toml).";
+    `mongoguard --check-config -c FILE` validates a file and prints the effective
+    configuration as TOML (defaults filled in, secrets shown as \"***\"). Sections:
+    [proxy] [upstream] [upstream.identities.NAME] [pool] [auth] [tls] [log] [policy] [audit]
+    [admin] (every key: mongoguard.example.toml and the README, \"Configuration\").";
 
 /// `mongoguard --help` (long form) after the options.
 const AFTER_LONG_HELP: &str = "\
@@ -254,7 +256,10 @@ const LOG_FLUSH_BOUND: Duration = Duration::from_secs(2);
 fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let config = load_config(args)?;
     if args.check_config {
-        println!("configuration OK: {config:#?}");
+        // The effective configuration (defaults filled in, command-line overrides applied)
+        // as TOML mongoguard reads back, secrets replaced by "***".
+        let text = toml::to_string(&config).context("printing the configuration")?;
+        println!("# mongoguard: configuration OK; effective values, secrets masked\n{text}");
         return Ok(ExitCode::SUCCESS);
     }
     let log = init_logging(&config)?;

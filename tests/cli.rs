@@ -90,3 +90,77 @@ fn man_page_is_roff() {
     assert!(out.contains(".SH NAME"));
     assert!(out.contains("SIGHUP"));
 }
+
+/// `--check-config` prints the effective configuration as TOML that mongoguard reads back
+/// (defaults filled in, command-line overrides applied), with every secret masked.
+#[test]
+fn check_config_prints_toml_that_reads_back_with_secrets_masked() {
+    let dir = std::env::temp_dir().join(format!("mg-checkcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("mongoguard.toml");
+    std::fs::write(
+        &file,
+        r#"
+[proxy]
+listen = "127.0.0.1:27999"
+drain_timeout = "45s"
+
+[upstream]
+uri = "mongodb://app:Sup3rSecretUri@db1:27017,db2:27018/?replicaSet=rs0&authSource=admin"
+
+[upstream.identities.reporting]
+username = "reporter"
+password = "Sup3rSecretIdentity"
+
+[admin]
+token = "Sup3rSecretToken"
+"#,
+    )
+    .unwrap();
+    let (code, out, err) = mongoguard(&[
+        "--check-config",
+        "--config",
+        file.to_str().unwrap(),
+        "--log-level",
+        "debug",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for secret in ["Sup3rSecretUri", "Sup3rSecretIdentity", "Sup3rSecretToken"] {
+        assert!(!out.contains(secret), "{secret} printed: {out}");
+        assert!(!err.contains(secret), "{secret} printed: {err}");
+    }
+    assert!(out.contains("app:***@db1:27017,db2:27018"), "{out}");
+    assert!(out.contains("drain_timeout = \"45s\""), "{out}");
+    assert!(out.contains("level = \"debug\""), "the override: {out}");
+    // Defaults are filled in.
+    assert!(out.contains("max_client_connections = 10000"), "{out}");
+    // It reads back, and prints the same again.
+    let again_file = dir.join("again.toml");
+    std::fs::write(&again_file, &out).unwrap();
+    let reread = mongoguard::config::Config::load(&again_file)
+        .unwrap_or_else(|e| panic!("the printed configuration does not read back: {e}\n{out}"));
+    assert_eq!(
+        reread.proxy.drain_timeout,
+        std::time::Duration::from_secs(45)
+    );
+    let (code, out2, err) =
+        mongoguard(&["--check-config", "--config", again_file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, out2, "printing is not stable");
+}
+
+/// `--help` names every section the configuration has: the list is checked against the
+/// sections the configuration serializes, so the two cannot drift apart.
+#[test]
+fn help_lists_every_config_section() {
+    let (_, long, _) = mongoguard(&["--help"]);
+    let text = toml::to_string(&mongoguard::config::Config::default()).unwrap();
+    let table: toml::Table = text.parse().unwrap();
+    assert!(table.len() >= 9, "{table:?}");
+    for section in table.keys() {
+        assert!(
+            long.contains(&format!("[{section}]")),
+            "--help does not list [{section}]"
+        );
+    }
+}

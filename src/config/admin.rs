@@ -7,13 +7,17 @@ use serde::Deserialize;
 use super::ConfigError;
 
 /// The `[admin]` section: the admin HTTP listener (metrics, health, policy, status page).
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Where the admin listener binds; `""` or `"off"` disables it.
-    #[serde(deserialize_with = "deserialize_admin_listen")]
+    #[serde(
+        deserialize_with = "deserialize_admin_listen",
+        serialize_with = "serialize_admin_listen"
+    )]
     pub listen: Option<SocketAddr>,
     /// Bearer token required on every endpoint except `/healthz`.
+    #[serde(serialize_with = "super::mask::secret")]
     pub token: Option<String>,
     /// A file holding the bearer token (trailing whitespace ignored).
     pub token_file: Option<PathBuf>,
@@ -103,6 +107,16 @@ impl AdminConfig {
             }
         }
         Ok(())
+    }
+}
+
+fn serialize_admin_listen<S: serde::Serializer>(
+    v: &Option<SocketAddr>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(addr) => s.collect_str(addr),
+        None => s.serialize_str("off"),
     }
 }
 

@@ -41,7 +41,7 @@ pub enum AuditConfigError {
 }
 
 /// The `[audit]` section: where violation records and events go, and how they are throttled.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
     /// Violation records: `"stdout"` (default), `"stderr"`, `"file:/path/violations.log"`,
@@ -70,7 +70,10 @@ pub struct AuditConfig {
     pub syslog_format: Option<SyslogFormat>,
     /// Identical violations within this window are written once, then summarised
     /// (`"60s"` by default; `"0"` disables dedup).
-    #[serde(deserialize_with = "super::duration::deserialize")]
+    #[serde(
+        deserialize_with = "super::duration::deserialize",
+        serialize_with = "super::duration::serialize"
+    )]
     pub dedup_window: Duration,
     /// Lines waiting for the writer, per stream; beyond this they are dropped and counted.
     pub queue_capacity: usize,

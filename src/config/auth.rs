@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::ConfigError;
 
 /// The `[auth]` section (pooled mode).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// The users file: SCRAM secrets of the users clients authenticate as

@@ -34,6 +34,24 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 }
 
 /// serde adapter for [`parse`].
+/// The shortest whole-unit form [`parse`] reads back: `0`, `250ms`, `30s`, `10m`, `1h`
+/// (sub-millisecond parts, which no setting uses, are dropped).
+pub fn format(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0".to_owned(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// Serializes as [`format`] does (`--check-config`).
+pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format(*d))
+}
+
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse(&s).map_err(serde::de::Error::custom)

@@ -3,7 +3,9 @@
 use serde::Deserialize;
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -14,7 +16,7 @@ pub enum LogFormat {
 }
 
 /// Logging.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `human` or `json`.

@@ -15,6 +15,7 @@ mod auth;
 pub mod duration;
 mod error;
 mod log;
+pub(crate) mod mask;
 mod policy;
 mod pool;
 mod proxy;
@@ -47,7 +48,7 @@ pub use upstream::{IdentityConfig, UpstreamConfig, DEFAULT_IDENTITY};
 pub use uri::{Host, UpstreamUri};
 
 /// The whole configuration.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The client-facing side.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::duration;
 
 /// The `[policy]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// A policy file (TOML). Absent: the built-in `standard` profile. A file that is missing
@@ -15,7 +15,10 @@ pub struct PolicyConfig {
     pub file: Option<PathBuf>,
     /// How often the file's modification time is checked for a reload (SIGHUP reloads at
     /// once). `"0"` disables the check.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub reload_poll: Duration,
 }
 

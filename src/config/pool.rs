@@ -9,7 +9,7 @@ use super::{duration, ConfigError};
 
 /// The `[pool]` section (pooled mode): limits of each upstream pool, one pool per (upstream
 /// server, upstream identity). PgBouncer's meanings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolSettings {
     /// Most upstream connections per pool (in use, idle or being opened).
@@ -18,13 +18,22 @@ pub struct PoolSettings {
     pub min_idle: usize,
     /// How long a request waits for a free upstream connection before it fails with a
     /// non-retryable error (`"0"` is refused: a request must not wait for ever).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub checkout_timeout: Duration,
     /// An idle upstream connection unused this long is closed (`"0"`: never).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub idle_timeout: Duration,
     /// An upstream connection older than this is closed when next idle (`"0"`: never).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub max_lifetime: Duration,
 }
 

@@ -15,7 +15,7 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;
 pub const MIN_MAX_MESSAGE_SIZE: usize = 16;
 
 /// How clients are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// One upstream connection per client; the client's own authentication goes through.
@@ -25,7 +25,7 @@ pub enum Mode {
 }
 
 /// The client-facing side.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     /// Address to listen on.
@@ -35,16 +35,25 @@ pub struct ProxyConfig {
     /// Connections beyond this are closed at accept time.
     pub max_client_connections: usize,
     /// A client that sends nothing for this long is disconnected (`"0"`: never).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub client_idle_timeout: Duration,
     /// A client that does not take a reply within this long is closed and its buffers freed
     /// (`"0"`: never; not recommended: a client that never reads then holds its reply).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub client_write_timeout: Duration,
     /// Once the first byte of a message has arrived, the whole message must arrive within
     /// this long (slowloris), else the connection is closed. Separate from the idle timeout,
     /// which runs between messages (`"0"`: never).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub client_read_timeout: Duration,
     /// Process-wide budget of client message bytes in flight: buffered large messages and
     /// their decompressed form. A request that finds it spent waits up to
@@ -53,10 +62,16 @@ pub struct ProxyConfig {
     #[serde(deserialize_with = "size::deserialize")]
     pub memory_budget: u64,
     /// How long a request waits for `memory_budget` before it is refused.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub memory_budget_wait: Duration,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub drain_timeout: Duration,
     /// Largest accepted message, both directions (mongod's default is 48,000,000).
     pub max_message_size: usize,

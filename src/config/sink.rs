@@ -174,7 +174,7 @@ impl<'de> Deserialize<'de> for Facility {
 }
 
 /// The syslog message format (`audit.syslog_format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub enum SyslogFormat {
     /// BSD syslog: `<PRI>Mmm dd hh:mm:ss [HOST ]mongoguard[PID]: MSG` (the hostname only over
     /// UDP, as the C library's `syslog()` does on the local socket). Timestamps are UTC.
@@ -184,3 +184,17 @@ pub enum SyslogFormat {
     #[serde(rename = "rfc5424")]
     Rfc5424,
 }
+
+/// Serialized as written in the file (`--check-config`): the string [`FromStr`] reads.
+macro_rules! serialize_as_display {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    };
+}
+serialize_as_display!(SinkSpec);
+serialize_as_display!(Facility);
+serialize_as_display!(super::UpstreamUri);

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::{duration, ConfigError};
 
 /// The `[tls]` section: TLS on the listener (upstream TLS comes from the upstream URI).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// PEM certificate chain (leaf first). Setting it (with `key_file`) turns TLS on: every
@@ -18,7 +18,10 @@ pub struct TlsConfig {
     /// PEM CA bundle: when set, clients must present a certificate signed by it.
     pub client_ca_file: Option<PathBuf>,
     /// A client that has not finished the TLS handshake after this long is dropped.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub handshake_timeout: Duration,
 }
 

@@ -12,24 +12,36 @@ use super::{duration, ConfigError, UpstreamUri};
 pub const DEFAULT_IDENTITY: &str = "default";
 
 /// The upstream.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// `mongodb://host:port[,host:port...][/?options]`.
     pub uri: UpstreamUri,
     /// Budget for one TCP connect to the upstream.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub connect_timeout: Duration,
     /// A request whose reply has not started after this long fails and both connections
     /// close (`"0"`: wait for ever). Long enough for awaitable hello (10 s) and slow queries.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub reply_timeout: Duration,
     /// Pooled mode with several upstream hosts: how often each is checked with hello.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub heartbeat_interval: Duration,
     /// Pooled mode: how long a request waits for a suitable upstream server (a primary
     /// during a failover) before it fails.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub server_selection_timeout: Duration,
     /// Upstream identities besides `default` (the URI's credentials), by name.
     pub identities: BTreeMap<String, IdentityConfig>,
@@ -84,13 +96,13 @@ impl UpstreamConfig {
 
 /// One upstream identity: the credentials mongoguard uses toward the upstream for the
 /// client users mapped to it (`upstream = "NAME"` in the users file).
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityConfig {
     /// The upstream user name.
     pub username: String,
     /// The password, inline (prefer `password_env` or `password_file`).
-    #[serde(default)]
+    #[serde(default, serialize_with = "super::mask::secret")]
     pub password: Option<String>,
     /// An environment variable holding the password.
     #[serde(default)]
