@@ -33,7 +33,6 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("duration {text:?} is too large"))
 }
 
-/// serde adapter for [`parse`].
 /// The shortest whole-unit form [`parse`] reads back: `0`, `250ms`, `30s`, `10m`, `1h`
 /// (sub-millisecond parts, which no setting uses, are dropped).
 pub fn format(d: Duration) -> String {
@@ -52,6 +51,7 @@ pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::E
     s.serialize_str(&format(*d))
 }
 
+/// serde adapter for [`parse`].
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse(&s).map_err(serde::de::Error::custom)
