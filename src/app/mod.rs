@@ -119,11 +119,12 @@ struct Listeners {
 
 impl Listeners {
     async fn bind(config: &Config) -> Result<Listeners, ProxyError> {
-        let proxy = bind(config.proxy.listen).await?;
+        let reuse_port = config.proxy.reuse_port;
+        let proxy = bind(config.proxy.listen, reuse_port)?;
         let local_addr = bound_addr(&proxy, config.proxy.listen)?;
         let (admin, admin_addr) = match config.admin.listen {
             Some(addr) => {
-                let l = bind(addr).await?;
+                let l = bind(addr, reuse_port)?;
                 let bound = bound_addr(&l, addr)?;
                 (Some(l), Some(bound))
             }
@@ -160,10 +161,25 @@ fn proxy_context(
     )))
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ProxyError::Bind { addr, source })
+/// The backlog of the listening sockets (the kernel caps it at `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// A listening socket on `addr`: `SO_REUSEADDR` as every server sets it (a restart binds while
+/// old connections sit in TIME_WAIT), and `SO_REUSEPORT` when asked.
+fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
+    let err = |source| ProxyError::Bind { addr, source };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(err)?;
+    socket.set_reuseaddr(true).map_err(err)?;
+    if reuse_port {
+        socket.set_reuseport(true).map_err(err)?;
+    }
+    socket.bind(addr).map_err(err)?;
+    socket.listen(LISTEN_BACKLOG).map_err(err)
 }
 
 fn bound_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, ProxyError> {

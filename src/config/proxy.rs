@@ -78,6 +78,12 @@ pub struct ProxyConfig {
     /// Allow a listener on a non-loopback address without TLS (or, in pooled mode, without
     /// client authentication). Off: such a configuration is refused.
     pub allow_insecure_listener: bool,
+    /// Bind the client and admin listeners with `SO_REUSEPORT`, so that a new mongoguard can
+    /// bind the same ports beside one that is draining (zero-downtime restart; README,
+    /// "Zero-downtime restart"). Off by default: a second instance started by mistake then
+    /// fails with "address in use" instead of silently sharing the port. Linux allows it only
+    /// between processes of the same effective user.
+    pub reuse_port: bool,
 }
 
 impl Default for ProxyConfig {
@@ -94,6 +100,7 @@ impl Default for ProxyConfig {
             memory_budget_wait: Duration::from_secs(1),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             allow_insecure_listener: false,
+            reuse_port: false,
         }
     }
 }

@@ -163,6 +163,20 @@ async fn poll_message(reader: &mut Reader, read: Duration, paid: bool) -> Step {
     .await
 }
 
+/// How long a connection with nothing read yet is still listened to once the drain starts: a
+/// request the client sent just before may be in the socket while the runtime has not yet
+/// seen it readable, and cutting it off unread would leave the client unable to tell whether
+/// it ran.
+pub(crate) const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Completes [`DRAIN_GRACE`] after the drain started (`grace` keeps the deadline across the
+/// loop's turns).
+async fn drain_grace(drain: &CancellationToken, grace: &mut Option<tokio::time::Instant>) {
+    drain.cancelled().await;
+    let deadline = *grace.get_or_insert_with(|| tokio::time::Instant::now() + DRAIN_GRACE);
+    tokio::time::sleep_until(deadline).await;
+}
+
 /// Waits for a client's next request, in both modes: a whole message; a large message that
 /// found the budget spent (already thrown away); or the normal end of the session (client
 /// closed, idle for `limits.idle`, drain). An error when the client sends garbage, is too
@@ -180,13 +194,23 @@ pub(crate) async fn wait_for_request(
     let idle_timer = sleep_unless_zero(limits.idle);
     tokio::pin!(idle_timer);
     let mut permit = None;
+    let mut grace = None;
     loop {
         let message_started = !client_in.read_buffer().is_empty();
+        // The client's bytes are read before the drain is looked at: a request that has
+        // reached the socket when the drain starts is served, not cut off unread (the client
+        // could not tell whether it ran). Only a connection with nothing sent ends here.
         let step = tokio::select! {
             biased;
-            _ = drain.cancelled(), if !message_started => return Ok(Incoming::End(End::Drained)),
             _ = kill.cancelled() => return Err(SessionError::Killed),
             step = poll_message(client_in, limits.read, permit.is_some()) => step,
+            _ = drain_grace(drain, &mut grace), if !message_started => {
+                if client_in.read_buffer().is_empty() {
+                    return Ok(Incoming::End(End::Drained));
+                }
+                // Part of a message arrived in this very poll: finish reading it.
+                continue;
+            }
             e = &mut failure => return Err(e),
             _ = &mut idle_timer, if !message_started => {
                 debug!(timeout = ?limits.idle, "closing idle client connection");

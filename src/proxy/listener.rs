@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use tokio::net::TcpListener;
-use tracing::{error, info_span, Instrument};
+use tracing::{debug, error, info_span, Instrument};
 
 use super::{session, Context};
 
@@ -15,7 +15,7 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = ctx.drain.cancelled() => return,
+            _ = ctx.drain.cancelled() => return take_queued(listener, &ctx),
             a = listener.accept() => a,
         };
         let (socket, peer) = match accepted {
@@ -27,43 +27,80 @@ pub(crate) async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
                 // EMFILE, ENFILE, ENOBUFS...: transient. Back off instead of spinning or dying.
                 error!(error = %e, ?backoff, "accept failed; backing off");
                 tokio::select! {
-                    _ = ctx.drain.cancelled() => return,
+                    _ = ctx.drain.cancelled() => return take_queued(listener, &ctx),
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
         };
-        ctx.stats.accepted.inc();
-        let Ok(permit) = ctx.limiter.clone().try_acquire_owned() else {
-            ctx.stats.rejected.inc();
-            ctx.audit
-                .event(super::close_event(peer, Duration::ZERO, None));
-            let limit = ctx.config.proxy.max_client_connections;
-            super::refuse::refuse(
-                ctx.server_tls.clone(),
-                socket,
-                peer,
-                format!(
-                    "mongoguard: too many client connections (max_client_connections = {limit} \
-                     reached); connection refused. Use a connection pool, close idle \
-                     connections, or raise the limit"
-                ),
-            );
-            continue;
-        };
-        let span = info_span!(
-            "client",
-            %peer,
-            app = tracing::field::Empty,
-            driver = tracing::field::Empty
-        );
-        ctx.audit
-            .event(crate::audit::Event::ConnectionOpened { client: peer });
-        let opened = std::time::Instant::now();
-        let task = client_task(ctx.clone(), socket, peer, opened, permit);
-        ctx.tracker.spawn(task.instrument(span));
+        admit(&ctx, socket, peer);
     }
+}
+
+/// At the drain, before the listener closes: the connections the kernel has already
+/// completed and queued on it would be reset by the close, so they are accepted (with real
+/// `accept` calls until the queue is empty, whatever the runtime's readiness cache says) and
+/// served like any other: each gets its request answered, or is closed as idle. With
+/// `SO_REUSEPORT` and a new process beside this one, only a connection that completes
+/// between the last `accept` and the close can still be reset (the kernel's
+/// `net.ipv4.tcp_migrate_req = 1` moves even those to the other listener).
+fn take_queued(listener: TcpListener, ctx: &Arc<Context>) {
+    let Ok(listener) = listener.into_std() else {
+        return;
+    };
+    for _ in 0..QUEUED_MAX {
+        match listener.accept() {
+            Ok((socket, peer)) => match socket
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(socket))
+            {
+                Ok(socket) => admit(ctx, socket, peer),
+                Err(e) => debug!(error = %e, "queued connection dropped at the drain"),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                debug!(error = %e, "accept at the drain failed; closing the listener");
+                return;
+            }
+        }
+    }
+}
+
+/// The most queued connections taken at the drain (the kernel's backlog is smaller).
+const QUEUED_MAX: usize = 65_536;
+
+/// A new connection: counted, and served in its own task, or refused over the limit.
+fn admit(ctx: &Arc<Context>, socket: tokio::net::TcpStream, peer: std::net::SocketAddr) {
+    ctx.stats.accepted.inc();
+    let Ok(permit) = ctx.limiter.clone().try_acquire_owned() else {
+        ctx.stats.rejected.inc();
+        ctx.audit
+            .event(super::close_event(peer, Duration::ZERO, None));
+        let limit = ctx.config.proxy.max_client_connections;
+        super::refuse::refuse(
+            ctx.server_tls.clone(),
+            socket,
+            peer,
+            format!(
+                "mongoguard: too many client connections (max_client_connections = {limit} \
+                 reached); connection refused. Use a connection pool, close idle \
+                 connections, or raise the limit"
+            ),
+        );
+        return;
+    };
+    let span = info_span!(
+        "client",
+        %peer,
+        app = tracing::field::Empty,
+        driver = tracing::field::Empty
+    );
+    ctx.audit
+        .event(crate::audit::Event::ConnectionOpened { client: peer });
+    let opened = std::time::Instant::now();
+    let task = client_task(ctx.clone(), socket, peer, opened, permit);
+    ctx.tracker.spawn(task.instrument(span));
 }
 
 /// One client connection: its TLS handshake, then its session, accounted for by a drop
