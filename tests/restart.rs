@@ -3,7 +3,6 @@
 //! one finishes its in-flight requests. Without `reuse_port`, a second instance on a taken port
 //! fails to start (no silent sharing).
 
-#[allow(dead_code)]
 mod support;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
