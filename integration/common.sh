@@ -105,3 +105,116 @@ build_binaries() {
         -p mongoguard-standin --bin mongoguard-standin)
     bin_dir="$(cargo_target_dir)/$profile_dir"
 }
+
+# ---------------------------------------------------------------------------------------------
+# A stand-in + mongoguard stack for the driver suites (run_node.sh, run_sdks.sh).
+# stack_init NAME: a work directory ($work) removed on exit, with every process started by
+# start_standin / start_mongoguard killed; `fail MSG` prints their logs and exits 1.
+# start_standin NAME [ARGS]: sets STANDIN_ADDR. start_mongoguard NAME PORT [ARGS].
+# Needs $bin_dir (build_binaries).
+stack_init() {
+    work="$(mktemp -d "${TMPDIR:-/tmp}/mongoguard-$1.XXXXXX")"
+    pids=()
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            kill "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -rf "$work"
+}
+show_logs() {
+    local name
+    for name in $(cd "$work" && ls -- *.log 2>/dev/null | sed 's/\.log$//'); do
+        if [ -f "$work/$name.log" ]; then
+            log "---- $name log (tail) ----"
+            tail -n 60 "$work/$name.log" >&2 || true
+        fi
+    done
+}
+
+fail() {
+    log "FAIL: $*"
+    show_logs
+    exit 1
+}
+
+# start_standin NAME [ARGS...]: starts a stand-in logging to $work/NAME.log; sets $STANDIN_ADDR.
+start_standin() {
+    local name="$1" port i pid
+    shift
+    port="$(free_port)"
+    "$bin_dir/mongoguard-standin" --listen "127.0.0.1:$port" "$@" >"$work/$name.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    for ((i = 0; i < 120; i++)); do
+        if grep -q "listening on" "$work/$name.log" 2>/dev/null; then
+            STANDIN_ADDR="127.0.0.1:$port"
+            log "$name on $STANDIN_ADDR (pid $pid)"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    fail "$name did not come up"
+}
+
+# start_mongoguard NAME PORT ARGS...: starts mongoguard logging to $work/NAME.log.
+start_mongoguard() {
+    local name="$1" port="$2" pid
+    shift 2
+    "$bin_dir/mongoguard" --admin-listen off "$@" >"$work/$name.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    if ! wait_tcp 127.0.0.1 "$port" 120 || ! kill -0 "$pid" 2>/dev/null; then
+        fail "$name did not come up"
+    fi
+    log "$name on 127.0.0.1:$port (pid $pid)"
+}
+
+
+# start_pooled USER: a stand-in that requires authentication (user app / apppw) and a pooled
+# mongoguard in front of it whose users file has USER with a random password. Sets
+# pooled_port, client_user, client_password, pooled_standin_addr, pooled_standin_uri
+# (pool_size from $pool_size, default 4; more TOML sections from $pooled_extra_toml).
+start_pooled() {
+    local upstream_user=app upstream_password=apppw
+    start_standin standin-pooled --user "$upstream_user:$upstream_password"
+    pooled_standin_addr="$STANDIN_ADDR"
+    pooled_standin_uri="mongodb://$upstream_user:$upstream_password@$pooled_standin_addr/?authSource=admin"
+    client_user="$1"
+    client_password="pw-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
+    printf '%s' "$client_password" |
+        "$bin_dir/mongoguard" users add --file "$work/users.toml" "$client_user" >/dev/null ||
+        fail "mongoguard users add failed"
+    pooled_port="$(free_port)"
+    cat >"$work/mongoguard-pooled.toml" <<TOML
+[proxy]
+listen = "127.0.0.1:$pooled_port"
+mode = "pooled"
+
+[upstream]
+uri = "$pooled_standin_uri"
+
+[pool]
+pool_size = ${pool_size:-4}
+min_idle = 0
+checkout_timeout = "5s"
+
+[auth]
+users_file = "$work/users.toml"
+
+[audit]
+sink = "none"
+${pooled_extra_toml:-}
+TOML
+    start_mongoguard mongoguard-pooled "$pooled_port" --config "$work/mongoguard-pooled.toml"
+}

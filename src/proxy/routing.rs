@@ -21,6 +21,10 @@ pub(crate) enum Class {
     OtherAuth,
     /// ping: answered by mongoguard before authentication.
     Ping,
+    /// buildInfo: allowed before authentication, as mongod allows it (`requiresAuth()` is
+    /// false in src/mongo/db/commands/generic.cpp through 7.0); drivers of the 3.x generation
+    /// (the Java driver 3.6) send it during the handshake, before authenticating.
+    BuildInfo,
     /// A legacy fire-and-forget write (OP_INSERT, OP_UPDATE, OP_DELETE).
     LegacyWrite,
     /// Anything else: forwarded.
@@ -90,6 +94,7 @@ fn classify(name: &str) -> Class {
             Class::OtherAuth
         }
         "ping" => Class::Ping,
+        "buildInfo" | "buildinfo" => Class::BuildInfo,
         _ => Class::Other,
     }
 }

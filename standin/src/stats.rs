@@ -76,10 +76,8 @@ impl Stats {
                 a.load(Ordering::Relaxed)
             }
         };
-        if reset {
-            self.compressed.store(0, Ordering::Relaxed);
-        }
         Snapshot {
+            compressed_messages: take(&self.compressed),
             connections_accepted: take(&self.accepted),
             messages: take(&self.messages),
             authentications: take(&self.authentications),
@@ -141,6 +139,7 @@ impl Stats {
 /// Counters read by [`Stats::snapshot`].
 #[derive(Debug)]
 pub(crate) struct Snapshot {
+    pub(crate) compressed_messages: u64,
     pub(crate) connections_accepted: u64,
     pub(crate) messages: u64,
     pub(crate) authentications: u64,

@@ -47,6 +47,8 @@ impl PooledSide {
                 return Ok(true);
             }
             Class::Ping if self.identity.is_none() => bson::rawdoc! {"ok": 1.0},
+            // Forwarded before authentication, as the default identity (acquire()).
+            Class::BuildInfo if !routing.bad_lsid => return Ok(false),
             _ if routing.bad_lsid => error_document(
                 BAD_VALUE.0,
                 BAD_VALUE.1,
@@ -216,7 +218,16 @@ fn body(received: &Received, max: usize) -> Result<RawDocumentBuf, SessionError>
     let frame = received.inner.as_ref().unwrap_or(&received.frame);
     let result = match Message::parse(frame.bytes(), max) {
         Ok(Message::Msg(m)) => Ok(m.body().to_owned()),
-        Ok(Message::Query(q)) => Ok(q.command().to_owned()),
+        // An OP_QUERY command names its database in the namespace (`admin.$cmd`), not in
+        // `$db` (the Java driver 3.x authenticates this way): carried over as `$db`, as
+        // mongod reads it.
+        Ok(Message::Query(q)) => {
+            let mut cmd = q.command().to_owned();
+            if !matches!(cmd.get("$db"), Ok(Some(_))) {
+                cmd.append(bson::cstr!("$db"), q.database());
+            }
+            Ok(cmd)
+        }
         Ok(other) => Err(WireError::UnknownOpCode(other.op_code() as i32)),
         Err(e) => Err(e),
     };

@@ -252,7 +252,14 @@ impl Strategy for PooledSide {
             self.on_kept = true;
             return Acquired::Link(kept);
         }
-        let Some(identity) = self.identity.clone() else {
+        let identity = match (&self.identity, route.class()) {
+            (Some(identity), _) => Some(identity.clone()),
+            // buildInfo before authentication (mongod allows it; 3.x drivers send it in
+            // their handshake): read-only server facts, run as the default identity.
+            (None, Class::BuildInfo) => Some(self.pooled.identities.default_identity().clone()),
+            (None, _) => None,
+        };
+        let Some(identity) = identity else {
             return Acquired::Refused {
                 answer: Some(error_document(
                     UNAUTHORIZED.0,

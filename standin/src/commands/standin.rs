@@ -16,7 +16,7 @@ fn to_i64(n: u64) -> i64 {
 /// `{standinStats: 1, reset: <bool>}`: this member's counters (see [`crate::Stats`]).
 ///
 /// The reply is `{connectionsAccepted, connectionsOpen, authentications, messages,
-/// commands: {<lower-case name>: n}, member, isWritablePrimary, ok: 1}` (counts are int64,
+/// compressedMessages (OP_COMPRESSED requests), commands: {<lower-case name>: n}, member, isWritablePrimary, ok: 1}` (counts are int64,
 /// `member` int32; commands never seen, or not seen since a reset, are left out). The
 /// `standinStats` request itself is already counted (in `messages` and
 /// `commands.standinstats`), and so is the connection it came on. With `reset: true` the
@@ -36,6 +36,7 @@ pub(crate) fn stats(ctx: &Ctx, cmd: &Document) -> CmdResult {
         "connectionsOpen": to_i64(s.connections_open()),
         "authentications": to_i64(snap.authentications),
         "messages": to_i64(snap.messages),
+        "compressedMessages": to_i64(snap.compressed_messages),
         "commands": commands,
         "member": i32::try_from(ctx.shared.member_index()).unwrap_or(i32::MAX),
         "isWritablePrimary": ctx.shared.is_writable_primary(),

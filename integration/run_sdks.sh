@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The SDKs the standards name beyond pymongo, PHP, Node.js and Rust — the Go driver, the Java
+# driver 3.6 (legacy-era: OP_QUERY handshake, SCRAM-SHA-1) — unmodified, through mongoguard in
+# passthrough and pooled mode, against the stand-in. Each suite: CRUD, a cursor past its first
+# batch, a blocked command seen as a clear error with no retry, compression where the mode
+# negotiates it, pooled authentication. Installs its toolchains with apt-get when missing
+# (root on Debian). Prints the client versions it ran.
+set -euo pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+need_apt() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    [ "${#missing[@]}" = 0 ] && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        log "missing Debian packages: ${missing[*]} (run as root on Debian, or install them)"
+        exit 1
+    fi
+    log "apt-get install ${missing[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
+}
+need_apt golang-go golang-mongodb-mongo-driver-dev libmongodb-java default-jdk-headless
+
+pkg_version() { dpkg-query -W -f='${Version}' "$1"; }
+log "go $(go version | cut -d' ' -f3), golang-mongodb-mongo-driver-dev $(pkg_version golang-mongodb-mongo-driver-dev)"
+log "java $(java -version 2>&1 | head -1 | cut -d'"' -f2), libmongodb-java $(pkg_version libmongodb-java)"
+
+build_binaries
+stack_init sdks
+
+# ---- the clients, built once -----------------------------------------------------------------
+export GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="${GOCACHE:-$REPO_DIR/target/sdks/gocache}"
+mkdir -p "$GOCACHE" "$work/java"
+(cd "$INTEGRATION_DIR/go" && go build -o "$work/sdk-go" sdk.go) || fail "go build"
+java_cp="/usr/share/java/mongo-java-driver.jar"
+javac -d "$work/java" -cp "$java_cp" "$INTEGRATION_DIR/java/Sdk.java" || fail "javac"
+
+# ---- the stacks --------------------------------------------------------------------------------
+start_standin standin
+plain_addr="$STANDIN_ADDR"
+proxy_port="$(free_port)"
+start_mongoguard mongoguard "$proxy_port" --listen "127.0.0.1:$proxy_port" \
+    --upstream "mongodb://$plain_addr"
+start_pooled sdkuser
+
+run_suite() {
+    local mode="$1" uri="$2" standin="$3" compression="$4" status=0
+    MG_MODE="$mode" MG_URI="$uri" MG_STANDIN_URI="$standin" MG_COMPRESSION="$compression" \
+        timeout 120 "$work/sdk-go" || status=$?
+    [ "$status" = 0 ] || fail "Go driver, $mode mode (exit $status)"
+    MG_MODE="$mode" MG_URI="$uri&compressors=zlib&retryWrites=true" MG_STANDIN_URI="$standin" \
+        MG_COMPRESSION="$compression" \
+        timeout 120 java -cp "$work/java:$java_cp" Sdk || status=$?
+    [ "$status" = 0 ] || fail "Java driver, $mode mode (exit $status)"
+}
+
+run_suite passthrough "mongodb://127.0.0.1:$proxy_port/?appName=sdk" \
+    "mongodb://$plain_addr" 1
+run_suite pooled \
+    "mongodb://$client_user:$client_password@127.0.0.1:$pooled_port/?authSource=admin" \
+    "mongodb://$pooled_standin_addr" 0
+log "Go and Java drivers: both modes passed"
