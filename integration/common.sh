@@ -181,22 +181,24 @@ start_mongoguard() {
 }
 
 
-# start_pooled USER: a stand-in that requires authentication (user app / apppw) and a pooled
-# mongoguard in front of it whose users file has USER with a random password. Sets
-# pooled_port, client_user, client_password, pooled_standin_addr, pooled_standin_uri
-# (pool_size from $pool_size, default 4; more TOML sections from $pooled_extra_toml).
+# start_pooled USER [NAME [STANDIN ARGS...]]: a stand-in that requires authentication (user
+# app / apppw; started with STANDIN ARGS) and a pooled mongoguard in front of it whose users
+# file has USER with a random password; NAME (default "pooled") names their logs. Sets
+# pooled_port, client_user, client_password, pooled_standin_addr, pooled_standin_uri (pool_size
+# from $pool_size, default 4; more TOML sections from $pooled_extra_toml).
 start_pooled() {
-    local upstream_user=app upstream_password=apppw
-    start_standin standin-pooled --user "$upstream_user:$upstream_password"
+    local upstream_user=app upstream_password=apppw name="${2:-pooled}"
+    client_user="$1"
+    shift $(($# < 2 ? $# : 2))
+    start_standin "standin-$name" --user "$upstream_user:$upstream_password" "$@"
     pooled_standin_addr="$STANDIN_ADDR"
     pooled_standin_uri="mongodb://$upstream_user:$upstream_password@$pooled_standin_addr/?authSource=admin"
-    client_user="$1"
     client_password="pw-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
     printf '%s' "$client_password" |
-        "$bin_dir/mongoguard" users add --file "$work/users.toml" "$client_user" >/dev/null ||
+        "$bin_dir/mongoguard" users add --file "$work/users-$name.toml" "$client_user" >/dev/null ||
         fail "mongoguard users add failed"
     pooled_port="$(free_port)"
-    cat >"$work/mongoguard-pooled.toml" <<TOML
+    cat >"$work/mongoguard-$name.toml" <<TOML
 [proxy]
 listen = "127.0.0.1:$pooled_port"
 mode = "pooled"
@@ -210,11 +212,11 @@ min_idle = 0
 checkout_timeout = "5s"
 
 [auth]
-users_file = "$work/users.toml"
+users_file = "$work/users-$name.toml"
 
 [audit]
 sink = "none"
 ${pooled_extra_toml:-}
 TOML
-    start_mongoguard mongoguard-pooled "$pooled_port" --config "$work/mongoguard-pooled.toml"
+    start_mongoguard "mongoguard-$name" "$pooled_port" --config "$work/mongoguard-$name.toml"
 }

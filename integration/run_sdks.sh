@@ -22,10 +22,12 @@ need_apt() {
     log "apt-get install ${missing[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
 }
-need_apt golang-go golang-mongodb-mongo-driver-dev libmongodb-java default-jdk-headless
+need_apt golang-go golang-mongodb-mongo-driver-dev golang-gopkg-mgo.v2-dev libmongodb-java \
+    default-jdk-headless
 
 pkg_version() { dpkg-query -W -f='${Version}' "$1"; }
 log "go $(go version | cut -d' ' -f3), golang-mongodb-mongo-driver-dev $(pkg_version golang-mongodb-mongo-driver-dev)"
+log "mgo (gopkg.in/mgo.v2) $(pkg_version golang-gopkg-mgo.v2-dev)"
 log "java $(java -version 2>&1 | head -1 | cut -d'"' -f2), libmongodb-java $(pkg_version libmongodb-java)"
 
 build_binaries
@@ -35,6 +37,7 @@ stack_init sdks
 export GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="${GOCACHE:-$REPO_DIR/target/sdks/gocache}"
 mkdir -p "$GOCACHE" "$work/java"
 (cd "$INTEGRATION_DIR/go" && go build -o "$work/sdk-go" sdk.go) || fail "go build"
+(cd "$INTEGRATION_DIR/legacy" && go build -o "$work/sdk-mgo" mgo.go) || fail "go build (mgo)"
 java_cp="/usr/share/java/mongo-java-driver.jar"
 javac -d "$work/java" -cp "$java_cp" "$INTEGRATION_DIR/java/Sdk.java" || fail "javac"
 
@@ -62,4 +65,21 @@ run_suite passthrough "mongodb://127.0.0.1:$proxy_port/?appName=sdk" \
 run_suite pooled \
     "mongodb://$client_user:$client_password@127.0.0.1:$pooled_port/?authSource=admin" \
     "mongodb://$pooled_standin_addr" 0
-log "Go and Java drivers: both modes passed"
+# ---- mgo, the legacy Go driver: OP_QUERY for every command, getnonce on every connection,
+# SCRAM-SHA-1 over OP_QUERY. MongoDB 5.0 (wire 13) is the newest server it can talk to: 5.1+
+# refuses OP_QUERY commands other than the handshake (the stand-in does too, from wire 17).
+start_standin standin-legacy --wire-version 13
+legacy_addr="$STANDIN_ADDR"
+legacy_port="$(free_port)"
+start_mongoguard mongoguard-legacy "$legacy_port" --listen "127.0.0.1:$legacy_port" \
+    --upstream "mongodb://$legacy_addr"
+start_pooled mgouser legacy-pooled --wire-version 13
+run_mgo() {
+    local mode="$1" status=0
+    shift
+    env MG_MODE="$mode" "$@" timeout 120 "$work/sdk-mgo" || status=$?
+    [ "$status" = 0 ] || fail "mgo, $mode mode (exit $status)"
+}
+run_mgo passthrough MG_ADDR="127.0.0.1:$legacy_port"
+run_mgo pooled MG_ADDR="127.0.0.1:$pooled_port" MG_USER="$client_user" MG_PASSWORD="$client_password"
+log "Go, Java and mgo drivers: both modes passed"

@@ -17,10 +17,14 @@ pub(crate) enum Class {
     SaslStart,
     /// See [`Class::SaslStart`].
     SaslContinue,
-    /// authenticate, logout, getnonce, copydbsaslstart: refused (mongoguard authenticates).
+    /// authenticate, logout, copydbsaslstart: refused (mongoguard authenticates).
     OtherAuth,
     /// ping: answered by mongoguard before authentication.
     Ping,
+    /// getnonce: MONGODB-CR's first step, a no-op since MongoDB 4.0 that returns a random
+    /// nonce (removed in 6.2, SERVER-71007); mgo sends it on every new connection, so pooled
+    /// mode answers it as mongod up to 6.1 did.
+    GetNonce,
     /// buildInfo: allowed before authentication, as mongod allows it (`requiresAuth()` is
     /// false in src/mongo/db/commands/generic.cpp through 7.0); drivers of the 3.x generation
     /// (the Java driver 3.6) send it during the handshake, before authenticating.
@@ -90,9 +94,8 @@ fn classify(name: &str) -> Class {
         "hello" | "isMaster" | "ismaster" => Class::Hello,
         "saslStart" => Class::SaslStart,
         "saslContinue" => Class::SaslContinue,
-        "authenticate" | "logout" | "getnonce" | "copydbsaslstart" | "copydbgetnonce" => {
-            Class::OtherAuth
-        }
+        "getnonce" => Class::GetNonce,
+        "authenticate" | "logout" | "copydbsaslstart" | "copydbgetnonce" => Class::OtherAuth,
         "ping" => Class::Ping,
         "buildInfo" | "buildinfo" => Class::BuildInfo,
         _ => Class::Other,

@@ -47,6 +47,10 @@ impl PooledSide {
                 return Ok(true);
             }
             Class::Ping if self.identity.is_none() => bson::rawdoc! {"ok": 1.0},
+            Class::GetNonce => {
+                let nonce = format!("{:016x}", rand::random::<u64>());
+                bson::rawdoc! {"nonce": nonce, "ok": 1.0}
+            }
             // Forwarded before authentication, as the default identity (acquire()).
             Class::BuildInfo if !routing.bad_lsid => return Ok(false),
             _ if routing.bad_lsid => error_document(

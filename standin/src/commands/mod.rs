@@ -121,6 +121,7 @@ const NO_AUTH_NEEDED: &[&str] = &[
     "ismaster",
     "ping",
     "buildinfo",
+    "getnonce",
     "saslstart",
     "saslcontinue",
     "endsessions",
@@ -539,6 +540,7 @@ const SPELLINGS: &[&str] = &[
     "getlasterror",
     "buildInfo",
     "buildinfo",
+    "getnonce",
     "getParameter",
     "listDatabases",
     "drop",
@@ -594,6 +596,12 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
         | "resetstats" => Ok(Document::new()),
         "getlasterror" | "getlasterr" => Ok(doc! {"n": 0, "err": Bson::Null}),
         "buildinfo" => Ok(admin::build_info(ctx)),
+        // MONGODB-CR's first step, a no-op returning a random 64-bit nonce since 4.0 (kept for
+        // old Go drivers: mgo sends it on every new connection), removed in 6.2
+        // (SERVER-71007): answered while the stand-in reports a version before that.
+        "getnonce" if ctx.shared.config.wire_version < 19 => {
+            Ok(doc! {"nonce": format!("{:016x}", rand::random::<u64>())})
+        }
         "configurefailpoint" if ctx.db != "admin" => Err(CmdError::new(
             13,
             "Unauthorized",
