@@ -714,3 +714,97 @@ fn exposed_names(scrape: &str) -> Vec<String> {
     }
     names
 }
+
+/// The operator's toolbox: `/connections` (one row per client connection, like PgBouncer's
+/// SHOW CLIENTS), killing one connection, pause / resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_can_be_listed_and_killed_one_by_one() {
+    use support::raw::RawConn;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    let (mut a, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let (mut b, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let ping = doc! {"ping": 1, "$db": "admin"};
+    assert_eq!(a.command(ping.clone()).await.get_f64("ok").unwrap(), 1.0);
+
+    let list = get_json(admin, "/connections").await;
+    assert_eq!(list["paused"], false);
+    let rows = list["connections"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{list}");
+    for r in rows {
+        assert_eq!(r["app"], "mongoguard-raw-test", "{r}");
+        assert_eq!(r["state"], "idle", "{r}");
+    }
+    let first = &rows[0];
+    assert_eq!(first["requests"], 2, "hello + ping: {list}");
+    let id = first["id"].as_u64().unwrap();
+
+    let (status, _, body) = http(admin, "POST", &format!("/connections/{id}/kill"), None).await;
+    assert_eq!(status, 200, "{body}");
+    // The killed connection is closed; the other one is untouched.
+    a.send(0, &ping).await;
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1];
+        let s: &mut TcpStream = a.stream_mut();
+        s.read(&mut buf).await
+    })
+    .await
+    .expect("the kill closes the connection in time");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    assert_eq!(b.command(ping.clone()).await.get_f64("ok").unwrap(), 1.0);
+    let list = get_json(admin, "/connections").await;
+    assert_eq!(list["connections"].as_array().unwrap().len(), 1, "{list}");
+    let (status, _, _) = http(admin, "POST", &format!("/connections/{id}/kill"), None).await;
+    assert_eq!(status, 404);
+    let (status, _, _) = http(admin, "GET", "/connections/1/kill", None).await;
+    assert_eq!(status, 404, "only POST kills");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_requests_until_resume_or_its_limit() {
+    use support::raw::RawConn;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.upstream.server_selection_timeout = Duration::from_millis(800)
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let (mut c, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let ping = doc! {"ping": 1, "$db": "admin"};
+
+    let (status, _, body) = http(admin, "POST", "/pause", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get_json(admin, "/connections").await["paused"], true);
+    let pings_before = standin.stats().command_count("ping");
+    let id = c.send(0, &ping).await;
+    // Held: no answer while paused (a bounded wait shorter than the pause limit).
+    let held = tokio::time::timeout(Duration::from_millis(300), c.read()).await;
+    assert!(held.is_err(), "answered while paused: {held:?}");
+    assert_eq!(
+        standin.stats().command_count("ping"),
+        pings_before,
+        "sent while paused"
+    );
+    // hello (drivers' monitoring) goes on during the pause.
+    let (_, hello) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    assert_eq!(hello.get_f64("ok").unwrap_or(1.0), 1.0);
+    let (status, _, _) = http(admin, "POST", "/resume", None).await;
+    assert_eq!(status, 200);
+    let reply = c.read().await;
+    assert_eq!(reply.response_to, id);
+    assert_eq!(reply.body.get_f64("ok").unwrap(), 1.0);
+
+    // Past the limit: ExceededTimeLimit, not sent, and the connection stays usable.
+    http(admin, "POST", "/pause", None).await;
+    let reply = c.command(ping.clone()).await;
+    assert_eq!(reply.get_i32("code").unwrap(), 262, "{reply}");
+    assert!(
+        reply.get_str("errmsg").unwrap().contains("paused"),
+        "{reply}"
+    );
+    http(admin, "POST", "/resume", None).await;
+    assert_eq!(c.command(ping).await.get_f64("ok").unwrap(), 1.0);
+    proxy.shutdown().await;
+}

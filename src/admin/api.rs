@@ -205,3 +205,67 @@ pub(super) fn pool(ctx: &Context) -> String {
     })
     .to_string()
 }
+
+/// `GET /connections`: every live client connection (like PgBouncer's SHOW CLIENTS), and
+/// whether the proxy is paused.
+pub(super) fn connections(ctx: &Context) -> String {
+    let rows: Vec<Value> = ctx
+        .control
+        .rows()
+        .into_iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "peer": r.peer.to_string(),
+                "age_seconds": r.age_secs,
+                "app": r.app,
+                "driver": r.driver,
+                "user": r.user,
+                "requests": r.requests,
+                "state": r.state,
+            })
+        })
+        .collect();
+    json!({"paused": ctx.control.paused(), "connections": rows}).to_string()
+}
+
+/// `POST /pause` (`paused = true`) and `POST /resume`: new requests wait while paused (hello
+/// goes on), at most `upstream.server_selection_timeout`, then get ExceededTimeLimit.
+pub(super) fn pause(ctx: &Context, paused: bool) -> String {
+    let was = ctx.control.set_paused(paused);
+    if was != paused {
+        tracing::warn!(
+            paused,
+            "operator {} the proxy (admin API)",
+            if paused { "paused" } else { "resumed" }
+        );
+    }
+    json!({"ok": true, "paused": paused, "was_paused": was}).to_string()
+}
+
+/// The id in `/connections/{id}/kill`.
+pub(super) fn kill_target(path: &str) -> Option<u64> {
+    path.strip_prefix("/connections/")?
+        .strip_suffix("/kill")?
+        .parse()
+        .ok()
+}
+
+/// `POST /connections/{id}/kill`: closes one client connection (404 when there is none).
+pub(super) fn kill(ctx: &Context, id: u64) -> (StatusCode, String) {
+    if ctx.control.kill(id) {
+        tracing::warn!(
+            connection = id,
+            "operator killed a client connection (admin API)"
+        );
+        (
+            StatusCode::OK,
+            json!({"ok": true, "killed": id}).to_string(),
+        )
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            json!({"ok": false, "error": format!("no connection {id}")}).to_string(),
+        )
+    }
+}

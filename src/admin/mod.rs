@@ -38,6 +38,8 @@ pub(crate) struct AdminState {
     pub upstream_tls: Option<crate::tls::UpstreamTls>,
     /// `POST /reload`.
     pub reload: Arc<dyn PolicyReload>,
+    /// The live connections and the pause gate (`/connections`, `/pause`, `/resume`).
+    pub control: Arc<crate::proxy::control::Control>,
 }
 
 /// Reloads the policy file (validated completely; the old policy stays when it is invalid),
@@ -194,6 +196,13 @@ impl Admin {
                 json(StatusCode::OK, api::shapes(ctx, sort, limit))
             }
             (&Method::GET, "/pool") => json(StatusCode::OK, api::pool(ctx)),
+            (&Method::GET, "/connections") => json(StatusCode::OK, api::connections(ctx)),
+            (&Method::POST, "/pause") => json(StatusCode::OK, api::pause(ctx, true)),
+            (&Method::POST, "/resume") => json(StatusCode::OK, api::pause(ctx, false)),
+            (&Method::POST, p) if api::kill_target(p).is_some() => {
+                let (status, body) = api::kill(ctx, api::kill_target(p).unwrap_or(0));
+                json(status, body)
+            }
             (&Method::GET, "/") => {
                 let mut r = Response::new(Full::new(Bytes::from_static(STATUS_HTML.as_bytes())));
                 r.headers_mut().insert(
@@ -205,7 +214,8 @@ impl Admin {
             (
                 _,
                 "/healthz" | "/readyz" | "/metrics" | "/policy" | "/reload" | "/violations"
-                | "/stats/violations" | "/clients" | "/shapes" | "/pool" | "/",
+                | "/stats/violations" | "/clients" | "/shapes" | "/pool" | "/connections"
+                | "/pause" | "/resume" | "/",
             ) => json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 r#"{"error":"method not allowed"}"#.to_owned(),

@@ -91,6 +91,7 @@ impl Proxy {
                 draining: ctx.drain.clone(),
                 upstream_tls,
                 reload: reloader.clone(),
+                control: ctx.control.clone(),
             };
             let stop = admin_stop.clone();
             tokio::spawn(crate::admin::serve(l, state, admin_token, stop))

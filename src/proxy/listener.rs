@@ -129,17 +129,20 @@ async fn client_task(
         },
     };
     let mut accounting = Accounting::open(ctx.clone(), peer, opened, permit);
+    let registered = ctx.control.register(peer, &ctx.kill);
+    let conn = registered.connection.clone();
     let result = match (ctx.config.proxy.mode, ctx.pooled.clone()) {
         (crate::config::Mode::Pooled, Some(pooled)) => {
             let side = super::pooled::strategy::PooledSide::new(ctx.clone(), pooled);
-            session::run(ctx.clone(), socket, peer, side).await
+            session::run(ctx.clone(), socket, peer, side, conn).await
         }
         (crate::config::Mode::Pooled, None) => Err(super::SessionError::UpstreamClosed),
         (crate::config::Mode::Passthrough, _) => {
             let side = super::passthrough::Passthrough::new(ctx.clone());
-            session::run(ctx.clone(), socket, peer, side).await
+            session::run(ctx.clone(), socket, peer, side, conn).await
         }
     };
+    drop(registered);
     accounting.result = Some(result);
 }
 

@@ -8,6 +8,7 @@
 
 mod budget;
 mod client_io;
+pub mod control;
 mod error;
 pub mod guard;
 pub(crate) mod hello;
@@ -126,6 +127,8 @@ pub(crate) struct Context {
     pub budget: Arc<MemoryBudget>,
     /// Metrics and the admin API's tables.
     pub metrics: Arc<Metrics>,
+    /// The live connections and the pause gate (the admin API's operator actions).
+    pub control: Arc<control::Control>,
 }
 
 impl Context {
@@ -165,6 +168,7 @@ impl Context {
             budget,
             server_tls,
             upstream_tls,
+            control: Arc::new(control::Control::default()),
         }
     }
 }

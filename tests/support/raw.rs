@@ -50,6 +50,11 @@ impl RawConn {
     }
 
     /// Connects and performs a plain (uncompressed, unauthenticated) `hello` handshake.
+    /// The socket, for tests that watch it close.
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
     pub async fn connect_with_hello(addr: impl ToSocketAddrs) -> (RawConn, Document) {
         let mut conn = RawConn::connect(addr).await.expect("TCP connect");
         let hello = conn

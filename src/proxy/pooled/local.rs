@@ -193,6 +193,7 @@ impl PooledSide {
         let Some(user) = self.sasl.authenticated() else {
             return;
         };
+        client.conn.set_user(&format!("{}.{}", user.db, user.name));
         let Some(users) = self.pooled.users() else {
             return;
         };

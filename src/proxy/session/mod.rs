@@ -20,7 +20,10 @@
 
 mod relay;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    sync::{atomic::Ordering::Relaxed, Arc},
+};
 
 use bson::RawDocument;
 use tokio_util::{codec::FramedRead, sync::CancellationToken};
@@ -58,7 +61,11 @@ pub(crate) struct Client {
     /// Per-session children of the proxy's shutdown tokens: waiting on the shared tokens
     /// would take their one mutex twice per request in every session.
     pub drain: CancellationToken,
+    /// The connection's own kill token (a child of the proxy's: an operator's kill of this
+    /// one connection, or the drain deadline).
     pub kill: CancellationToken,
+    /// The connection as the operator sees it (`/connections`).
+    pub conn: Arc<crate::proxy::control::Connection>,
     /// A request the client sent while its previous one was still in flight.
     pub pending: Option<Frame>,
     /// The client left with a request in flight (its reply is read, not relayed).
@@ -96,12 +103,17 @@ pub(crate) struct Session<S: Strategy> {
     obs: SessionObs,
 }
 
+/// What a request held past the pause limit gets: ExceededTimeLimit, in the set of codes
+/// drivers retry (the retryable reads and writes specifications).
+const PAUSED: (i32, &str) = (262, "ExceededTimeLimit");
+
 /// Runs one client connection to its end with `strategy` as its upstream side.
 pub(crate) async fn run<S: Strategy>(
     ctx: Arc<Context>,
     socket: ClientStream,
     peer: SocketAddr,
     strategy: S,
+    conn: Arc<crate::proxy::control::Connection>,
 ) -> Result<End, SessionError> {
     let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
@@ -112,7 +124,8 @@ pub(crate) async fn run<S: Strategy>(
             peer,
             limits: Limits::from_config(&ctx.config.proxy),
             drain: ctx.drain.child_token(),
-            kill: ctx.kill.child_token(),
+            kill: conn.kill.clone(),
+            conn,
             pending: None,
             gone: false,
             ctx: ctx.clone(),
@@ -134,6 +147,7 @@ impl<S: Strategy> Session<S> {
     async fn serve(&mut self) -> Result<End, SessionError> {
         loop {
             self.obs.end();
+            self.client.conn.active.store(false, Relaxed);
             let incoming = match self.client.pending.take() {
                 Some(f) => Incoming::Frame(f, None),
                 None => self.next_request().await?,
@@ -146,9 +160,13 @@ impl<S: Strategy> Session<S> {
                 Next::Refused => continue,
                 Next::End(end) => return Ok(end),
             };
+            self.client.conn.requests.fetch_add(1, Relaxed);
+            self.client.conn.active.store(true, Relaxed);
             let (request, route) = self.inspect(&received.frame, received.inner.as_ref())?;
             if let Some(meta) = &request.metadata {
                 self.metadata = Some(record_handshake(&self.ctx, self.client.peer, meta));
+                let conn = &self.client.conn;
+                conn.set_client(meta.application.as_deref(), meta.driver.as_deref());
             }
             self.obs
                 .inspected(&request, self.metadata.as_ref(), started);
@@ -165,6 +183,9 @@ impl<S: Strategy> Session<S> {
             if self.answer_blocked(&request, &route).await? {
                 continue;
             }
+            if !self.wait_unpaused(&request).await? {
+                continue;
+            }
             if let Some(errmsg) = self.forward(&received.frame, &request, &route).await? {
                 // The measurement of a multi-document write blocked it.
                 let abort = match &request.judgement {
@@ -178,6 +199,37 @@ impl<S: Strategy> Session<S> {
                 self.answer_blocked(&blocked, &route).await?;
             }
         }
+    }
+
+    /// An operator's pause (`POST /pause`) holds the request here, before it takes an
+    /// upstream connection, until `POST /resume` or `server_selection_timeout` — then it is
+    /// answered with ExceededTimeLimit (262; drivers may retry it) and not sent. False when
+    /// answered.
+    async fn wait_unpaused(&mut self, request: &Request) -> Result<bool, SessionError> {
+        let control = &self.ctx.control;
+        // Drivers' monitoring (hello) goes on, so that a pause does not look like a dead
+        // server to them.
+        if !control.paused() || request.is_hello {
+            return Ok(true);
+        }
+        let limit = self.ctx.config.upstream.server_selection_timeout;
+        if control.wait_unpaused(limit, &self.client.kill).await {
+            return Ok(true);
+        }
+        if self.client.kill.is_cancelled() {
+            return Err(SessionError::Killed);
+        }
+        let doc = crate::wire::builder::error_document(
+            PAUSED.0,
+            PAUSED.1,
+            &format!(
+                "mongoguard is paused by an operator (POST /resume lets requests go); this \
+                 request waited {} s and was not sent",
+                limit.as_secs()
+            ),
+        );
+        self.client.reply(request, &doc).await?;
+        Ok(false)
     }
 
     /// Waits for the next client request, while the strategy watches what it holds.

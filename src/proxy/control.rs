@@ -1,0 +1,214 @@
+//! What an operator acts on while the proxy runs (the admin API's `/connections`, `/pause`,
+//! `/resume`): a registry of the live client connections, each killable on its own, and a
+//! pause gate that holds new requests while an upstream is under maintenance.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::{Duration, SystemTime},
+};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The operator's handles on a running proxy.
+pub struct Control {
+    next_id: AtomicU64,
+    connections: Mutex<BTreeMap<u64, Arc<Connection>>>,
+    paused: watch::Sender<bool>,
+}
+
+/// One live client connection.
+pub struct Connection {
+    /// Stable id, unique for the process's life (`/connections/{id}/kill`).
+    pub id: u64,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// When it was accepted.
+    pub opened: SystemTime,
+    /// Cancelled to close it (the operator's kill, or the proxy's own at the drain deadline).
+    pub kill: CancellationToken,
+    /// Requests read from it.
+    pub requests: AtomicU64,
+    /// A request of it is being served now.
+    pub active: AtomicBool,
+    who: Mutex<Who>,
+}
+
+#[derive(Default, Clone)]
+struct Who {
+    app: Option<String>,
+    driver: Option<String>,
+    user: Option<String>,
+}
+
+/// A connection as `/connections` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionRow {
+    /// Id.
+    pub id: u64,
+    /// Client address.
+    pub peer: SocketAddr,
+    /// Seconds since it was accepted.
+    pub age_secs: u64,
+    /// Application name from its handshake.
+    pub app: Option<String>,
+    /// Driver name and version from its handshake.
+    pub driver: Option<String>,
+    /// The user it authenticated as (pooled mode).
+    pub user: Option<String>,
+    /// Requests so far.
+    pub requests: u64,
+    /// "active" while a request is served, else "idle".
+    pub state: &'static str,
+}
+
+/// Removes its connection from the registry when the session ends, whatever ended it.
+pub struct Registered {
+    control: Arc<Control>,
+    /// The connection.
+    pub connection: Arc<Connection>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.control
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.connection.id);
+    }
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            next_id: AtomicU64::new(1),
+            connections: Mutex::default(),
+            paused: watch::Sender::new(false),
+        }
+    }
+}
+
+impl Control {
+    /// Registers a new connection; its kill token is a child of `parent` (the proxy's own).
+    pub fn register(self: &Arc<Self>, peer: SocketAddr, parent: &CancellationToken) -> Registered {
+        let connection = Arc::new(Connection {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            peer,
+            opened: SystemTime::now(),
+            kill: parent.child_token(),
+            requests: AtomicU64::new(0),
+            active: AtomicBool::new(false),
+            who: Mutex::default(),
+        });
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(connection.id, connection.clone());
+        Registered {
+            control: self.clone(),
+            connection,
+        }
+    }
+
+    /// Closes connection `id`: its session ends at its next await (a reply being relayed is
+    /// not cut mid-message toward the client: the session stops where it stands and closes
+    /// the socket). False when there is no such connection.
+    pub fn kill(&self, id: u64) -> bool {
+        let found = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .cloned();
+        match found {
+            Some(c) => {
+                c.kill.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Every live connection, oldest first.
+    pub fn rows(&self) -> Vec<ConnectionRow> {
+        let conns: Vec<Arc<Connection>> = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let now = SystemTime::now();
+        conns
+            .iter()
+            .map(|c| {
+                let who = c.who.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                ConnectionRow {
+                    id: c.id,
+                    peer: c.peer,
+                    age_secs: now.duration_since(c.opened).map_or(0, |d| d.as_secs()),
+                    app: who.app,
+                    driver: who.driver,
+                    user: who.user,
+                    requests: c.requests.load(Ordering::Relaxed),
+                    state: if c.active.load(Ordering::Relaxed) {
+                        "active"
+                    } else {
+                        "idle"
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Holds new requests (`true`) or lets them go (`false`). Returns the previous state.
+    pub fn set_paused(&self, paused: bool) -> bool {
+        self.paused.send_replace(paused)
+    }
+
+    /// True while paused.
+    pub fn paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// Waits while the proxy is paused, at most `limit`, or until `kill`. True when the
+    /// request may go on; false when the pause outlasted `limit`.
+    pub async fn wait_unpaused(&self, limit: Duration, kill: &CancellationToken) -> bool {
+        let mut rx = self.paused.subscribe();
+        if !*rx.borrow_and_update() {
+            return true;
+        }
+        let resumed = async {
+            while rx.changed().await.is_ok() {
+                if !*rx.borrow_and_update() {
+                    return true;
+                }
+            }
+            false
+        };
+        tokio::select! {
+            r = tokio::time::timeout(limit, resumed) => r.unwrap_or(false),
+            _ = kill.cancelled() => false,
+        }
+    }
+}
+
+impl Connection {
+    /// Records the handshake's application and driver.
+    pub fn set_client(&self, app: Option<&str>, driver: Option<&str>) {
+        let mut who = self.who.lock().unwrap_or_else(PoisonError::into_inner);
+        who.app = app.map(str::to_owned);
+        who.driver = driver.map(str::to_owned);
+    }
+
+    /// Records the authenticated user (pooled mode).
+    pub fn set_user(&self, user: &str) {
+        self.who.lock().unwrap_or_else(PoisonError::into_inner).user = Some(user.to_owned());
+    }
+}
