@@ -808,3 +808,53 @@ async fn pause_holds_requests_until_resume_or_its_limit() {
     assert_eq!(c.command(ping).await.get_f64("ok").unwrap(), 1.0);
     proxy.shutdown().await;
 }
+
+/// `POST /stats/reset` empties the admin views (like PgBouncer's RESET STATS…), never the
+/// Prometheus counters, which must stay monotonic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_reset_empties_the_views_not_the_counters() {
+    use support::raw::RawConn;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    let (mut c, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    c.command(doc! {"find": "t", "filter": {"a": 1}, "$db": "db_x"})
+        .await;
+    let blocked = c
+        .command(doc! {"update": "t", "updates": [{"q": {}, "u": {"$set": {"x": 1}}, "multi": true}], "$db": "db_x"})
+        .await;
+    assert_eq!(blocked.get_i32("code").unwrap(), 65001, "{blocked}");
+    let series = r#"mongoguard_violations_total{rule="W001",action="block",mode="enforce"}"#;
+    let before = {
+        let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+        sample(&m, series).expect("the W001 counter")
+    };
+    assert!(!get_json(admin, "/violations").await["violations"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(!get_json(admin, "/shapes").await["shapes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    let (status, _, body) = http(admin, "POST", "/stats/reset", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(get_json(admin, "/violations").await["violations"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(get_json(admin, "/shapes").await["shapes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let stats = get_json(admin, "/stats/violations").await;
+    assert_eq!(stats["by_rule"], serde_json::json!({}), "{stats}");
+    let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+    assert_eq!(
+        sample(&m, series),
+        Some(before),
+        "a Prometheus counter was reset"
+    );
+    proxy.shutdown().await;
+}

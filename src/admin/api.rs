@@ -269,3 +269,14 @@ pub(super) fn kill(ctx: &Context, id: u64) -> (StatusCode, String) {
         )
     }
 }
+
+/// `POST /stats/reset`: forgets what the admin views accumulated — the recent violations and
+/// their per-minute counts (`/violations`, `/stats/violations`) and the query shapes
+/// (`/shapes`). Prometheus counters (`/metrics`) are never reset: they stay monotonic, as
+/// scrapers require.
+pub(super) fn reset_stats(ctx: &Context) -> String {
+    ctx.metrics.violations.clear();
+    ctx.metrics.shapes.clear();
+    tracing::warn!("operator reset the admin views' statistics (admin API)");
+    json!({"ok": true, "reset": ["violations", "stats/violations", "shapes"]}).to_string()
+}

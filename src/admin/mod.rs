@@ -197,6 +197,7 @@ impl Admin {
             }
             (&Method::GET, "/pool") => json(StatusCode::OK, api::pool(ctx)),
             (&Method::GET, "/connections") => json(StatusCode::OK, api::connections(ctx)),
+            (&Method::POST, "/stats/reset") => json(StatusCode::OK, api::reset_stats(ctx)),
             (&Method::POST, "/pause") => json(StatusCode::OK, api::pause(ctx, true)),
             (&Method::POST, "/resume") => json(StatusCode::OK, api::pause(ctx, false)),
             (&Method::POST, p) if api::kill_target(p).is_some() => {
@@ -215,7 +216,7 @@ impl Admin {
                 _,
                 "/healthz" | "/readyz" | "/metrics" | "/policy" | "/reload" | "/violations"
                 | "/stats/violations" | "/clients" | "/shapes" | "/pool" | "/connections"
-                | "/pause" | "/resume" | "/",
+                | "/pause" | "/resume" | "/stats/reset" | "/",
             ) => json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 r#"{"error":"method not allowed"}"#.to_owned(),

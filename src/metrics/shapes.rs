@@ -181,6 +181,12 @@ impl ShapeTable {
         }
     }
 
+    /// Forgets every shape (`POST /stats/reset`).
+    pub fn clear(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.map.clear();
+    }
+
     /// Counts one request of the shape captured in `s` (nothing when none was captured).
     pub fn record(&self, s: &ShapeScratch, micros: u64, error: bool) {
         if !s.active {

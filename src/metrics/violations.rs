@@ -54,6 +54,22 @@ impl ViolationLog {
         }
     }
 
+    /// Forgets the recent records and the per-minute counts (`POST /stats/reset`).
+    pub fn clear(&self) {
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        for b in self
+            .minutes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter_mut()
+        {
+            *b = Bucket::default();
+        }
+    }
+
     /// Keeps `rec` and counts it under `app` (an already capped label).
     pub fn push(&self, rec: &ViolationRecord, app: Arc<str>) {
         let minute = minute_of(rec.time);
