@@ -65,6 +65,7 @@ struct Setup {
     pool_size: usize,
     checkout_timeout: Duration,
     unauthenticated: bool,
+    per_user: usize,
 }
 
 impl Default for Setup {
@@ -73,6 +74,7 @@ impl Default for Setup {
             pool_size: 2,
             checkout_timeout: Duration::from_secs(5),
             unauthenticated: false,
+            per_user: 0,
         }
     }
 }
@@ -91,6 +93,7 @@ async fn proxy(standin: &StandIn, setup: Setup) -> ProxyHandle {
     cfg.upstream.reply_timeout = Duration::from_secs(30);
     cfg.auth.users_file = Some(users_file());
     cfg.auth.allow_unauthenticated = setup.unauthenticated;
+    cfg.pool.max_connections_per_user = setup.per_user;
     cfg.audit.sink = mongoguard::audit::SinkSpec::None;
     cfg.validate().unwrap();
     Proxy::start(Arc::new(cfg))
@@ -345,6 +348,7 @@ async fn checkout_timeout_then_client_killed_mid_request_does_not_poison_the_poo
             pool_size: 1,
             checkout_timeout: Duration::from_millis(300),
             unauthenticated: true,
+            ..Setup::default()
         },
     )
     .await;
@@ -525,5 +529,60 @@ async fn upstream_restart_is_survived() {
     assert!(again.stats().authentications() >= 1);
     let (pool, _) = proxy.pool_stats().unwrap();
     assert!(pool.unusable + pool.discards >= 1, "{pool:?}");
+    proxy.shutdown().await;
+}
+
+/// `pool.max_connections_per_user`: the connection that authenticates past the limit gets a
+/// MongoDB error naming it (not a bare reset) and is closed; a closed connection frees its
+/// slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_user_are_limited_with_an_error() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            per_user: 1,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let first = client(&proxy, Some(CLIENT_USER)).await;
+    first
+        .database("x")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    // The first client's connection stays checked in to its own pool: the second client's
+    // authenticated connection is the user's second.
+    let second = client(&proxy, Some(CLIENT_USER)).await;
+    let err = second
+        .database("x")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("max_connections_per_user = 1"),
+        "{err}"
+    );
+    // The first client is unaffected; once it closes, the user may connect again.
+    first
+        .database("x")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    first.shutdown().await;
+    let third = client(&proxy, Some(CLIENT_USER)).await;
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match third.database("x").run_command(doc! {"ping": 1}).await {
+                Ok(_) => break,
+                // The first client's sockets close asynchronously.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("the slot is freed when the connection closes");
     proxy.shutdown().await;
 }

@@ -457,6 +457,59 @@ async fn connection_cap_answers_the_extra_client_with_an_error() {
         .await));
 }
 
+/// `pool.max_connections_per_app`: the connection of an application over its limit gets the
+/// error in answer to its hello, then is closed; closing one frees a slot.
+#[tokio::test]
+async fn connections_per_app_are_limited_with_an_error() {
+    let (_s, proxy) = stack_with(|c| c.pool.max_connections_per_app = 2).await;
+    let hello = |app: &str| {
+        MsgBuilder::new(rawdoc! {
+            "hello": 1, "client": {"application": {"name": app}, "driver": {"name": "t", "version": "0"}, "os": {"type": "Linux"}},
+            "$db": "admin",
+        })
+        .encode(1, 0)
+        .to_vec()
+    };
+    let mut a = Raw::connect(&proxy).await;
+    a.send(&hello("billing")).await;
+    assert!(a.recv().await.is_some());
+    let mut b = Raw::connect(&proxy).await;
+    b.send(&hello("billing")).await;
+    assert!(b.recv().await.is_some());
+    // Another application is not affected.
+    let mut other = Raw::connect(&proxy).await;
+    other.send(&hello("reports")).await;
+    let reply = other.recv().await.expect("hello reply");
+    let body = OpMsg::parse(reply.bytes()).unwrap().body().to_owned();
+    assert!(ok(&body), "{body:?}");
+    let mut c = Raw::connect(&proxy).await;
+    c.send(&hello("billing")).await;
+    let reply = c.recv().await.expect("an error reply");
+    let body = OpMsg::parse(reply.bytes()).unwrap().body().to_owned();
+    assert_eq!(body.get_i32("code").unwrap(), 6, "{body:?}");
+    assert!(body
+        .get_str("errmsg")
+        .unwrap()
+        .contains("max_connections_per_app = 2"));
+    c.expect_closed().await;
+    drop(a);
+    // The slot frees once the first session has ended.
+    let freed = tokio::time::timeout(BOUND, async {
+        loop {
+            let mut d = Raw::connect(&proxy).await;
+            d.send(&hello("billing")).await;
+            let reply = d.recv().await.expect("reply");
+            let body = OpMsg::parse(reply.bytes()).unwrap().body().to_owned();
+            if ok(&body) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(freed.is_ok(), "the slot was never freed");
+}
+
 /// Hostile: hundreds of refused clients that send nothing (or a lying length) cost bounded
 /// work: each is closed within the refusal timeout, and the admitted client is served
 /// throughout.
@@ -525,7 +578,8 @@ async fn drain_finishes_in_flight_requests_and_stops_accepting() {
         .recv()
         .await
         .expect("in-flight reply delivered during drain");
-    assert!(ok(&OpMsg::parse(reply.bytes()).unwrap().body().to_owned()));
+    let body = OpMsg::parse(reply.bytes()).unwrap().body().to_owned();
+    assert!(ok(&body), "{body:?}");
     busy.expect_closed().await;
     idle.expect_closed().await;
     tokio::time::timeout(BOUND, shutdown)

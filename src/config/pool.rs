@@ -35,6 +35,14 @@ pub struct PoolSettings {
         serialize_with = "duration::serialize"
     )]
     pub max_lifetime: Duration,
+    /// Most client connections of one application (the handshake's `appName`) at once; `0`:
+    /// no limit. The one over it gets HostUnreachable (6) naming the limit in answer to its
+    /// hello, then is closed. Applies in both modes.
+    pub max_connections_per_app: usize,
+    /// Most client connections authenticated as one user (`db.name`) at once (pooled mode);
+    /// `0`: no limit. The one over it gets the error in answer to the authentication step
+    /// that completed, then is closed.
+    pub max_connections_per_user: usize,
 }
 
 impl Default for PoolSettings {
@@ -45,6 +53,8 @@ impl Default for PoolSettings {
             checkout_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(600),
             max_lifetime: Duration::from_secs(3600),
+            max_connections_per_app: 0,
+            max_connections_per_user: 0,
         }
     }
 }

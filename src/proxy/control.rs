@@ -3,7 +3,7 @@
 //! pause gate that holds new requests while an upstream is under maintenance.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -20,6 +20,18 @@ pub struct Control {
     next_id: AtomicU64,
     connections: Mutex<BTreeMap<u64, Arc<Connection>>>,
     paused: watch::Sender<bool>,
+    /// Connections per application / per user, for their limits.
+    per_app: Mutex<HashMap<String, usize>>,
+    per_user: Mutex<HashMap<String, usize>>,
+}
+
+/// Which limit a connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// `pool.max_connections_per_app`.
+    App,
+    /// `pool.max_connections_per_user`.
+    User,
 }
 
 /// One live client connection.
@@ -37,6 +49,8 @@ pub struct Connection {
     /// A request of it is being served now.
     pub active: AtomicBool,
     who: Mutex<Who>,
+    /// The application and user this connection is counted under (released when it ends).
+    claims: Mutex<(Option<String>, Option<String>)>,
 }
 
 #[derive(Default, Clone)]
@@ -81,6 +95,29 @@ impl Drop for Registered {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.connection.id);
+        let claims = std::mem::take(
+            &mut *self
+                .connection
+                .claims
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        if let Some(app) = claims.0 {
+            release(&self.control.per_app, &app);
+        }
+        if let Some(user) = claims.1 {
+            release(&self.control.per_user, &user);
+        }
+    }
+}
+
+fn release(table: &Mutex<HashMap<String, usize>>, key: &str) {
+    let mut t = table.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(n) = t.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            t.remove(key);
+        }
     }
 }
 
@@ -90,6 +127,8 @@ impl Default for Control {
             next_id: AtomicU64::new(1),
             connections: Mutex::default(),
             paused: watch::Sender::new(false),
+            per_app: Mutex::default(),
+            per_user: Mutex::default(),
         }
     }
 }
@@ -105,6 +144,7 @@ impl Control {
             requests: AtomicU64::new(0),
             active: AtomicBool::new(false),
             who: Mutex::default(),
+            claims: Mutex::default(),
         });
         self.connections
             .lock()
@@ -165,6 +205,34 @@ impl Control {
                 }
             })
             .collect()
+    }
+
+    /// Counts `conn` under `key` for the `kind` limit (`0`: none), once per connection and
+    /// kind (a later claim of the same kind replaces nothing). False when `limit` connections
+    /// are already counted under `key`: the caller refuses this one.
+    pub fn claim(&self, conn: &Connection, kind: LimitKind, key: &str, limit: usize) -> bool {
+        if limit == 0 {
+            return true;
+        }
+        let mut claims = conn.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        let (slot, table) = match kind {
+            LimitKind::App => (&mut claims.0, &self.per_app),
+            LimitKind::User => (&mut claims.1, &self.per_user),
+        };
+        if slot.is_some() {
+            return true;
+        }
+        let mut t = table.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = t.entry(key.to_owned()).or_insert(0);
+        if *n >= limit {
+            if *n == 0 {
+                t.remove(key);
+            }
+            return false;
+        }
+        *n += 1;
+        *slot = Some(key.to_owned());
+        true
     }
 
     /// Holds new requests (`true`) or lets them go (`false`). Returns the previous state.

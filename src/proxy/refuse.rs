@@ -42,6 +42,11 @@ pub(crate) const REFUSED_CODE: i32 = 6;
 /// Its name.
 pub(crate) const REFUSED_CODE_NAME: &str = "HostUnreachable";
 
+/// The error document of a refusal by any connection limit.
+pub(crate) fn limit_error(errmsg: &str) -> bson::RawDocumentBuf {
+    builder::error_document(REFUSED_CODE, REFUSED_CODE_NAME, errmsg)
+}
+
 static ANSWERING: Semaphore = Semaphore::const_new(REFUSALS_MAX);
 static REFUSED_SINCE_WARN: AtomicU64 = AtomicU64::new(0);
 static LAST_WARN_SECS: AtomicU64 = AtomicU64::new(0);
@@ -108,7 +113,7 @@ async fn answer(
     let mut rest = vec![0u8; length - HEADER_LEN];
     stream.read_exact(&mut rest).await?;
     let op = OpCode::from_i32(header.op_code).ok_or_else(bad)?;
-    let doc = builder::error_document(REFUSED_CODE, REFUSED_CODE_NAME, errmsg);
+    let doc = limit_error(errmsg);
     if let Some(reply) = builder::reply_for(op, header.request_id, 0, &doc) {
         stream.write_all(&reply).await?;
         stream.flush().await?;

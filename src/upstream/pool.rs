@@ -344,6 +344,7 @@ mod tests {
             checkout_timeout: Duration::from_millis(1500),
             idle_timeout: Duration::ZERO,
             max_lifetime: Duration::from_secs(90),
+            ..PoolSettings::default()
         };
         assert_eq!(
             PoolConfig::from(&settings),

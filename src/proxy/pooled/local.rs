@@ -41,8 +41,17 @@ impl PooledSide {
         let doc = match routing.class() {
             Class::Hello => self.hello(client, received).await?,
             class @ (Class::SaslStart | Class::SaslContinue | Class::OtherAuth) => {
-                let doc = self.auth_step(client, received, class)?;
+                let mut doc = self.auth_step(client, received, class)?;
+                let refused = self.user_limit(client);
+                if let Some(refusal) = &refused {
+                    doc = refusal.clone();
+                }
                 client.reply(request, &doc).await?;
+                if refused.is_some() {
+                    // Answered, then closed at the session's next wait; never bound.
+                    client.conn.kill.cancel();
+                    return Ok(true);
+                }
                 self.after_auth_step(client, &doc, class);
                 return Ok(true);
             }
@@ -171,6 +180,26 @@ impl PooledSide {
         } else {
             self.sasl.sasl_continue(&cmd)
         })
+    }
+
+    /// The refusal of a conversation that just authenticated a user who already has
+    /// `pool.max_connections_per_user` connections, or `None`.
+    fn user_limit(&self, client: &Client) -> Option<RawDocumentBuf> {
+        if self.user.is_some() {
+            return None;
+        }
+        let user = self.sasl.authenticated()?;
+        let key = format!("{}.{}", user.db, user.name);
+        let limit = self.ctx.config.pool.max_connections_per_user;
+        let kind = crate::proxy::control::LimitKind::User;
+        if self.ctx.control.claim(&client.conn, kind, &key, limit) {
+            return None;
+        }
+        debug!(user = %key, limit, "max_connections_per_user reached; connection refused");
+        Some(crate::proxy::refuse::limit_error(&format!(
+            "mongoguard: too many connections of user {key} (pool.max_connections_per_user = \
+             {limit}); connection refused. Close idle connections, or raise the limit"
+        )))
     }
 
     /// Records a failed step; binds the session to the user's upstream identity once a

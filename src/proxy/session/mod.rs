@@ -103,6 +103,30 @@ pub(crate) struct Session<S: Strategy> {
     obs: SessionObs,
 }
 
+/// The refusal of a connection over `pool.max_connections_per_app`, or `None` when it is
+/// counted (or names no application, or there is no limit).
+fn app_limit(
+    ctx: &Context,
+    conn: &crate::proxy::control::Connection,
+    app: Option<&str>,
+) -> Option<bson::RawDocumentBuf> {
+    let app = app?;
+    let limit = ctx.config.pool.max_connections_per_app;
+    let kind = crate::proxy::control::LimitKind::App;
+    if ctx.control.claim(conn, kind, app, limit) {
+        return None;
+    }
+    debug!(
+        app,
+        limit, "max_connections_per_app reached; connection refused"
+    );
+    Some(crate::proxy::refuse::limit_error(&format!(
+        "mongoguard: too many connections of application {app:?} \
+         (pool.max_connections_per_app = {limit}); connection refused. Use a connection pool, \
+         close idle connections, or raise the limit"
+    )))
+}
+
 /// What a request held past the pause limit gets: ExceededTimeLimit, in the set of codes
 /// drivers retry (the retryable reads and writes specifications).
 const PAUSED: (i32, &str) = (262, "ExceededTimeLimit");
@@ -167,6 +191,13 @@ impl<S: Strategy> Session<S> {
                 self.metadata = Some(record_handshake(&self.ctx, self.client.peer, meta));
                 let conn = &self.client.conn;
                 conn.set_client(meta.application.as_deref(), meta.driver.as_deref());
+                if let Some(refusal) = app_limit(&self.ctx, conn, meta.application.as_deref()) {
+                    // Answered, then closed: the connection's own kill ends the session at
+                    // its next wait.
+                    self.client.reply(&request, &refusal).await?;
+                    self.client.conn.kill.cancel();
+                    continue;
+                }
             }
             self.obs
                 .inspected(&request, self.metadata.as_ref(), started);
