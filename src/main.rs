@@ -129,6 +129,38 @@ enum Command {
     },
     /// Print the manual page (roff) to standard output, e.g. `mongoguard man | man -l -`.
     Man,
+    /// Operator actions on a running mongoguard through its admin API (like PgBouncer's
+    /// console): list connections, kill one, pause / resume, reset the admin statistics.
+    Admin(AdminArgs),
+}
+
+#[derive(Debug, Args)]
+struct AdminArgs {
+    /// The admin listener's address.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9216")]
+    admin: String,
+    /// A file holding the admin token (`[admin] token_file`); without it, no token is sent.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    action: AdminAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminAction {
+    /// Every live client connection (GET /connections).
+    Connections,
+    /// Close one client connection (POST /connections/ID/kill).
+    Kill {
+        /// The connection's id, from `connections`.
+        id: u64,
+    },
+    /// Hold new requests (POST /pause).
+    Pause,
+    /// Let them go (POST /resume).
+    Resume,
+    /// Empty the admin views' statistics (POST /stats/reset).
+    ResetStats,
 }
 
 #[derive(Debug, Subcommand)]
@@ -363,6 +395,56 @@ fn users_command(cmd: &UsersCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One admin API call over HTTP/1.1 (bounded: 10 s); prints the JSON answer, exits 1 on a
+/// non-2xx status.
+fn admin_command(args: &AdminArgs) -> anyhow::Result<ExitCode> {
+    use std::io::{Read, Write};
+    let (method, path) = match &args.action {
+        AdminAction::Connections => ("GET", "/connections".to_owned()),
+        AdminAction::Kill { id } => ("POST", format!("/connections/{id}/kill")),
+        AdminAction::Pause => ("POST", "/pause".to_owned()),
+        AdminAction::Resume => ("POST", "/resume".to_owned()),
+        AdminAction::ResetStats => ("POST", "/stats/reset".to_owned()),
+    };
+    let auth = match &args.token_file {
+        Some(f) => {
+            let token =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            format!("Authorization: Bearer {}\r\n", token.trim_end())
+        }
+        None => String::new(),
+    };
+    let bound = Duration::from_secs(10);
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&args.admin)
+        .with_context(|| format!("--admin {}", args.admin))?
+        .next()
+        .with_context(|| format!("--admin {}: no address", args.admin))?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, bound)
+        .with_context(|| format!("connecting to the admin listener at {addr}"))?;
+    s.set_read_timeout(Some(bound))?;
+    s.set_write_timeout(Some(bound))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.take(16 << 20).read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status in the admin listener's answer")?;
+    println!("{}", body.trim_end());
+    Ok(if (200..300).contains(&status) {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("mongoguard admin: {method} {path}: HTTP {status}");
+        ExitCode::from(1)
+    })
+}
+
 fn man() -> anyhow::Result<ExitCode> {
     let cmd = Cli::command();
     let mut out = std::io::stdout().lock();
@@ -386,6 +468,7 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Man) => man(),
+        Some(Command::Admin(args)) => admin_command(args),
     };
     match result {
         Ok(code) => code,

@@ -858,3 +858,79 @@ async fn stats_reset_empties_the_views_not_the_counters() {
     );
     proxy.shutdown().await;
 }
+
+/// `mongoguard admin …`: the same actions from the command line (the token from a file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_cli_calls_the_api_with_the_token() {
+    use support::raw::RawConn;
+    let token_file = temp_file("cli-token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| c.admin.token = Some("s3cret-token".into())).await;
+    let admin = proxy.admin_addr().unwrap().to_string();
+    let (_conn, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let cli = |args: Vec<String>| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let with = |action: &[&str]| {
+        let mut v: Vec<String> = ["admin", "--admin", &admin, "--token-file"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.push(token_file.to_str().unwrap().to_owned());
+        v.extend(action.iter().map(|s| s.to_string()));
+        v
+    };
+    let (code, out) = tokio::task::spawn_blocking({
+        let args = with(&["connections"]);
+        move || cli(args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["connections"].as_array().unwrap().len(), 1, "{list}");
+    let (code, out) = tokio::task::spawn_blocking({
+        let args = with(&["pause"]);
+        move || cli(args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        get_json_auth(proxy.admin_addr().unwrap(), "/connections", "s3cret-token").await["paused"],
+        true
+    );
+    let (code, _) = tokio::task::spawn_blocking({
+        let args = with(&["resume"]);
+        move || cli(args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0));
+    // Without the token: refused, exit 1.
+    let (code, _) = tokio::task::spawn_blocking({
+        let args: Vec<String> = ["admin", "--admin", &admin, "kill", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        move || cli(args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(1));
+    proxy.shutdown().await;
+}
+
+async fn get_json_auth(addr: SocketAddr, path: &str, token: &str) -> Value {
+    let (status, _, body) = http(addr, "GET", path, Some(token)).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
