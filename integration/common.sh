@@ -220,3 +220,15 @@ ${pooled_extra_toml:-}
 TOML
     start_mongoguard "mongoguard-$name" "$pooled_port" --config "$work/mongoguard-$name.toml"
 }
+
+# npm_ci DIR: `npm ci` in DIR unless its node_modules already match its package-lock.json.
+npm_ci() {
+    local dir="$1" lock_sum stamp
+    lock_sum="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+    stamp="$dir/node_modules/.mongoguard-lock.sha256"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
+        log "npm ci in $dir"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+        echo "$lock_sum" >"$stamp"
+    fi
+}

@@ -38,13 +38,7 @@ if [ "$node_major" -lt 20 ]; then
 fi
 
 # ---- dependencies: npm ci, skipped while package-lock.json is unchanged -------------------
-lock_sum="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
-stamp="$NODE_DIR/node_modules/.mongoguard-lock.sha256"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_sum" ]; then
-    log "npm ci in $NODE_DIR"
-    (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-    echo "$lock_sum" >"$stamp"
-fi
+npm_ci "$NODE_DIR"
 log "node $(node --version), mongodb driver $(node -p "require('$NODE_DIR/node_modules/mongodb/package.json').version")"
 
 # ---- binaries --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The SDKs the standards name beyond pymongo, PHP, Node.js and Rust — the Go driver, the Java
-# driver 3.6 (legacy-era: OP_QUERY handshake, SCRAM-SHA-1) — unmodified, through mongoguard in
+# The clients the standards name beyond pymongo, PHP, Node.js and Rust — the Go driver, the Java
+# driver 3.6 (legacy-era: OP_QUERY handshake, SCRAM-SHA-1), mongosh (npm, pinned), and mgo (every
+# command as OP_QUERY, against a 5.0-like upstream) — unmodified, through mongoguard in
 # passthrough and pooled mode, against the stand-in. Each suite: CRUD, a cursor past its first
 # batch, a blocked command seen as a clear error with no retry, compression where the mode
 # negotiates it, pooled authentication. Installs its toolchains with apt-get when missing
@@ -30,6 +31,10 @@ log "go $(go version | cut -d' ' -f3), golang-mongodb-mongo-driver-dev $(pkg_ver
 log "mgo (gopkg.in/mgo.v2) $(pkg_version golang-gopkg-mgo.v2-dev)"
 log "java $(java -version 2>&1 | head -1 | cut -d'"' -f2), libmongodb-java $(pkg_version libmongodb-java)"
 
+npm_ci "$INTEGRATION_DIR/mongosh"
+mongosh="$INTEGRATION_DIR/mongosh/node_modules/.bin/mongosh"
+log "mongosh $("$mongosh" --version)"
+
 build_binaries
 stack_init sdks
 
@@ -58,6 +63,10 @@ run_suite() {
         MG_COMPRESSION="$compression" \
         timeout 120 java -cp "$work/java:$java_cp" Sdk || status=$?
     [ "$status" = 0 ] || fail "Java driver, $mode mode (exit $status)"
+    MG_MODE="$mode" MG_STANDIN_URI="$standin" MG_COMPRESSION="$compression" \
+        timeout 120 "$mongosh" "$uri&compressors=zlib" --quiet --norc \
+        --file "$INTEGRATION_DIR/mongosh/suite.js" || status=$?
+    [ "$status" = 0 ] || fail "mongosh, $mode mode (exit $status)"
 }
 
 run_suite passthrough "mongodb://127.0.0.1:$proxy_port/?appName=sdk" \
@@ -82,4 +91,4 @@ run_mgo() {
 }
 run_mgo passthrough MG_ADDR="127.0.0.1:$legacy_port"
 run_mgo pooled MG_ADDR="127.0.0.1:$pooled_port" MG_USER="$client_user" MG_PASSWORD="$client_password"
-log "Go, Java and mgo drivers: both modes passed"
+log "Go, Java, mongosh and mgo: both modes passed"

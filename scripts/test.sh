@@ -27,7 +27,7 @@ bash integration/run_pooled.sh
 step "the Node.js driver: passthrough, guard, pooled (integration/run_node.sh)"
 bash integration/run_node.sh
 
-step "the Go driver, the Java driver 3.6 and mgo (legacy OP_QUERY), both modes (integration/run_sdks.sh)"
+step "the Go driver, the Java driver 3.6, mongosh and mgo (legacy OP_QUERY), both modes (integration/run_sdks.sh)"
 bash integration/run_sdks.sh
 
 step "status page in headless Chromium: mock states, then a live mongoguard under traffic"
