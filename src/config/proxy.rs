@@ -84,6 +84,14 @@ pub struct ProxyConfig {
     /// fails with "address in use" instead of silently sharing the port. Linux allows it only
     /// between processes of the same effective user.
     pub reuse_port: bool,
+    /// Reads (`find`, `aggregate` without `$out`/`$merge`, `count`, `distinct`, outside
+    /// transactions) are sent with `maxTimeMS` at most this, so the server stops one that runs
+    /// longer and answers MaxTimeMSExpired (50), which drivers do not retry. `"0"`: off.
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
+    pub request_time_limit: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -101,6 +109,7 @@ impl Default for ProxyConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             allow_insecure_listener: false,
             reuse_port: false,
+            request_time_limit: Duration::ZERO,
         }
     }
 }

@@ -121,6 +121,8 @@ pub struct Metrics {
     tls_handshake_failures: Counter,
     /// Blast-radius measurements: `[answered, failed]`.
     measurements: [Counter; 2],
+    /// Reads sent with `maxTimeMS` set or lowered by `request_time_limit`.
+    pub time_limited: Counter,
     measure_seconds: Histogram,
     /// Session-maintained gauges.
     pub live: Arc<Live>,
@@ -200,6 +202,12 @@ impl Metrics {
             "Blast-radius measurements of multi-document writes not proved selective, by result",
             by_result,
         );
+        let time_limited = Counter::default();
+        registry.register(
+            "mongoguard_request_time_limited",
+            "Reads sent with maxTimeMS set or lowered to [proxy] request_time_limit",
+            time_limited.clone(),
+        );
         let measure_seconds = Histogram::new(latency_buckets());
         registry.register(
             "mongoguard_measure_seconds",
@@ -220,6 +228,7 @@ impl Metrics {
             processing,
             tls_handshake_failures,
             measurements,
+            time_limited,
             measure_seconds,
             live,
             apps: CappedLabels::new(config.app_name_cap),

@@ -23,6 +23,7 @@ pub(crate) mod refuse;
 pub(crate) mod routing;
 pub(crate) mod session;
 mod strategy;
+pub(crate) mod time_limit;
 
 use std::{
     net::SocketAddr,

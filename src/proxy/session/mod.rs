@@ -217,7 +217,14 @@ impl<S: Strategy> Session<S> {
             if !self.wait_unpaused(&request).await? {
                 continue;
             }
-            if let Some(errmsg) = self.forward(&received.frame, &request, &route).await? {
+            let limit = self.ctx.config.proxy.request_time_limit;
+            let limited =
+                super::time_limit::apply(&received.frame, received.inner.as_ref(), limit, self.max);
+            if limited.is_some() {
+                self.ctx.metrics.time_limited.inc();
+            }
+            let frame = limited.as_ref().unwrap_or(&received.frame);
+            if let Some(errmsg) = self.forward(frame, &request, &route).await? {
                 // The measurement of a multi-document write blocked it.
                 let abort = match &request.judgement {
                     Judgement::Measure(plan) => plan.abort.clone(),
