@@ -934,3 +934,60 @@ async fn get_json_auth(addr: SocketAddr, path: &str, token: &str) -> Value {
     assert_eq!(status, 200, "{path}: {body}");
     serde_json::from_str(&body).unwrap()
 }
+
+/// `POST /servers/{host:port}/drain` / `enable`: a drained upstream server gets no new
+/// sessions; the others take them; enabled, it gets them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_upstream_server_can_be_drained_and_enabled() {
+    use support::raw::RawConn;
+    let a = StandIn::start(StandInConfig::default()).await.unwrap();
+    let b = StandIn::start(StandInConfig::default()).await.unwrap();
+    let uri = format!("mongodb://{},{}/", a.addr(), b.addr());
+    let mut config = Config::for_upstream(&uri).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let ping = doc! {"ping": 1, "$db": "admin"};
+    let pings = |s: &StandIn| s.stats().command_count("ping");
+    let round = |n: usize| {
+        let addr = proxy.local_addr();
+        let ping = ping.clone();
+        async move {
+            for _ in 0..n {
+                let (mut c, _) = RawConn::connect_with_hello(addr).await;
+                assert_eq!(c.command(ping.clone()).await.get_f64("ok").unwrap(), 1.0);
+            }
+        }
+    };
+    round(6).await;
+    assert!(pings(&a) > 0 && pings(&b) > 0, "round robin over both");
+
+    let (status, _, body) =
+        http(admin, "POST", &format!("/servers/{}/drain", a.addr()), None).await;
+    assert_eq!(status, 200, "{body}");
+    let pool = get_json(admin, "/pool").await;
+    assert_eq!(
+        pool["drained"],
+        serde_json::json!([a.addr().to_string()]),
+        "{pool}"
+    );
+    let (before_a, before_b) = (pings(&a), pings(&b));
+    round(6).await;
+    assert_eq!(pings(&a), before_a, "a drained server got new sessions");
+    assert_eq!(pings(&b), before_b + 6);
+
+    let (status, _, _) = http(
+        admin,
+        "POST",
+        &format!("/servers/{}/enable", a.addr()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let before_a = pings(&a);
+    round(6).await;
+    assert!(pings(&a) > before_a, "enabled again");
+    let (status, _, _) = http(admin, "POST", "/servers/127.0.0.1:1/drain", None).await;
+    assert_eq!(status, 404);
+    proxy.shutdown().await;
+}

@@ -189,7 +189,14 @@ pub(super) fn pool(ctx: &Context) -> String {
         })
         .collect();
     let p = snap.pinned;
+    let drained: Vec<String> = ctx
+        .topology
+        .drained()
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
     json!({
+        "drained": drained,
         "mode": match ctx.config.proxy.mode {
             ProxyMode::Pooled => "pooled",
             ProxyMode::Passthrough => "passthrough",
@@ -279,4 +286,44 @@ pub(super) fn reset_stats(ctx: &Context) -> String {
     ctx.metrics.shapes.clear();
     tracing::warn!("operator reset the admin views' statistics (admin API)");
     json!({"ok": true, "reset": ["violations", "stats/violations", "shapes"]}).to_string()
+}
+
+/// `/servers/{host:port}/drain` or `/enable`: the host text and whether to drain.
+pub(super) fn server_action(path: &str) -> Option<(&str, bool)> {
+    let rest = path.strip_prefix("/servers/")?;
+    if let Some(host) = rest.strip_suffix("/drain") {
+        return Some((host, true));
+    }
+    rest.strip_suffix("/enable").map(|host| (host, false))
+}
+
+/// `POST /servers/{host:port}/drain` and `/enable`: a drained server gets no new sessions
+/// (passthrough) or checkouts (pooled); what runs on it finishes. 404 for a server the
+/// upstream URI and topology do not know.
+pub(super) fn drain(ctx: &Context, path: &str) -> (StatusCode, String) {
+    let Some((text, drained)) = server_action(path) else {
+        return (StatusCode::NOT_FOUND, json!({"ok": false}).to_string());
+    };
+    let host = text.rsplit_once(':').and_then(|(name, port)| {
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        Some(crate::config::Host {
+            name: name.to_owned(),
+            port: port.parse().ok()?,
+        })
+    });
+    match host {
+        Some(h) if ctx.topology.set_drained(&h, drained) => {
+            tracing::warn!(server = %h, drained, "operator {} an upstream server (admin API)",
+                if drained { "drained" } else { "enabled" });
+            (
+                StatusCode::OK,
+                json!({"ok": true, "server": h.to_string(), "drained": drained}).to_string(),
+            )
+        }
+        _ => (
+            StatusCode::NOT_FOUND,
+            json!({"ok": false, "error": format!("no upstream server {text} (host:port as in /pool)")})
+                .to_string(),
+        ),
+    }
 }

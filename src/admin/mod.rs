@@ -40,6 +40,8 @@ pub(crate) struct AdminState {
     pub reload: Arc<dyn PolicyReload>,
     /// The live connections and the pause gate (`/connections`, `/pause`, `/resume`).
     pub control: Arc<crate::proxy::control::Control>,
+    /// The upstream servers (`/servers/{host}/drain`, `/enable`).
+    pub topology: Arc<crate::upstream::topology::Topology>,
 }
 
 /// Reloads the policy file (validated completely; the old policy stays when it is invalid),
@@ -200,6 +202,10 @@ impl Admin {
             (&Method::POST, "/stats/reset") => json(StatusCode::OK, api::reset_stats(ctx)),
             (&Method::POST, "/pause") => json(StatusCode::OK, api::pause(ctx, true)),
             (&Method::POST, "/resume") => json(StatusCode::OK, api::pause(ctx, false)),
+            (&Method::POST, p) if api::server_action(p).is_some() => {
+                let (status, body) = api::drain(ctx, p);
+                json(status, body)
+            }
             (&Method::POST, p) if api::kill_target(p).is_some() => {
                 let (status, body) = api::kill(ctx, api::kill_target(p).unwrap_or(0));
                 json(status, body)

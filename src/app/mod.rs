@@ -92,6 +92,7 @@ impl Proxy {
                 upstream_tls,
                 reload: reloader.clone(),
                 control: ctx.control.clone(),
+                topology: ctx.topology.clone(),
             };
             let stop = admin_stop.clone();
             tokio::spawn(crate::admin::serve(l, state, admin_token, stop))

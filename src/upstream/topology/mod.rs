@@ -51,6 +51,9 @@ pub struct Topology {
     check_now: Notify,
     next: AtomicUsize,
     monitored: Mutex<HashSet<String>>,
+    /// Servers an operator drained (`POST /servers/{host}/drain`): never selected for a new
+    /// session or checkout until enabled again.
+    drained: std::sync::RwLock<Vec<Host>>,
 }
 
 impl std::fmt::Debug for Topology {
@@ -92,7 +95,40 @@ impl Topology {
             check_now: Notify::new(),
             next: AtomicUsize::new(0),
             monitored: Mutex::new(HashSet::new()),
+            drained: std::sync::RwLock::new(Vec::new()),
         })
+    }
+
+    /// Drains `host` (`true`) or enables it again (`false`): a drained server is not selected
+    /// for new sessions (passthrough) or checkouts (pooled); what runs on it finishes. False
+    /// when `host` is not one of the topology's servers.
+    pub fn set_drained(&self, host: &Host, drained: bool) -> bool {
+        let known = self.state.borrow().servers.iter().any(|s| &s.host == host)
+            || self.seeds.contains(host);
+        if !known {
+            return false;
+        }
+        {
+            let mut d = self
+                .drained
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            d.retain(|h| h != host);
+            if drained {
+                d.push(host.clone());
+            }
+        }
+        // Selections waiting for a server look again.
+        self.state.send_modify(|_| {});
+        true
+    }
+
+    /// The drained servers.
+    pub fn drained(&self) -> Vec<Host> {
+        self.drained
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The shape of the upstream.

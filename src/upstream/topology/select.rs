@@ -98,18 +98,25 @@ impl Topology {
     }
 
     fn pick(&self, snap: &Snapshot, pref: ReadPref) -> Option<Host> {
+        let drained = self
+            .drained
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let open = |h: &&Host| !drained.contains(h);
         match self.kind {
-            Kind::Single => snap.servers.first().map(|s| s.host.clone()),
+            Kind::Single => snap.servers.first().map(|s| &s.host).filter(open).cloned(),
             // A listed server that is a plain mongod (a misconfiguration the monitor warns
             // about, or a test stand-in) is used like a mongos.
             Kind::Mongos => self.round_robin(
                 snap.with_role(Role::Mongos)
                     .chain(snap.with_role(Role::Standalone))
+                    .filter(open)
                     .collect(),
             ),
             Kind::ReplicaSet(_) => {
-                let primary = || snap.primary().cloned();
-                let secondary = || self.round_robin(snap.with_role(Role::Secondary).collect());
+                let primary = || snap.primary().filter(open).cloned();
+                let secondary =
+                    || self.round_robin(snap.with_role(Role::Secondary).filter(open).collect());
                 match pref {
                     ReadPref::Primary => primary(),
                     ReadPref::PrimaryPreferred => primary().or_else(secondary),
@@ -118,6 +125,7 @@ impl Topology {
                     ReadPref::Nearest => self.round_robin(
                         snap.with_role(Role::Primary)
                             .chain(snap.with_role(Role::Secondary))
+                            .filter(open)
                             .collect(),
                     ),
                 }
