@@ -161,6 +161,16 @@ enum AdminAction {
     Resume,
     /// Empty the admin views' statistics (POST /stats/reset).
     ResetStats,
+    /// No new sessions or checkouts on one upstream server (POST /servers/HOST:PORT/drain).
+    Drain {
+        /// The server, host:port as in `/pool`.
+        server: String,
+    },
+    /// Undo `drain` (POST /servers/HOST:PORT/enable).
+    Enable {
+        /// The server, host:port.
+        server: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -405,6 +415,8 @@ fn admin_command(args: &AdminArgs) -> anyhow::Result<ExitCode> {
         AdminAction::Pause => ("POST", "/pause".to_owned()),
         AdminAction::Resume => ("POST", "/resume".to_owned()),
         AdminAction::ResetStats => ("POST", "/stats/reset".to_owned()),
+        AdminAction::Drain { server } => ("POST", format!("/servers/{server}/drain")),
+        AdminAction::Enable { server } => ("POST", format!("/servers/{server}/enable")),
     };
     let auth = match &args.token_file {
         Some(f) => {
