@@ -79,15 +79,20 @@ fn writes(body: &RawDocument) -> bool {
     })
 }
 
-/// The client's own `maxTimeMS` is a positive number no larger than the limit (0 means none).
+/// True when the request is to be sent as it came: the client's own `maxTimeMS` is already
+/// within the limit (a positive whole number no larger than it), or is a value mongod refuses
+/// (negative, fractional, not a number) — mongod's own error is then the answer, rather than
+/// mongoguard quietly turning an invalid request into a valid one. Absent or `0` (no limit):
+/// the limit is applied.
 fn within(body: &RawDocument, limit_ms: i64) -> bool {
     let ms = match body.get("maxTimeMS") {
+        Ok(None) => return false,
         Ok(Some(RawBsonRef::Int32(n))) => i64::from(n),
         Ok(Some(RawBsonRef::Int64(n))) => n,
         Ok(Some(RawBsonRef::Double(d))) if d.fract() == 0.0 && d.is_finite() => d as i64,
-        _ => return false,
+        _ => return true,
     };
-    ms > 0 && ms <= limit_ms
+    ms < 0 || (ms > 0 && ms <= limit_ms)
 }
 
 #[cfg(test)]
@@ -155,6 +160,29 @@ mod tests {
             0,
         );
         assert!(apply(&agg, None, LIMIT, 1 << 24).is_some());
+    }
+
+    /// Strict as mongod: an invalid `maxTimeMS` reaches the server as written (and is
+    /// refused there), never replaced by a valid one.
+    #[test]
+    fn invalid_client_values_are_left_for_the_server_to_refuse() {
+        for bad in [
+            bson::Bson::Int32(-5),
+            bson::Bson::Double(1.5),
+            bson::Bson::String("10".into()),
+        ] {
+            let mut body = rawdoc! {"find": "t", "$db": "x"};
+            body.append(
+                bson::cstr!("maxTimeMS"),
+                bson::RawBson::try_from(bad.clone()).unwrap(),
+            );
+            assert!(
+                apply(&frame(body, 0), None, LIMIT, 1 << 24).is_none(),
+                "{bad:?}"
+            );
+        }
+        let whole = rawdoc! {"find": "t", "maxTimeMS": 9000.0, "$db": "x"};
+        assert!(apply(&frame(whole, 0), None, LIMIT, 1 << 24).is_some());
     }
 
     #[test]
