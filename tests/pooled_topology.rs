@@ -265,3 +265,172 @@ async fn server_list_is_balanced_and_cursors_stay_on_their_server() {
     );
     proxy.shutdown().await;
 }
+
+/// `find` counts of every member.
+fn finds(rs: &ReplicaSet) -> Vec<u64> {
+    (0..rs.members().len())
+        .map(|i| rs.member(i).stats().command_count("find"))
+        .collect()
+}
+
+/// Sends `find` with `read_pref` over `conn` and returns the reply.
+async fn find_with(conn: &mut support::raw::RawConn, read_pref: Document) -> Document {
+    conn.command(doc! {"find": "c", "filter": {"i": 1}, "$db": "tags",
+    "$readPreference": read_pref})
+        .await
+}
+
+/// Read-preference tag sets and maxStalenessSeconds choose among a replica set's members as
+/// the server selection and max staleness specifications say, and a `$readPreference` that
+/// mongod refuses is refused with mongod's code (src/mongo/client/read_preference.cpp,
+/// `ReadPreferenceSetting::fromInnerBSON`): mode primary with tags or a staleness is
+/// BadValue (2); a staleness under 90 s is MaxStalenessOutOfRange (160).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_preference_tags_and_max_staleness_pick_the_member() {
+    let rs = ReplicaSet::start(ReplicaSetConfig {
+        name: "rstags".into(),
+        members: 3,
+        base: StandInConfig::default(),
+    })
+    .await
+    .unwrap();
+    rs.set_tags(0, doc! {"dc": "east", "rack": "a"});
+    rs.set_tags(1, doc! {"dc": "west"});
+    rs.set_tags(2, doc! {"dc": "east", "rack": "b"});
+    let mut cfg = Config::for_upstream(&rs.uri()).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.auth.allow_unauthenticated = true;
+    cfg.upstream.heartbeat_interval = Duration::from_millis(100);
+    cfg.upstream.server_selection_timeout = Duration::from_millis(700);
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (mut conn, _) = support::raw::RawConn::connect_with_hello(proxy.local_addr()).await;
+    // Wait until every member's hello (and its tags) is known.
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let r = find_with(
+            &mut conn,
+            doc! {"mode": "secondary", "tags": [{"dc": "west"}]},
+        )
+        .await;
+        if support::num(&r, "ok") == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "members never known: {r}");
+    }
+
+    // The first tag set that matches a secondary wins; only the members it matches serve.
+    let before = finds(&rs);
+    for _ in 0..6 {
+        let r = find_with(
+            &mut conn,
+            doc! {"mode": "secondary", "tags": [{"dc": "north"}, {"dc": "east"}, {}]},
+        )
+        .await;
+        assert_eq!(support::num(&r, "ok"), 1, "{r}");
+    }
+    let after = finds(&rs);
+    assert_eq!(
+        after[2] - before[2],
+        6,
+        "every read on the east secondary: {after:?}"
+    );
+    assert_eq!(after[1], before[1], "west secondary untouched: {after:?}");
+    assert_eq!(after[0], before[0], "primary untouched: {after:?}");
+
+    // nearest with tags may use the primary when it matches.
+    let before = finds(&rs);
+    for _ in 0..4 {
+        let r = find_with(&mut conn, doc! {"mode": "nearest", "tags": [{"rack": "a"}]}).await;
+        assert_eq!(support::num(&r, "ok"), 1, "{r}");
+    }
+    let after = finds(&rs);
+    assert_eq!(after[0] - before[0], 4, "rack a is the primary: {after:?}");
+
+    // No secondary matches: secondary fails (after the selection timeout, with mongod's
+    // FailedToSatisfyReadPreference), secondaryPreferred falls back to the primary.
+    let r = find_with(
+        &mut conn,
+        doc! {"mode": "secondary", "tags": [{"dc": "south"}]},
+    )
+    .await;
+    assert_eq!(support::num(&r, "code"), 133, "{r}");
+    let before = finds(&rs);
+    let r = find_with(
+        &mut conn,
+        doc! {"mode": "secondaryPreferred", "tags": [{"dc": "south"}]},
+    )
+    .await;
+    assert_eq!(support::num(&r, "ok"), 1, "{r}");
+    assert_eq!(finds(&rs)[0] - before[0], 1);
+
+    // Member 2 lags 10 minutes: maxStalenessSeconds 120 leaves member 1 only.
+    rs.set_lag(2, Duration::from_secs(600));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = finds(&rs);
+    for _ in 0..5 {
+        let r = find_with(
+            &mut conn,
+            doc! {"mode": "secondary", "maxStalenessSeconds": 120},
+        )
+        .await;
+        assert_eq!(support::num(&r, "ok"), 1, "{r}");
+    }
+    let after = finds(&rs);
+    assert_eq!(
+        after[1] - before[1],
+        5,
+        "the fresh secondary serves: {after:?}"
+    );
+    assert_eq!(
+        after[2], before[2],
+        "the stale secondary does not: {after:?}"
+    );
+    // Both constraints: fresh and east is nobody.
+    let r = find_with(
+        &mut conn,
+        doc! {"mode": "secondary", "maxStalenessSeconds": 120, "tags": [{"dc": "east"}]},
+    )
+    .await;
+    assert_eq!(support::num(&r, "code"), 133, "{r}");
+    // The lag is over: the east secondary is eligible again.
+    rs.set_lag(2, Duration::ZERO);
+    let r = find_with(
+        &mut conn,
+        doc! {"mode": "secondary", "maxStalenessSeconds": 120, "tags": [{"dc": "east"}]},
+    )
+    .await;
+    assert_eq!(
+        support::num(&r, "ok"),
+        1,
+        "a waiting selection sees the member catch up: {r}"
+    );
+
+    // Refused as mongod refuses them, at once and without reaching any member.
+    let before = finds(&rs);
+    for (rp, code) in [
+        (doc! {"mode": "primary", "tags": [{"dc": "east"}]}, 2),
+        (doc! {"mode": "primary", "maxStalenessSeconds": 120}, 2),
+        (doc! {"mode": "secondary", "maxStalenessSeconds": 30}, 160),
+        (doc! {"mode": "secondary", "maxStalenessSeconds": -1}, 2),
+        (doc! {"mode": "secondary", "maxStalenessSeconds": 90.5}, 2),
+        (doc! {"mode": "secondary", "tags": {"dc": "east"}}, 14),
+        (doc! {"mode": "sideways"}, 2),
+        (doc! {"tags": []}, 4),
+    ] {
+        let r = find_with(&mut conn, rp.clone()).await;
+        assert_eq!(support::num(&r, "code"), code, "{rp}: {r}");
+    }
+    assert_eq!(finds(&rs), before);
+    // `[{}]` and `[]` are no tags at all, also with mode primary.
+    for tags in [
+        bson::Bson::Array(vec![]),
+        bson::Bson::Array(vec![doc! {}.into()]),
+    ] {
+        let r = find_with(&mut conn, doc! {"mode": "primary", "tags": tags}).await;
+        assert_eq!(support::num(&r, "ok"), 1, "{r}");
+    }
+    proxy.shutdown().await;
+    rs.shutdown().await;
+}

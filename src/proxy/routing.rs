@@ -4,7 +4,7 @@
 use bson::{RawBsonRef, RawDocument};
 
 use crate::{
-    upstream::topology::ReadPref,
+    upstream::topology::{parse_read_preference, ReadFilter, ReadPref, ReadPrefError},
     wire::{first_key, Frame, Message, OpCode, OpMsg, OpReply},
 };
 
@@ -49,6 +49,10 @@ pub(crate) struct TxnKey {
 pub(crate) struct Routing {
     pub class: Option<Class>,
     pub read_pref: ReadPref,
+    /// The read preference's tag sets and maxStalenessSeconds, if any.
+    pub read_filter: Option<Box<ReadFilter>>,
+    /// A `$readPreference` mongod would refuse: answered with this error, never routed.
+    pub read_pref_error: Option<Box<ReadPrefError>>,
     /// The transaction this command belongs to, if any.
     pub txn: Option<TxnKey>,
     /// `startTransaction: true`.
@@ -70,13 +74,6 @@ pub(crate) struct Routing {
 impl Routing {
     pub(crate) fn class(&self) -> Class {
         self.class.unwrap_or(Class::Other)
-    }
-}
-
-fn str_of<'a>(doc: &'a RawDocument, key: &str) -> Option<&'a str> {
-    match doc.get(key) {
-        Ok(Some(RawBsonRef::String(s))) => Some(s),
-        _ => None,
     }
 }
 
@@ -102,10 +99,18 @@ fn classify(name: &str) -> Class {
     }
 }
 
-fn read_pref(doc: &RawDocument) -> Option<ReadPref> {
+type ParsedPref = Result<(ReadPref, Option<Box<ReadFilter>>), ReadPrefError>;
+
+/// The `$readPreference` of `doc`, parsed as mongod does; `None` when absent.
+fn read_pref(doc: &RawDocument) -> Option<ParsedPref> {
     match doc.get("$readPreference") {
-        Ok(Some(RawBsonRef::Document(rp))) => str_of(rp, "mode").and_then(ReadPref::parse),
-        _ => None,
+        Ok(None) => None,
+        Ok(Some(RawBsonRef::Document(rp))) => Some(parse_read_preference(rp)),
+        Ok(Some(_)) | Err(_) => Some(Err(ReadPrefError {
+            code: 14,
+            code_name: "TypeMismatch",
+            message: "$readPreference has incorrect type: expected object".into(),
+        })),
     }
 }
 
@@ -116,10 +121,14 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
         return r;
     };
     r.class = Some(classify(name));
-    r.read_pref = outer
-        .and_then(read_pref)
-        .or_else(|| read_pref(body))
-        .unwrap_or_default();
+    match outer.and_then(read_pref).or_else(|| read_pref(body)) {
+        None => {}
+        Some(Ok((mode, filter))) => {
+            r.read_pref = mode;
+            r.read_filter = filter;
+        }
+        Some(Err(e)) => r.read_pref_error = Some(Box::new(e)),
+    }
     let lsid = match body.get("lsid") {
         Ok(None) => None,
         Ok(Some(RawBsonRef::Document(l))) => match l.get("id") {
@@ -180,7 +189,11 @@ pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
         Message::Query(q) if q.is_command() => {
             let mut r = of_command(q.command(), Some(q.query));
             // secondaryOk (bit 2) without an explicit preference: a secondary is acceptable.
-            if q.flags & 4 != 0 && r.read_pref == ReadPref::Primary && read_pref(q.query).is_none()
+            if q.flags & 4 != 0
+                && r.read_pref == ReadPref::Primary
+                && r.read_pref_error.is_none()
+                && read_pref(q.query).is_none()
+                && read_pref(q.command()).is_none()
             {
                 r.read_pref = ReadPref::SecondaryPreferred;
             }

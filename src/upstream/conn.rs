@@ -40,6 +40,11 @@ pub struct HelloFacts {
     pub hosts: Vec<String>,
     /// `electionId` bytes (the newest primary has the largest).
     pub election_id: Option<[u8; 12]>,
+    /// `tags` of a replica-set member (string values only, as mongod requires), for read
+    /// preference tag sets.
+    pub tags: Vec<(String, String)>,
+    /// `lastWrite.lastWriteDate` in milliseconds since the epoch, for maxStalenessSeconds.
+    pub last_write_date: Option<i64>,
 }
 
 /// A server's role, from its hello.
@@ -117,6 +122,24 @@ impl HelloFacts {
             Ok(Some(RawBsonRef::ObjectId(o))) => Some(o.bytes()),
             _ => None,
         };
+        let tags = match doc.get("tags") {
+            Ok(Some(RawBsonRef::Document(t))) => t
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| match v {
+                    RawBsonRef::String(v) => Some((k.as_str().to_owned(), v.to_owned())),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let last_write_date = match doc.get("lastWrite") {
+            Ok(Some(RawBsonRef::Document(w))) => match w.get("lastWriteDate") {
+                Ok(Some(RawBsonRef::DateTime(d))) => Some(d.timestamp_millis()),
+                _ => None,
+            },
+            _ => None,
+        };
         Some(HelloFacts {
             min_wire_version: int(doc, "minWireVersion").unwrap_or(0),
             max_wire_version: int(doc, "maxWireVersion").unwrap_or(0),
@@ -128,11 +151,42 @@ impl HelloFacts {
             set_name,
             hosts,
             election_id,
+            tags,
+            last_write_date,
         })
     }
 }
 
 impl HelloFacts {
+    /// Equal in everything but `last_write_date` (which every hello renews).
+    pub fn same_but_freshness(&self, other: &HelloFacts) -> bool {
+        let HelloFacts {
+            min_wire_version,
+            max_wire_version,
+            max_bson_object_size,
+            max_message_size_bytes,
+            max_write_batch_size,
+            logical_session_timeout_minutes,
+            role,
+            set_name,
+            hosts,
+            election_id,
+            tags,
+            last_write_date: _,
+        } = self;
+        *min_wire_version == other.min_wire_version
+            && *max_wire_version == other.max_wire_version
+            && *max_bson_object_size == other.max_bson_object_size
+            && *max_message_size_bytes == other.max_message_size_bytes
+            && *max_write_batch_size == other.max_write_batch_size
+            && *logical_session_timeout_minutes == other.logical_session_timeout_minutes
+            && *role == other.role
+            && *set_name == other.set_name
+            && *hosts == other.hosts
+            && *election_id == other.election_id
+            && *tags == other.tags
+    }
+
     /// A server that has not said hello yet: mongod's default limits, serving nothing.
     fn not_yet_known() -> HelloFacts {
         HelloFacts {
@@ -146,6 +200,8 @@ impl HelloFacts {
             set_name: None,
             hosts: Vec::new(),
             election_id: None,
+            tags: Vec::new(),
+            last_write_date: None,
         }
     }
 }

@@ -67,6 +67,9 @@ pub(crate) struct SetState {
     changed: watch::Sender<u64>,
     runtime: tokio::runtime::Handle,
     cancel: CancellationToken,
+    /// Per member: its `tags` (the replica set config's `members[i].tags`) and how far its
+    /// replication lags (its `lastWrite.lastWriteDate` is that much in the past).
+    member_facts: Mutex<Vec<(bson::Document, Duration)>>,
 }
 
 /// `electionId` for a term, in mongod's format (`7fffffff` + 8-byte big-endian term).
@@ -99,6 +102,11 @@ impl SetState {
     /// (or pending) primary.
     pub(crate) fn next_member(&self) -> usize {
         (self.inner.lock().target + 1) % self.len()
+    }
+
+    /// Member `i`'s tags and replication lag.
+    pub(crate) fn member_facts(&self, i: usize) -> (bson::Document, Duration) {
+        self.member_facts.lock().get(i).cloned().unwrap_or_default()
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
@@ -212,6 +220,7 @@ impl ReplicaSet {
             changed,
             runtime: tokio::runtime::Handle::current(),
             cancel: CancellationToken::new(),
+            member_facts: Mutex::new(vec![(bson::Document::new(), Duration::ZERO); cfg.members]),
         });
         let user_list = cfg.base.users.clone();
         let users = Arc::new(
@@ -234,6 +243,23 @@ impl ReplicaSet {
         }
         info!(set = %cfg.name, members = cfg.members, "replica set started");
         Ok(ReplicaSet { members, set })
+    }
+
+    /// Sets member `i`'s replica-set tags (its hello's `tags`, as `members[i].tags` in a
+    /// replica set config does); `{}` removes them.
+    pub fn set_tags(&self, i: usize, tags: bson::Document) {
+        if let Some(m) = self.set.member_facts.lock().get_mut(i) {
+            m.0 = tags;
+        }
+        self.set.notify();
+    }
+
+    /// Makes member `i` lag `lag` behind: its hello's `lastWrite.lastWriteDate` is that far
+    /// in the past (replication itself stays perfect: reads see every write).
+    pub fn set_lag(&self, i: usize, lag: Duration) {
+        if let Some(m) = self.set.member_facts.lock().get_mut(i) {
+            m.1 = lag;
+        }
     }
 
     /// Every member, in order.

@@ -106,7 +106,12 @@ impl PooledSide {
         request: &Request,
         routing: &Routing,
         kill: &CancellationToken,
-    ) -> Result<Host, Option<String>> {
+    ) -> Result<Host, Option<(i32, &'static str, String)>> {
+        if let Some(e) = &routing.read_pref_error {
+            // mongod and mongos refuse it before running anything; so does mongoguard,
+            // rather than route it by a guess.
+            return Err(Some((e.code, e.code_name, e.message.clone())));
+        }
         let p = &self.pooled;
         let now = Instant::now();
         if p.topology.is_multi_server() {
@@ -122,11 +127,23 @@ impl PooledSide {
         } else {
             routing.read_pref
         };
+        // Writes and transactions go to the primary whatever the preference says.
+        let filter = (pref == routing.read_pref)
+            .then_some(routing.read_filter.as_deref())
+            .flatten();
+        if let Some(f) = filter {
+            p.topology
+                .check_filter(f)
+                .map_err(|e| Some((e.code, e.code_name, e.message)))?;
+        }
         let timeout = self.ctx.config.upstream.server_selection_timeout;
         let host = tokio::select! {
             biased;
             _ = kill.cancelled() => return Err(None),
-            h = p.topology.select(pref, timeout) => h.map_err(|e| Some(e.to_string()))?,
+            h = p.topology.select_filtered(pref, filter, timeout) => h.map_err(|e| {
+                let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
+                Some((code, name, format!("mongoguard: {e}")))
+            })?,
         };
         if let (Some(t), true) = (&routing.txn, routing.starts_txn) {
             p.pins.pin_txn(t, &host, now);
@@ -272,10 +289,9 @@ impl Strategy for PooledSide {
         let host = match self.choose_server(request, route, kill).await {
             Ok(h) => h,
             Err(None) => return refused_end(SessionError::Killed),
-            Err(Some(e)) => {
-                let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
+            Err(Some((code, name, message))) => {
                 return Acquired::Refused {
-                    answer: Some(error_document(code, name, &format!("mongoguard: {e}"))),
+                    answer: Some(error_document(code, name, &message)),
                     end: None,
                 };
             }

@@ -27,7 +27,7 @@ use tokio::sync::{watch, Notify};
 
 pub use connector::MongoConnector;
 pub use monitor::MonitorSettings;
-pub use select::{ReadPref, SelectError};
+pub use select::{parse_read_preference, ReadFilter, ReadPref, ReadPrefError, SelectError};
 pub use state::{ServerState, Snapshot};
 
 use super::{HelloFacts, Host, Role, UpstreamUri};
@@ -54,6 +54,9 @@ pub struct Topology {
     /// Servers an operator drained (`POST /servers/{host}/drain`): never selected for a new
     /// session or checkout until enabled again.
     drained: std::sync::RwLock<Vec<Host>>,
+    /// The monitors' heartbeat in milliseconds (for staleness estimates; 500 until the
+    /// monitors start).
+    heartbeat_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Topology {
@@ -96,6 +99,7 @@ impl Topology {
             next: AtomicUsize::new(0),
             monitored: Mutex::new(HashSet::new()),
             drained: std::sync::RwLock::new(Vec::new()),
+            heartbeat_ms: std::sync::atomic::AtomicU64::new(500),
         })
     }
 
@@ -121,6 +125,11 @@ impl Topology {
         // Selections waiting for a server look again.
         self.state.send_modify(|_| {});
         true
+    }
+
+    /// The monitors' heartbeat interval.
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The drained servers.
@@ -175,10 +184,15 @@ impl Topology {
     /// Records the hello facts of `host` (from a monitor or a new pooled connection).
     pub fn observe(&self, host: &Host, facts: &Arc<HelloFacts>) {
         self.state.send_if_modified(|s| {
-            let mut changed = s.facts.as_ref() != Some(facts);
+            // The last write date changes at every hello and is not a change of the limits.
+            let mut changed = s
+                .facts
+                .as_ref()
+                .is_none_or(|old| !old.same_but_freshness(facts));
             s.facts = Some(facts.clone());
             if self.kind != Kind::Single {
                 changed |= s.update(host, Some(facts.role), facts.election_id);
+                changed |= s.note_hello(host, facts, tokio::time::Instant::now());
             }
             changed
         });

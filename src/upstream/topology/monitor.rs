@@ -34,6 +34,10 @@ impl Topology {
         if self.kind == Kind::Single {
             return;
         }
+        self.heartbeat_ms.store(
+            u64::try_from(settings.heartbeat.as_millis()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         for host in self.seeds.clone() {
             self.spawn_monitor(host, settings.clone(), cancel.clone());
         }

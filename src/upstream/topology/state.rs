@@ -16,6 +16,11 @@ pub struct ServerState {
     pub role: Option<Role>,
     /// Its last electionId (primaries).
     election_id: Option<[u8; 12]>,
+    /// Its `tags` (replica-set members), for read-preference tag sets.
+    pub tags: Vec<(String, String)>,
+    /// When its last successful hello arrived, and that hello's `lastWrite.lastWriteDate`
+    /// (ms since the epoch): its staleness, for maxStalenessSeconds.
+    pub(super) freshness: Option<(tokio::time::Instant, i64)>,
 }
 
 /// A snapshot of the topology.
@@ -52,6 +57,8 @@ impl ServerState {
             host,
             role,
             election_id: None,
+            tags: Vec::new(),
+            freshness: None,
         }
     }
 }
@@ -70,17 +77,42 @@ impl Snapshot {
                 let changed = x.role != role || x.election_id != election_id;
                 x.role = role;
                 x.election_id = election_id;
+                if role.is_none() {
+                    x.freshness = None;
+                }
                 changed
             }
             None => {
-                self.servers.push(ServerState {
-                    host: host.clone(),
-                    role,
-                    election_id,
-                });
+                let mut x = ServerState::new(host.clone(), role);
+                x.election_id = election_id;
+                self.servers.push(x);
                 true
             }
         }
+    }
+
+    /// Records the tags and the last write date a hello of `host` reported, received `now`;
+    /// true when the tags changed. A new last write date alone is no change: every
+    /// heartbeat brings one, and every passthrough session watches the snapshot (a
+    /// selection waiting for a fresh enough secondary polls instead).
+    pub(super) fn note_hello(
+        &mut self,
+        host: &Host,
+        facts: &HelloFacts,
+        now: tokio::time::Instant,
+    ) -> bool {
+        let Some(x) = self.servers.iter_mut().find(|x| &x.host == host) else {
+            return false;
+        };
+        let changed = x.tags != facts.tags;
+        if changed {
+            x.tags = facts.tags.clone();
+        }
+        match facts.last_write_date {
+            Some(date) => x.freshness = Some((now, date)),
+            None => x.freshness = None,
+        }
+        changed
     }
 
     /// Adds a member a hello listed, role unknown; true when it was not known.

@@ -1,5 +1,7 @@
 //! `hello` / `isMaster` / `ismaster`.
 
+use std::time::Duration;
+
 use bson::{doc, Bson, Document};
 
 use super::{auth, CmdError, CmdResult, Ctx};
@@ -146,7 +148,11 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
             // As mongod: only the primary reports its electionId.
             r.insert("electionId", crate::replset::election_id(role.term));
         }
-        r.insert("lastWrite", last_write(role.term));
+        let (tags, lag) = set.member_facts(*i);
+        if !tags.is_empty() {
+            r.insert("tags", tags);
+        }
+        r.insert("lastWrite", last_write(role.term, lag));
     } else if let Some(set) = &cfg.replica_set {
         let me = shared.host_port();
         r.insert("hosts", vec![Bson::String(me.clone())]);
@@ -156,7 +162,7 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
         r.insert("primary", me.clone());
         r.insert("me", me);
         r.insert("electionId", shared.election_id);
-        r.insert("lastWrite", last_write(1));
+        r.insert("lastWrite", last_write(1, Duration::ZERO));
     }
     r.insert("maxBsonObjectSize", 16_777_216);
     r.insert("maxMessageSizeBytes", 48_000_000);
@@ -202,8 +208,13 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
 }
 
 /// `lastWrite` as a replica set member reports it (optimes "now", in election term `term`).
-fn last_write(term: i64) -> Document {
-    let now = bson::DateTime::now();
+fn last_write(term: i64, lag: Duration) -> Document {
+    let lag_ms = i64::try_from(lag.as_millis()).unwrap_or(i64::MAX);
+    let now = bson::DateTime::from_millis(
+        bson::DateTime::now()
+            .timestamp_millis()
+            .saturating_sub(lag_ms),
+    );
     let secs = u32::try_from(now.timestamp_millis() / 1000).unwrap_or(u32::MAX);
     let op_time = doc! {"ts": bson::Timestamp { time: secs, increment: 1 }, "t": term};
     doc! {
