@@ -991,3 +991,82 @@ async fn one_upstream_server_can_be_drained_and_enabled() {
     assert_eq!(status, 404);
     proxy.shutdown().await;
 }
+
+/// Pooled mode: draining a server closes its idle pooled connections at once (not after
+/// `pool.idle_timeout`), keeps none idle while drained (nor opens any ahead for `min_idle`),
+/// and enabling it lets the pool fill again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_server_closes_its_idle_pooled_connections_at_once() {
+    use support::raw::RawConn;
+    let a = StandIn::start(StandInConfig::default()).await.unwrap();
+    let b = StandIn::start(StandInConfig::default()).await.unwrap();
+    let uri = format!("mongodb://{},{}/", a.addr(), b.addr());
+    let mut config = Config::for_upstream(&uri).unwrap();
+    config.proxy.mode = mongoguard::config::Mode::Pooled;
+    config.auth.allow_unauthenticated = true;
+    config.pool.min_idle = 1;
+    config.upstream.heartbeat_interval = Duration::from_millis(100);
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    config.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let idle_of = |pool: &Value, server: String| -> u64 {
+        pool["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["server"] == server.as_str())
+            .map(|p| p["idle"].as_u64().unwrap())
+            .sum()
+    };
+    let (mut c, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.command(doc! {"ping": 1, "$db": "admin"}).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        let pool = get_json(admin, "/pool").await;
+        if idle_of(&pool, a.addr().to_string()) > 0 && idle_of(&pool, b.addr().to_string()) > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no idle connection to both: {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, _, body) =
+        http(admin, "POST", &format!("/servers/{}/drain", a.addr()), None).await;
+    assert_eq!(status, 200, "{body}");
+    // At once: the answer to the drain comes after the idle connections are closed.
+    let pool = get_json(admin, "/pool").await;
+    assert_eq!(idle_of(&pool, a.addr().to_string()), 0, "{pool}");
+    assert!(idle_of(&pool, b.addr().to_string()) > 0, "{pool}");
+    // Requests go on (to b); min_idle opens nothing toward a while drained.
+    for _ in 0..10 {
+        let r = c.command(doc! {"ping": 1, "$db": "admin"}).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pool = get_json(admin, "/pool").await;
+    assert_eq!(idle_of(&pool, a.addr().to_string()), 0, "{pool}");
+    let (status, _, _) = http(
+        admin,
+        "POST",
+        &format!("/servers/{}/enable", a.addr()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let filled = support::eventually(200, Duration::from_millis(50), || async {
+        let _ = c_ping(proxy.local_addr()).await;
+        idle_of(&get_json(admin, "/pool").await, a.addr().to_string()) > 0
+    })
+    .await;
+    assert!(filled, "the enabled server's pool never filled again");
+    proxy.shutdown().await;
+}
+
+async fn c_ping(addr: SocketAddr) -> Document {
+    let (mut c, _) = support::raw::RawConn::connect_with_hello(addr).await;
+    c.command(doc! {"ping": 1, "$db": "admin"}).await
+}

@@ -565,6 +565,17 @@ async fn connections_per_user_are_limited_with_an_error() {
         err.to_string().contains("max_connections_per_user = 1"),
         "{err}"
     );
+    let text = proxy.metrics().encode();
+    let refused: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "mongoguard_connections_refused_total{limit=\"max_connections_per_user\"} ",
+            )
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(refused >= 1, "the refusal is counted: {text}");
     // The first client is unaffected; once it closes, the user may connect again.
     first
         .database("x")
@@ -585,4 +596,104 @@ async fn connections_per_user_are_limited_with_an_error() {
     .await
     .expect("the slot is freed when the connection closes");
     proxy.shutdown().await;
+}
+
+/// Wire compression toward clients in pooled mode: mongoguard's hello agrees the client's
+/// compressors it offers (in the client's order, as mongod does); a compressed request reaches
+/// the upstream decompressed (mongoguard's own connections agree none) and its reply comes
+/// back compressed with the request's compressor, large replies included; an uncompressed
+/// request still gets an uncompressed reply. The Rust driver then runs CRUD with each
+/// compressor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_toward_clients() {
+    use mongoguard::wire::{builder::MsgBuilder, compression::Compressor};
+    use support::guard::WireConn;
+    let s = standin().await;
+    let p = proxy(
+        &s,
+        Setup {
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut c, hello) = WireConn::connect_hello(p.local_addr(), &["lz4", "zstd", "snappy"]).await;
+    assert_eq!(
+        hello.get_array("compression").expect("compression agreed"),
+        &vec![bson::Bson::from("zstd"), bson::Bson::from("snappy")],
+        "{hello}"
+    );
+    let upstream_compressed = s.stats().compressed_messages();
+    let big = "x".repeat(1024);
+    for (i, compressor) in [Compressor::Zstd, Compressor::Snappy, Compressor::Zlib]
+        .into_iter()
+        .enumerate()
+    {
+        let docs: Vec<bson::RawDocumentBuf> = (0..150)
+            .map(|j| bson::rawdoc! {"k": i as i32, "j": j, "pad": big.as_str()})
+            .collect();
+        let mut arr = bson::RawArrayBuf::new();
+        for d in docs {
+            arr.push(d);
+        }
+        let insert =
+            MsgBuilder::new(bson::rawdoc! {"insert": "cmp", "documents": arr, "$db": "pooled"});
+        let r = c.msg_compressed(insert, compressor).await;
+        assert!(r.compressed, "{compressor:?}: reply not compressed: {r:?}");
+        assert_eq!(support::num(r.doc(), "n"), 150, "{r:?}");
+        // A reply of about 150 KiB: compressed off the runtime threads, same result.
+        let find = MsgBuilder::new(bson::rawdoc! {"find": "cmp", "filter": {"k": i as i32},
+        "batchSize": 1000, "$db": "pooled"});
+        let r = c.msg_compressed(find, compressor).await;
+        assert!(r.compressed, "{compressor:?}: find reply not compressed");
+        let batch = r
+            .doc()
+            .get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap();
+        assert_eq!(batch.len(), 150);
+    }
+    assert_eq!(
+        s.stats().compressed_messages(),
+        upstream_compressed,
+        "the upstream got compressed messages"
+    );
+    assert!(
+        p.metrics()
+            .encode()
+            .contains("mongoguard_compressed_requests_total 6"),
+        "compressed requests are counted"
+    );
+    // Uncompressed request, uncompressed reply.
+    let id = c.id();
+    let plain =
+        MsgBuilder::new(bson::rawdoc! {"count": "cmp", "query": {}, "$db": "pooled"}).encode(id, 0);
+    let r = c.round_trip(id, &plain).await;
+    assert!(!r.compressed);
+    assert_eq!(support::num(r.doc(), "n"), 450);
+    // The Rust driver with each compressor: the handshake agrees it and CRUD works.
+    for name in ["zstd", "snappy", "zlib"] {
+        let mut opts =
+            ClientOptions::parse(format!("mongodb://{}/?compressors={name}", p.local_addr()))
+                .await
+                .unwrap();
+        opts.server_selection_timeout = Some(Duration::from_secs(10));
+        let client = Client::with_options(opts).unwrap();
+        let coll = client.database("pooled").collection::<Document>(name);
+        coll.insert_many((0..20).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+        let all: Vec<Document> = coll
+            .find(doc! {})
+            .batch_size(3)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 20, "{name}");
+        client.shutdown().await;
+    }
+    p.shutdown().await;
 }

@@ -55,6 +55,18 @@ impl Raw {
         }
     }
 
+    /// Connects from the loopback address `from` (any of 127.0.0.0/8 on Linux).
+    async fn connect_from(proxy: &ProxyHandle, from: &str) -> Raw {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        let s = socket.connect(proxy.local_addr()).await.unwrap();
+        let (r, w) = s.into_split();
+        Raw {
+            read: FramedRead::new(r, MessageCodec::default()),
+            write: w,
+        }
+    }
+
     async fn send(&mut self, bytes: &[u8]) {
         self.write.write_all(bytes).await.unwrap();
     }
@@ -452,6 +464,10 @@ async fn connection_cap_answers_the_extra_client_with_an_error() {
     legacy.expect_closed().await;
 
     assert_eq!(proxy.stats().rejected.get(), 2);
+    assert!(proxy
+        .metrics()
+        .encode()
+        .contains("mongoguard_connections_refused_total{limit=\"max_client_connections\"} 2"));
     assert!(ok(&first
         .command(2, rawdoc! {"ping": 1, "$db": "admin"})
         .await));
@@ -492,6 +508,10 @@ async fn connections_per_app_are_limited_with_an_error() {
         .unwrap()
         .contains("max_connections_per_app = 2"));
     c.expect_closed().await;
+    assert!(proxy
+        .metrics()
+        .encode()
+        .contains("mongoguard_connections_refused_total{limit=\"max_connections_per_app\"} 1"));
     drop(a);
     // The slot frees once the first session has ended.
     let freed = tokio::time::timeout(BOUND, async {
@@ -508,6 +528,59 @@ async fn connections_per_app_are_limited_with_an_error() {
     })
     .await;
     assert!(freed.is_ok(), "the slot was never freed");
+}
+
+/// `pool.max_connections_per_network`: clients are grouped by network (here /32: one
+/// address each, so 127.0.0.2 is another network than 127.0.0.1); the one over its network's
+/// limit gets HostUnreachable naming the network in answer to its first message, then the
+/// close; another network is not affected; `mongoguard_connections_refused{limit}` counts it.
+#[tokio::test]
+async fn connections_per_network_are_limited_with_an_error() {
+    let (_s, proxy) = stack_with(|c| {
+        c.pool.max_connections_per_network = 2;
+        c.pool.network_prefix_v4 = 32;
+    })
+    .await;
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let mut a = Raw::connect_from(&proxy, "127.0.0.1").await;
+        assert!(ok(&a.command(i, rawdoc! {"ping": 1, "$db": "admin"}).await));
+        held.push(a);
+    }
+    let mut over = Raw::connect_from(&proxy, "127.0.0.1").await;
+    let reply = over.command(5, rawdoc! {"hello": 1, "$db": "admin"}).await;
+    assert_eq!(reply.get_i32("code").unwrap(), 6, "{reply:?}");
+    let errmsg = reply.get_str("errmsg").unwrap();
+    assert!(
+        errmsg.contains("client network 127.0.0.1/32")
+            && errmsg.contains("max_connections_per_network = 2"),
+        "{errmsg}"
+    );
+    over.expect_closed().await;
+    let mut other = Raw::connect_from(&proxy, "127.0.0.2").await;
+    assert!(ok(&other
+        .command(1, rawdoc! {"ping": 1, "$db": "admin"})
+        .await));
+    let text = proxy.metrics().encode();
+    assert!(
+        text.contains(
+            "mongoguard_connections_refused_total{limit=\"max_connections_per_network\"} 1"
+        ),
+        "{text}"
+    );
+    // A closed connection frees its network's place.
+    drop(held.pop());
+    let freed = tokio::time::timeout(BOUND, async {
+        loop {
+            let mut d = Raw::connect_from(&proxy, "127.0.0.1").await;
+            if ok(&d.command(1, rawdoc! {"ping": 1, "$db": "admin"}).await) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(freed.is_ok(), "the place was never freed");
 }
 
 /// Hostile: hundreds of refused clients that send nothing (or a lying length) cost bounded

@@ -313,6 +313,9 @@ pub(super) fn drain(ctx: &Context, path: &str) -> (StatusCode, String) {
     });
     match host {
         Some(h) if ctx.topology.set_drained(&h, drained) => {
+            if let Some(p) = &ctx.pooled {
+                p.pool.set_drained(&h, drained);
+            }
             tracing::warn!(server = %h, drained, "operator {} an upstream server (admin API)",
                 if drained { "drained" } else { "enabled" });
             (

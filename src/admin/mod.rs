@@ -42,6 +42,8 @@ pub(crate) struct AdminState {
     pub control: Arc<crate::proxy::control::Control>,
     /// The upstream servers (`/servers/{host}/drain`, `/enable`).
     pub topology: Arc<crate::upstream::topology::Topology>,
+    /// Pooled mode's pools (a drained server's idle connections close at once).
+    pub pooled: Option<Arc<crate::proxy::Pooled>>,
 }
 
 /// Reloads the policy file (validated completely; the old policy stays when it is invalid),

@@ -93,6 +93,7 @@ impl Proxy {
                 reload: reloader.clone(),
                 control: ctx.control.clone(),
                 topology: ctx.topology.clone(),
+                pooled: ctx.pooled.clone(),
             };
             let stop = admin_stop.clone();
             tokio::spawn(crate::admin::serve(l, state, admin_token, stop))

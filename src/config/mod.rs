@@ -109,6 +109,7 @@ impl Config {
             self.upstream.validate_pooled()?;
             self.auth.validate_pooled(self.proxy.listen)?;
         }
+        self.pool.validate_limits()?;
         self.tls.validate()?;
         self.validate_listener()?;
         self.proxy.validate()?;

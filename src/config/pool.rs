@@ -43,6 +43,20 @@ pub struct PoolSettings {
     /// `0`: no limit. The one over it gets the error in answer to the authentication step
     /// that completed, then is closed.
     pub max_connections_per_user: usize,
+    /// Most client connections from one client network at once (the client address with
+    /// only its first `network_prefix_v4` / `network_prefix_v6` bits kept); `0`: no limit.
+    /// The one over it gets HostUnreachable (6) naming the network in answer to its first
+    /// message, then is closed. Applies in both modes.
+    pub max_connections_per_network: usize,
+    /// The IPv4 prefix length that makes a client network (32: one address).
+    pub network_prefix_v4: u8,
+    /// The IPv6 prefix length that makes a client network (128: one address).
+    pub network_prefix_v6: u8,
+    /// Wire compressors offered to clients in mongoguard's hello (pooled mode), in order of
+    /// preference; the first of the client's list that is here is agreed. A compressed
+    /// request is decompressed and sent upstream as it was; its reply is compressed with the
+    /// request's compressor (as mongod does). `[]`: no compression.
+    pub compressors: Vec<String>,
 }
 
 impl Default for PoolSettings {
@@ -55,11 +69,26 @@ impl Default for PoolSettings {
             max_lifetime: Duration::from_secs(3600),
             max_connections_per_app: 0,
             max_connections_per_user: 0,
+            max_connections_per_network: 0,
+            network_prefix_v4: 32,
+            network_prefix_v6: 64,
+            compressors: vec!["snappy".into(), "zstd".into(), "zlib".into()],
         }
     }
 }
 
 impl PoolSettings {
+    /// Rules of every mode (the connection limits apply in both).
+    pub(super) fn validate_limits(&self) -> Result<(), ConfigError> {
+        if self.network_prefix_v4 > 32 || self.network_prefix_v6 > 128 {
+            return Err(ConfigError::Invalid(
+                "pool: network_prefix_v4 must be at most 32 and network_prefix_v6 at most 128"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The limits are consistent: at least one connection, no more idle ones than that, and a
     /// checkout that cannot wait for ever. (The pool checks the first two again when it is
     /// built: `upstream::pool::PoolConfig::validate`.)
@@ -74,6 +103,13 @@ impl PoolSettings {
                 "pool: min_idle ({}) must not exceed pool_size ({})",
                 self.min_idle, self.pool_size
             )));
+        }
+        for name in &self.compressors {
+            if !matches!(name.as_str(), "snappy" | "zstd" | "zlib") {
+                return Err(ConfigError::Invalid(format!(
+                    "pool.compressors: unknown compressor {name:?} (snappy, zstd, zlib)"
+                )));
+            }
         }
         if self.checkout_timeout.is_zero() {
             return Err(ConfigError::Invalid(

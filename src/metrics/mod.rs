@@ -123,6 +123,10 @@ pub struct Metrics {
     measurements: [Counter; 2],
     /// Reads sent with `maxTimeMS` set or lowered by `request_time_limit`.
     pub time_limited: Counter,
+    /// Client connections refused by a connection limit, by [`Limit`].
+    refused: [Counter; 4],
+    /// Client requests that arrived compressed (OP_COMPRESSED).
+    pub compressed_requests: Counter,
     measure_seconds: Histogram,
     /// Session-maintained gauges.
     pub live: Arc<Live>,
@@ -144,7 +148,27 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.000_05, 2.0, 22)
 }
 
+/// A connection limit (`mongoguard_connections_refused{limit}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `proxy.max_client_connections`.
+    Global = 0,
+    /// `pool.max_connections_per_app`.
+    App = 1,
+    /// `pool.max_connections_per_user`.
+    User = 2,
+    /// `pool.max_connections_per_network`.
+    Network = 3,
+}
+
 impl Metrics {
+    /// Counts a connection refused by `limit`.
+    pub fn refused(&self, limit: Limit) {
+        if let Some(c) = self.refused.get(limit as usize) {
+            c.inc();
+        }
+    }
+
     /// A registry with every metric README "Metrics and admin API" lists; `source` supplies
     /// scrape-time values.
     // Long because it is the list of registered metrics, one registration each, in
@@ -208,6 +232,32 @@ impl Metrics {
             "Reads sent with maxTimeMS set or lowered to [proxy] request_time_limit",
             time_limited.clone(),
         );
+        let by_limit = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        // One statement each (see mongoguard_measurements).
+        let global = by_limit
+            .get_or_create(&[("limit", "max_client_connections")])
+            .clone();
+        let app = by_limit
+            .get_or_create(&[("limit", "max_connections_per_app")])
+            .clone();
+        let user = by_limit
+            .get_or_create(&[("limit", "max_connections_per_user")])
+            .clone();
+        let network = by_limit
+            .get_or_create(&[("limit", "max_connections_per_network")])
+            .clone();
+        let refused = [global, app, user, network];
+        registry.register(
+            "mongoguard_connections_refused",
+            "Client connections refused with an error by a connection limit, by limit",
+            by_limit,
+        );
+        let compressed_requests = Counter::default();
+        registry.register(
+            "mongoguard_compressed_requests",
+            "Client requests that arrived compressed (OP_COMPRESSED)",
+            compressed_requests.clone(),
+        );
         let measure_seconds = Histogram::new(latency_buckets());
         registry.register(
             "mongoguard_measure_seconds",
@@ -229,6 +279,8 @@ impl Metrics {
             tls_handshake_failures,
             measurements,
             time_limited,
+            refused,
+            compressed_requests,
             measure_seconds,
             live,
             apps: CappedLabels::new(config.app_name_cap),

@@ -23,6 +23,7 @@ pub struct Control {
     /// Connections per application / per user, for their limits.
     per_app: Mutex<HashMap<String, usize>>,
     per_user: Mutex<HashMap<String, usize>>,
+    per_network: Mutex<HashMap<String, usize>>,
 }
 
 /// Which limit a connection counts against.
@@ -111,6 +112,41 @@ impl Drop for Registered {
     }
 }
 
+/// A connection counted under its client network; uncounted when dropped.
+pub struct NetworkClaim {
+    control: Arc<Control>,
+    key: String,
+}
+
+impl Drop for NetworkClaim {
+    fn drop(&mut self) {
+        release(&self.control.per_network, &self.key);
+    }
+}
+
+/// `peer`'s network as `ADDRESS/PREFIX` (IPv4-mapped IPv6 addresses count as IPv4).
+pub fn network_of(peer: std::net::IpAddr, v4_prefix: u8, v6_prefix: u8) -> String {
+    use std::net::IpAddr;
+    let peer = match peer {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+        v4 => v4,
+    };
+    match peer {
+        IpAddr::V4(a) => {
+            let bits = v4_prefix.min(32);
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            let net = std::net::Ipv4Addr::from(u32::from(a) & mask);
+            format!("{net}/{bits}")
+        }
+        IpAddr::V6(a) => {
+            let bits = v6_prefix.min(128);
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            let net = std::net::Ipv6Addr::from(u128::from(a) & mask);
+            format!("{net}/{bits}")
+        }
+    }
+}
+
 fn release(table: &Mutex<HashMap<String, usize>>, key: &str) {
     let mut t = table.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(n) = t.get_mut(key) {
@@ -129,6 +165,7 @@ impl Default for Control {
             paused: watch::Sender::new(false),
             per_app: Mutex::default(),
             per_user: Mutex::default(),
+            per_network: Mutex::default(),
         }
     }
 }
@@ -235,6 +272,39 @@ impl Control {
         true
     }
 
+    /// Counts a new connection from `peer` under its network (the address with only its
+    /// first `v4_prefix` / `v6_prefix` bits kept) for `pool.max_connections_per_network`.
+    /// `Ok(None)`: no limit; `Ok(Some)`: counted until the claim drops; `Err(network)`:
+    /// that network already has `limit` connections.
+    pub fn claim_network(
+        self: &Arc<Self>,
+        peer: std::net::IpAddr,
+        v4_prefix: u8,
+        v6_prefix: u8,
+        limit: usize,
+    ) -> Result<Option<NetworkClaim>, String> {
+        if limit == 0 {
+            return Ok(None);
+        }
+        let key = network_of(peer, v4_prefix, v6_prefix);
+        let mut t = self
+            .per_network
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = t.entry(key.clone()).or_insert(0);
+        if *n >= limit {
+            if *n == 0 {
+                t.remove(&key);
+            }
+            return Err(key);
+        }
+        *n += 1;
+        Ok(Some(NetworkClaim {
+            control: self.clone(),
+            key,
+        }))
+    }
+
     /// Holds new requests (`true`) or lets them go (`false`). Returns the previous state.
     pub fn set_paused(&self, paused: bool) -> bool {
         self.paused.send_replace(paused)
@@ -278,5 +348,43 @@ impl Connection {
     /// Records the authenticated user (pooled mode).
     pub fn set_user(&self, user: &str) {
         self.who.lock().unwrap_or_else(PoisonError::into_inner).user = Some(user.to_owned());
+    }
+}
+
+#[cfg(test)]
+mod network_tests {
+    use super::*;
+
+    #[test]
+    fn networks_and_their_limit() {
+        let v4: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(network_of(v4, 24, 64), "10.1.2.0/24");
+        assert_eq!(network_of(v4, 32, 64), "10.1.2.3/32");
+        assert_eq!(network_of(v4, 0, 64), "0.0.0.0/0");
+        let mapped: std::net::IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        assert_eq!(network_of(mapped, 16, 64), "10.1.0.0/16");
+        let v6: std::net::IpAddr = "2001:db8:1:2:3:4:5:6".parse().unwrap();
+        assert_eq!(network_of(v6, 24, 64), "2001:db8:1:2::/64");
+        let c = Arc::new(Control::default());
+        let a = c.claim_network(v4, 24, 64, 2).unwrap().unwrap();
+        let b = c
+            .claim_network("10.1.2.200".parse().unwrap(), 24, 64, 2)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            c.claim_network("10.1.2.9".parse().unwrap(), 24, 64, 2)
+                .err(),
+            Some("10.1.2.0/24".to_owned())
+        );
+        // Another network is not affected; a closed connection frees its place.
+        assert!(c
+            .claim_network("10.1.3.1".parse().unwrap(), 24, 64, 2)
+            .is_ok());
+        drop(a);
+        let again = c.claim_network(v4, 24, 64, 2).unwrap();
+        assert!(again.is_some());
+        drop((b, again));
+        assert!(c.per_network.lock().unwrap().is_empty());
+        assert!(c.claim_network(v4, 24, 64, 0).unwrap().is_none());
     }
 }

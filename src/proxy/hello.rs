@@ -157,13 +157,14 @@ pub(crate) struct HelloAuth {
 
 /// mongoguard's own hello reply (pooled mode): one mongos-like endpoint with the upstream's
 /// limits and wire versions, its own `connectionId`, no `hosts`/`setName`/`topologyVersion`
-/// (so drivers poll hello on their monitoring connection, and mongoguard answers it), and no
-/// compression (pooled replies are relayed as the upstream sent them).
+/// (so drivers poll hello on their monitoring connection, and mongoguard answers it), and the
+/// compressors agreed with the client (`compression`, omitted when none).
 pub(crate) fn emulated_reply(
     cmd: &RawDocument,
     facts: &crate::upstream::HelloFacts,
     connection_id: i32,
     auth: HelloAuth,
+    offered: &[String],
 ) -> RawDocumentBuf {
     let mut r = RawDocumentBuf::new();
     if let Ok(Some(v)) = cmd.get("helloOk") {
@@ -191,6 +192,14 @@ pub(crate) fn emulated_reply(
     r.append(bson::cstr!("minWireVersion"), facts.min_wire_version);
     r.append(bson::cstr!("maxWireVersion"), facts.max_wire_version);
     r.append(bson::cstr!("readOnly"), false);
+    let agreed = agreed_compressors(cmd, offered);
+    if !agreed.is_empty() {
+        let mut arr = bson::RawArrayBuf::new();
+        for c in agreed {
+            arr.push(c);
+        }
+        r.append(bson::cstr!("compression"), arr);
+    }
     if let Some(mechs) = auth.mechanisms {
         let mut arr = bson::RawArrayBuf::new();
         for m in mechs {
@@ -203,6 +212,23 @@ pub(crate) fn emulated_reply(
     }
     r.append(bson::cstr!("ok"), 1.0);
     r
+}
+
+/// The compressors of the client's hello (`compression: [names]`) that mongoguard offers,
+/// in the client's order (mongod answers the same way: the client's list filtered).
+fn agreed_compressors<'a>(cmd: &'a RawDocument, offered: &[String]) -> Vec<&'a str> {
+    let Ok(Some(bson::RawBsonRef::Array(asked))) = cmd.get("compression") else {
+        return Vec::new();
+    };
+    let mut agreed: Vec<&str> = Vec::new();
+    for name in asked.into_iter().flatten() {
+        if let bson::RawBsonRef::String(n) = name {
+            if offered.iter().any(|o| o == n) && !agreed.contains(&n) {
+                agreed.push(n);
+            }
+        }
+    }
+    agreed
 }
 
 fn first_key_is(doc: &RawDocument, name: &str) -> bool {

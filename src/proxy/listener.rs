@@ -75,6 +75,7 @@ fn admit(ctx: &Arc<Context>, socket: tokio::net::TcpStream, peer: std::net::Sock
     ctx.stats.accepted.inc();
     let Ok(permit) = ctx.limiter.clone().try_acquire_owned() else {
         ctx.stats.rejected.inc();
+        ctx.metrics.refused(crate::metrics::Limit::Global);
         ctx.audit
             .event(super::close_event(peer, Duration::ZERO, None));
         let limit = ctx.config.proxy.max_client_connections;
@@ -90,6 +91,33 @@ fn admit(ctx: &Arc<Context>, socket: tokio::net::TcpStream, peer: std::net::Sock
         );
         return;
     };
+    let pool = &ctx.config.pool;
+    let network = match ctx.control.claim_network(
+        peer.ip(),
+        pool.network_prefix_v4,
+        pool.network_prefix_v6,
+        pool.max_connections_per_network,
+    ) {
+        Ok(claim) => claim,
+        Err(network) => {
+            ctx.stats.rejected.inc();
+            ctx.metrics.refused(crate::metrics::Limit::Network);
+            ctx.audit
+                .event(super::close_event(peer, Duration::ZERO, None));
+            let limit = pool.max_connections_per_network;
+            super::refuse::refuse(
+                ctx.server_tls.clone(),
+                socket,
+                peer,
+                format!(
+                    "mongoguard: too many connections from client network {network} \
+                     (pool.max_connections_per_network = {limit}); connection refused. Use a \
+                     connection pool, close idle connections, or raise the limit"
+                ),
+            );
+            return;
+        }
+    };
     let span = info_span!(
         "client",
         %peer,
@@ -99,7 +127,7 @@ fn admit(ctx: &Arc<Context>, socket: tokio::net::TcpStream, peer: std::net::Sock
     ctx.audit
         .event(crate::audit::Event::ConnectionOpened { client: peer });
     let opened = std::time::Instant::now();
-    let task = client_task(ctx.clone(), socket, peer, opened, permit);
+    let task = client_task(ctx.clone(), socket, peer, opened, (permit, network));
     ctx.tracker.spawn(task.instrument(span));
 }
 
@@ -110,7 +138,11 @@ async fn client_task(
     socket: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     opened: std::time::Instant,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    // The global permit and the client network's place, held for the connection's life.
+    (permit, _network): (
+        tokio::sync::OwnedSemaphorePermit,
+        Option<super::control::NetworkClaim>,
+    ),
 ) {
     let _ = socket.set_nodelay(true);
     let socket = match &ctx.server_tls {

@@ -219,6 +219,8 @@ struct Shared<C: Connector> {
     pools: Mutex<HashMap<PoolKey, Arc<KeyPool<C::Conn>>>>,
     /// Set (under the `pools` lock) by [`Pool::close`]; pools created afterwards start closed.
     closed: AtomicBool,
+    /// Drained servers (under the `pools` lock): their pools keep no idle connection.
+    drained: Mutex<Vec<Host>>,
 }
 
 impl<C: Connector> Clone for Pool<C> {
@@ -247,6 +249,7 @@ impl<C: Connector> Pool<C> {
                 config,
                 pools: Mutex::new(HashMap::new()),
                 closed: AtomicBool::new(false),
+                drained: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -309,6 +312,29 @@ impl<C: Connector> Pool<C> {
         }
     }
 
+    /// Drains (`true`) or enables `server` in every pool of it: drained, its idle
+    /// connections close at once and released ones close instead of idling (an operator's
+    /// `POST /servers/{host}/drain`).
+    pub fn set_drained(&self, server: &Host, drained: bool) {
+        let pools = self.lock_pools();
+        {
+            let mut d = self
+                .shared
+                .drained
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            d.retain(|h| h != server);
+            if drained {
+                d.push(server.clone());
+            }
+        }
+        for (key, pool) in pools.iter() {
+            if &key.server == server {
+                pool.set_drained(drained);
+            }
+        }
+    }
+
     fn key_pool(&self, key: &PoolKey) -> Arc<KeyPool<C::Conn>> {
         let mut pools = self.lock_pools();
         if let Some(pool) = pools.get(key) {
@@ -317,6 +343,15 @@ impl<C: Connector> Pool<C> {
         let pool = Arc::new(KeyPool::new(key.clone(), self.shared.config.clone()));
         if self.shared.closed.load(Ordering::SeqCst) {
             pool.close();
+        }
+        if self
+            .shared
+            .drained
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&key.server)
+        {
+            pool.set_drained(true);
         }
         pools.insert(key.clone(), pool.clone());
         pool

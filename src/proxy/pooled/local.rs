@@ -123,6 +123,7 @@ impl PooledSide {
             &facts,
             self.connection_id,
             auth,
+            &self.ctx.config.pool.compressors,
         ))
     }
 
@@ -195,6 +196,7 @@ impl PooledSide {
         if self.ctx.control.claim(&client.conn, kind, &key, limit) {
             return None;
         }
+        self.ctx.metrics.refused(crate::metrics::Limit::User);
         debug!(user = %key, limit, "max_connections_per_user reached; connection refused");
         Some(crate::proxy::refuse::limit_error(&format!(
             "mongoguard: too many connections of user {key} (pool.max_connections_per_user = \

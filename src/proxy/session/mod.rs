@@ -101,6 +101,9 @@ pub(crate) struct Session<S: Strategy> {
     /// getLastError (legacy applications learn about write errors only that way).
     last_blocked: Option<String>,
     obs: SessionObs,
+    /// Pooled mode: the compressor of the request being served, when the client compressed
+    /// it (its reply is compressed the same way; the upstream gets it decompressed).
+    reply_compressor: Option<crate::wire::Compressor>,
 }
 
 /// The refusal of a connection over `pool.max_connections_per_app`, or `None` when it is
@@ -116,6 +119,7 @@ fn app_limit(
     if ctx.control.claim(conn, kind, app, limit) {
         return None;
     }
+    ctx.metrics.refused(crate::metrics::Limit::App);
     debug!(
         app,
         limit, "max_connections_per_app reached; connection refused"
@@ -125,6 +129,14 @@ fn app_limit(
          (pool.max_connections_per_app = {limit}); connection refused. Use a connection pool, \
          close idle connections, or raise the limit"
     )))
+}
+
+/// The compressor of an OP_COMPRESSED frame (the byte after its original opcode and size).
+fn compressor_of(frame: &Frame) -> Option<crate::wire::Compressor> {
+    let id = *frame.bytes().get(crate::wire::HEADER_LEN + 8)?;
+    crate::wire::Compressor::from_id(id)
+        .ok()
+        .filter(|c| *c != crate::wire::Compressor::Noop)
 }
 
 /// What a request held past the pause limit gets: ExceededTimeLimit, in the set of codes
@@ -156,6 +168,7 @@ pub(crate) async fn run<S: Strategy>(
         },
         strategy,
         max,
+        reply_compressor: None,
         metadata: None,
         wire_version: None,
         last_blocked: None,
@@ -185,6 +198,9 @@ impl<S: Strategy> Session<S> {
                 Next::End(end) => return Ok(end),
             };
             self.client.conn.requests.fetch_add(1, Relaxed);
+            if received.inner.is_some() {
+                self.ctx.metrics.compressed_requests.inc();
+            }
             self.client.conn.active.store(true, Relaxed);
             let (request, route) = self.inspect(&received.frame, received.inner.as_ref())?;
             if let Some(meta) = &request.metadata {
@@ -223,7 +239,15 @@ impl<S: Strategy> Session<S> {
             if limited.is_some() {
                 self.ctx.metrics.time_limited.inc();
             }
-            let frame = limited.as_ref().unwrap_or(&received.frame);
+            // Pooled mode sends a compressed request upstream decompressed (mongoguard's
+            // upstream connections agree no compression, and reads their replies) and
+            // compresses the reply itself; passthrough forwards the client's bytes.
+            let (original, compressor) = match (&received.inner, S::REUSES_LINKS) {
+                (Some(inner), true) => (inner, compressor_of(&received.frame)),
+                _ => (&received.frame, None),
+            };
+            self.reply_compressor = compressor;
+            let frame = limited.as_ref().unwrap_or(original);
             if let Some(errmsg) = self.forward(frame, &request, &route).await? {
                 // The measurement of a multi-document write blocked it.
                 let abort = match &request.judgement {

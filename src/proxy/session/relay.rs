@@ -137,6 +137,10 @@ impl<S: Strategy> Session<S> {
             } else {
                 reply.into_bytes()
             };
+            let out = match self.reply_compressor {
+                Some(c) => compress_reply(out, c).await?,
+                None => out,
+            };
             let c = &mut self.client;
             send_to_client(&mut c.out, &out, c.limits.write, &c.kill).await?;
             if !more {
@@ -286,6 +290,24 @@ impl<S: Strategy> Session<S> {
         }
         self.strategy.aborted(link, ok.is_some(), route);
     }
+}
+
+/// Replies above this are compressed on the blocking pool, not on a runtime thread.
+const COMPRESS_INLINE_MAX: usize = 64 * 1024;
+
+/// Compresses a reply for a client that compressed its request (pooled mode).
+async fn compress_reply(
+    out: bytes::Bytes,
+    compressor: crate::wire::Compressor,
+) -> Result<bytes::Bytes, SessionError> {
+    let compressed = if out.len() <= COMPRESS_INLINE_MAX {
+        crate::wire::compression::compress(&out, compressor)
+    } else {
+        tokio::task::spawn_blocking(move || crate::wire::compression::compress(&out, compressor))
+            .await
+            .map_err(|_| SessionError::Killed)?
+    };
+    compressed.map_err(SessionError::UpstreamProtocol)
 }
 
 fn debug_aborted() {

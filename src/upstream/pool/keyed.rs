@@ -28,6 +28,8 @@ pub(super) struct KeyPool<T> {
     permits: Arc<Semaphore>,
     state: Mutex<State<T>>,
     gauges: Gauges,
+    /// Its server is drained: no idle connection is kept, none is opened ahead.
+    drained: std::sync::atomic::AtomicBool,
 }
 
 struct State<T> {
@@ -64,7 +66,26 @@ impl<T: PooledConn> KeyPool<T> {
                 total: 0,
             }),
             gauges: Gauges::default(),
+            drained: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Drains (`true`) or enables the pool's server: drained, its idle connections close at
+    /// once and a released connection closes instead of waiting idle (checkouts still work:
+    /// pinned cursors and transactions finish there).
+    pub(super) fn set_drained(&self, drained: bool) {
+        self.drained.store(drained, Ordering::SeqCst);
+        if !drained {
+            return;
+        }
+        let mut state = self.lock();
+        let idle = std::mem::take(&mut state.idle);
+        state.total = state.total.saturating_sub(idle.len());
+        self.publish(&state);
+        drop(state);
+        let count = u64::try_from(idle.len()).unwrap_or(u64::MAX);
+        self.gauges.discards.fetch_add(count, Ordering::Relaxed);
+        drop(idle);
     }
 
     pub(super) fn stats(&self) -> PoolStats {
@@ -195,6 +216,9 @@ impl<T: PooledConn> KeyPool<T> {
         connector: &C,
     ) -> Result<(), PoolError> {
         loop {
+            if self.drained.load(Ordering::SeqCst) {
+                return Ok(());
+            }
             // Holding a permit keeps this connect within pool_size like a checkout's.
             let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
                 return Ok(());
@@ -280,7 +304,7 @@ impl<T: PooledConn> KeyPool<T> {
         if self.past_lifetime(created, now) {
             return self.uncount(Closed::Expired);
         }
-        if self.permits.is_closed() {
+        if self.permits.is_closed() || self.drained.load(Ordering::SeqCst) {
             return self.uncount(Closed::Discarded);
         }
         let mut state = self.lock();
