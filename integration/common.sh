@@ -168,10 +168,11 @@ start_standin() {
 }
 
 # start_mongoguard NAME PORT ARGS...: starts mongoguard logging to $work/NAME.log.
+# (no admin listener unless $admin_listen names one)
 start_mongoguard() {
     local name="$1" port="$2" pid
     shift 2
-    "$bin_dir/mongoguard" --admin-listen off "$@" >"$work/$name.log" 2>&1 &
+    "$bin_dir/mongoguard" --admin-listen "${admin_listen:-off}" "$@" >"$work/$name.log" 2>&1 &
     pid=$!
     pids+=("$pid")
     if ! wait_tcp 127.0.0.1 "$port" 120 || ! kill -0 "$pid" 2>/dev/null; then

@@ -52,28 +52,49 @@ plain_addr="$STANDIN_ADDR"
 proxy_port="$(free_port)"
 start_mongoguard mongoguard "$proxy_port" --listen "127.0.0.1:$proxy_port" \
     --upstream "mongodb://$plain_addr"
-start_pooled sdkuser
+pooled_admin="127.0.0.1:$(free_port)"
+admin_listen="$pooled_admin" start_pooled sdkuser
+
+# Pooled mode sends requests upstream decompressed (the stand-in's counter stays put): the
+# compressed requests are counted on mongoguard's own metrics, around each client's suite.
+compressed_requests() {
+    curl -sf "http://$1/metrics" | awk '/^mongoguard_compressed_requests_total /{print $2; exit}'
+}
+check_compressed() {
+    local client="$1" admin="$2" before="$3" after
+    [ -n "$admin" ] || return 0
+    after="$(compressed_requests "$admin")"
+    [ -n "$after" ] && [ "$((after - before))" -ge 5 ] ||
+        fail "$client, pooled mode: ${after:-?} - $before compressed requests reached mongoguard"
+    log "$client, pooled mode: $((after - before)) compressed requests reached mongoguard"
+}
 
 run_suite() {
-    local mode="$1" uri="$2" standin="$3" compression="$4" status=0
+    local mode="$1" uri="$2" standin="$3" compression="$4" admin="${5:-}" status=0 before=0
+    [ -z "$admin" ] || before="$(compressed_requests "$admin")"
     MG_MODE="$mode" MG_URI="$uri" MG_STANDIN_URI="$standin" MG_COMPRESSION="$compression" \
         timeout 120 "$work/sdk-go" || status=$?
     [ "$status" = 0 ] || fail "Go driver, $mode mode (exit $status)"
+    check_compressed "Go driver" "$admin" "$before"
+    [ -z "$admin" ] || before="$(compressed_requests "$admin")"
     MG_MODE="$mode" MG_URI="$uri&compressors=zlib&retryWrites=true" MG_STANDIN_URI="$standin" \
         MG_COMPRESSION="$compression" \
         timeout 120 java -cp "$work/java:$java_cp" Sdk || status=$?
     [ "$status" = 0 ] || fail "Java driver, $mode mode (exit $status)"
+    check_compressed "Java driver" "$admin" "$before"
+    [ -z "$admin" ] || before="$(compressed_requests "$admin")"
     MG_MODE="$mode" MG_STANDIN_URI="$standin" MG_COMPRESSION="$compression" \
         timeout 120 "$mongosh" "$uri&compressors=zlib" --quiet --norc \
         --file "$INTEGRATION_DIR/mongosh/suite.js" || status=$?
     [ "$status" = 0 ] || fail "mongosh, $mode mode (exit $status)"
+    check_compressed "mongosh" "$admin" "$before"
 }
 
 run_suite passthrough "mongodb://127.0.0.1:$proxy_port/?appName=sdk" \
     "mongodb://$plain_addr" 1
 run_suite pooled \
     "mongodb://$client_user:$client_password@127.0.0.1:$pooled_port/?authSource=admin" \
-    "mongodb://$pooled_standin_addr" 0
+    "mongodb://$pooled_standin_addr" 0 "$pooled_admin"
 # ---- mgo, the legacy Go driver: OP_QUERY for every command, getnonce on every connection,
 # SCRAM-SHA-1 over OP_QUERY. MongoDB 5.0 (wire 13) is the newest server it can talk to: 5.1+
 # refuses OP_QUERY commands other than the handshake (the stand-in does too, from wire 17).
