@@ -195,8 +195,13 @@ pub(super) fn pool(ctx: &Context) -> String {
         .iter()
         .map(|h| h.to_string())
         .collect();
+    let parked = ctx.pooled.as_ref().map(|p| {
+        let (connections, cursors, transactions) = p.balanced.counts();
+        json!({"connections": connections, "cursors": cursors, "transactions": transactions})
+    });
     json!({
         "drained": drained,
+        "load_balanced_parked": parked,
         "mode": match ctx.config.proxy.mode {
             ProxyMode::Pooled => "pooled",
             ProxyMode::Passthrough => "passthrough",

@@ -38,6 +38,7 @@ impl Readiness {
                 BUDGET,
                 ctx.config.proxy.max_message_size,
                 ctx.upstream_tls.as_ref(),
+                ctx.config.upstream.uri.load_balanced(),
             )
             .await
             .map(|_| host.to_string())

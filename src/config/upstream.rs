@@ -68,6 +68,35 @@ impl UpstreamConfig {
                 "upstream.connect_timeout must be above zero".into(),
             ));
         }
+        if let Some(v) = self.uri.option("loadBalanced") {
+            if !v.eq_ignore_ascii_case("true") && !v.eq_ignore_ascii_case("false") {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream.uri: loadBalanced must be true or false, not {v:?}"
+                )));
+            }
+        }
+        if self.uri.load_balanced() {
+            // The load balancer specification's URI rules.
+            let conflict = if self.uri.hosts.len() > 1 {
+                Some("more than one host")
+            } else if self.uri.option("replicaSet").is_some() {
+                Some("replicaSet")
+            } else if self
+                .uri
+                .option("directConnection")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            {
+                Some("directConnection=true")
+            } else {
+                None
+            };
+            if let Some(what) = conflict {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream.uri: loadBalanced=true cannot be combined with {what} \
+                     (the load balancer is the one host)"
+                )));
+            }
+        }
         Ok(())
     }
 

@@ -54,6 +54,13 @@ impl UpstreamUri {
             .map(|(_, v)| v.as_str())
     }
 
+    /// `loadBalanced=true`: the one host is a load balancer in front of mongos (the load
+    /// balancer specification): no monitoring, `loadBalanced: true` in every first hello.
+    pub fn load_balanced(&self) -> bool {
+        self.option("loadBalanced")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    }
+
     /// The first seed (`None` only for a hand-built URI without hosts: parse() refuses one).
     pub fn primary_seed(&self) -> Option<&Host> {
         self.hosts.first()

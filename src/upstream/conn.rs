@@ -230,7 +230,7 @@ fn heartbeat_hello() -> RawDocumentBuf {
 
 /// The first hello mongoguard sends on each of its own upstream connections (with `client`
 /// metadata: only ever once per connection, see [`UpstreamConn::heartbeat`]).
-pub(crate) fn own_hello(sasl_user: Option<&Credentials>) -> RawDocumentBuf {
+pub(crate) fn own_hello(sasl_user: Option<&Credentials>, load_balanced: bool) -> RawDocumentBuf {
     let mut hello = bson::rawdoc! {
         "hello": 1,
         "helloOk": true,
@@ -240,6 +240,11 @@ pub(crate) fn own_hello(sasl_user: Option<&Credentials>) -> RawDocumentBuf {
             "os": {"type": std::env::consts::OS, "architecture": std::env::consts::ARCH},
         },
     };
+    if load_balanced {
+        // A mongos behind a load balancer refuses a first hello without it
+        // (LoadBalancerSupportMismatch, src/mongo/s/load_balancer_support.cpp).
+        hello.append(bson::cstr!("loadBalanced"), true);
+    }
     if let Some(c) = sasl_user {
         hello.append(
             bson::cstr!("saslSupportedMechs"),
@@ -273,11 +278,13 @@ impl UpstreamConn {
         timeout: Duration,
         max_message_size: usize,
         tls: Option<&crate::tls::UpstreamTls>,
+        load_balanced: bool,
     ) -> Result<UpstreamConn, ConnectError> {
         let work = async {
             let creds = identity.credentials.as_ref();
             let (mut conn, reply) =
-                Self::connect_and_hello(host, creds, timeout, max_message_size, tls).await?;
+                Self::connect_and_hello(host, creds, timeout, max_message_size, tls, load_balanced)
+                    .await?;
             if let Some(creds) = creds {
                 let offered = match reply.get("saslSupportedMechs") {
                     Ok(Some(RawBsonRef::Array(a))) => a
@@ -317,8 +324,10 @@ impl UpstreamConn {
         timeout: Duration,
         max_message_size: usize,
         tls: Option<&crate::tls::UpstreamTls>,
+        load_balanced: bool,
     ) -> Result<Arc<HelloFacts>, ConnectError> {
-        let work = Self::connect_and_hello(host, None, timeout, max_message_size, tls);
+        let work =
+            Self::connect_and_hello(host, None, timeout, max_message_size, tls, load_balanced);
         within(host, timeout, work)
             .await
             .map(|(conn, _)| conn.facts)
@@ -332,6 +341,7 @@ impl UpstreamConn {
         timeout: Duration,
         max_message_size: usize,
         tls: Option<&crate::tls::UpstreamTls>,
+        load_balanced: bool,
     ) -> Result<(UpstreamConn, RawDocumentBuf), ConnectError> {
         let stream = connect(host, timeout, tls).await?;
         let mut conn = UpstreamConn {
@@ -340,7 +350,7 @@ impl UpstreamConn {
             facts: Arc::new(HelloFacts::not_yet_known()),
             host: host.clone(),
         };
-        let reply = conn.command(&own_hello(creds)).await?;
+        let reply = conn.command(&own_hello(creds, load_balanced)).await?;
         let facts = HelloFacts::from_reply(&reply).ok_or_else(|| ConnectError::Handshake {
             host: host.to_string(),
             reason: "hello failed".into(),

@@ -92,6 +92,10 @@ pub struct StandInConfig {
     pub replica_set: Option<String>,
     /// Compressors offered in `hello` negotiation (subset of "snappy", "zlib", "zstd").
     pub compressors: Vec<String>,
+    /// Behave like a mongos reached through a load balancer: every connection's first hello
+    /// must say `loadBalanced: true` (else LoadBalancerSupportMismatch, 354) and its reply
+    /// carries this process's `serviceId`, as src/mongo/s/load_balancer_support.cpp does.
+    pub load_balanced: bool,
 }
 
 impl Default for StandInConfig {
@@ -102,6 +106,7 @@ impl Default for StandInConfig {
             users: Vec::new(),
             replica_set: None,
             compressors: vec!["snappy".into(), "zlib".into(), "zstd".into()],
+            load_balanced: false,
         }
     }
 }

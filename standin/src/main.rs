@@ -31,6 +31,10 @@ struct Args {
     /// Compressors to offer, comma separated (subset of snappy,zlib,zstd; empty = none).
     #[arg(long, default_value = "snappy,zlib,zstd")]
     compressors: String,
+    /// Act as a mongos behind a load balancer: each connection's first hello must carry
+    /// loadBalanced: true, and gets a serviceId.
+    #[arg(long)]
+    load_balanced: bool,
     /// Fault to inject: none | close-after:N | stall | delay-ms:N | garbage | close-immediately.
     #[arg(long, default_value = "none")]
     fault: Fault,
@@ -72,6 +76,7 @@ async fn main() -> std::io::Result<()> {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect(),
+        load_balanced: args.load_balanced,
     };
     match args.replica_set {
         Some(name) if args.members > 1 => {

@@ -9,6 +9,7 @@
 //! after a legacy fire-and-forget write, whose getLastError must run on the same connection;
 //! [`local`] answers hello and authentication.
 
+mod balanced;
 mod local;
 pub(crate) mod strategy;
 
@@ -46,6 +47,9 @@ pub(crate) struct Pooled {
     pub topology: Arc<Topology>,
     pub pool: Pool<MongoConnector>,
     pub pins: Arc<Pins>,
+    /// Load-balanced upstream: connections parked for their cursors and transactions.
+    pub(crate) balanced:
+        balanced::Parked<crate::upstream::pool::Checkout<crate::upstream::UpstreamConn>>,
     pub(crate) connection_ids: AtomicI32,
     cancel: CancellationToken,
 }
@@ -101,6 +105,7 @@ impl Pooled {
             topology,
             pool,
             pins: Arc::new(Pins::default()),
+            balanced: balanced::Parked::default(),
             connection_ids: AtomicI32::new(1),
             cancel,
         });
@@ -193,6 +198,11 @@ async fn maintain(pooled: Arc<Pooled>) {
         if let Err(e) = pooled.pool.maintain().await {
             debug!(error = %e, "pool maintenance could not open min_idle connections");
         }
-        pooled.pins.expire(tokio::time::Instant::now());
+        let now = tokio::time::Instant::now();
+        pooled.pins.expire(now);
+        for conn in pooled.balanced.expire(now, balanced::PARKED_TTL) {
+            debug!("closing a load-balanced connection whose cursors went unused");
+            conn.discard();
+        }
     }
 }

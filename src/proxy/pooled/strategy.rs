@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::{Pooled, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
+use super::{balanced, Pooled, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 use crate::{
     auth::sasl::SaslSession,
     proxy::{
@@ -75,6 +75,12 @@ pub(crate) struct PooledSide {
     for_last_error: Option<Conn>,
     /// The current round trip runs on the kept legacy-write connection: never re-sent.
     on_kept: bool,
+    /// Behind a load balancer: the parked slot the current request's connection came from,
+    /// and the cursor its reply opened (see [`super::balanced`]).
+    balanced_slot: Option<u64>,
+    opened_cursor: Option<i64>,
+    /// The cursor the current request's reply finished (a last getMore: id 0).
+    closed_cursor: Option<i64>,
 }
 
 impl PooledSide {
@@ -94,6 +100,9 @@ impl PooledSide {
             sticky: Sticky::default(),
             for_last_error: None,
             on_kept: false,
+            balanced_slot: None,
+            opened_cursor: None,
+            closed_cursor: None,
             pooled,
             ctx,
         }
@@ -196,6 +205,44 @@ impl PooledSide {
     }
 }
 
+impl PooledSide {
+    /// Load-balanced upstream: parks `link` while a cursor or transaction lives on it, or
+    /// hands it back (`Some`) for the pool; a broken one is discarded with its slot.
+    fn settle_balanced(
+        &mut self,
+        link: Conn,
+        outcome: &Outcome,
+        route: &Routing,
+        txn_aborted: bool,
+    ) -> Option<Conn> {
+        let slot = self.balanced_slot.take();
+        let opened = self.opened_cursor.take();
+        if matches!(outcome, Outcome::Broken) {
+            if let Some(slot) = slot {
+                self.pooled.balanced.forget(slot);
+            }
+            link.discard();
+            return None;
+        }
+        let closed = self.closed_cursor.take();
+        let killed = route.cursor.filter(|_| route.kills_cursor);
+        let txn = match &route.txn {
+            _ if txn_aborted || route.ends_txn => balanced::TxnChange::Ended,
+            Some(t) => balanced::TxnChange::Continues(t.lsid.clone()),
+            None => balanced::TxnChange::None,
+        };
+        let settle = balanced::Settle {
+            opened,
+            // A last getMore's reply reports its cursor finished (id 0); killCursors ends it.
+            closed: killed.or(closed),
+            txn,
+        };
+        self.pooled
+            .balanced
+            .settle(slot, link, settle, Instant::now())
+    }
+}
+
 fn refused_end(e: SessionError) -> Acquired<Conn> {
     Acquired::Refused {
         answer: None,
@@ -269,6 +316,16 @@ impl Strategy for PooledSide {
             self.on_kept = true;
             return Acquired::Link(kept);
         }
+        self.balanced_slot = None;
+        self.opened_cursor = None;
+        self.closed_cursor = None;
+        if self.pooled.topology.load_balanced() {
+            let lsid = route.txn.as_ref().map(|t| t.lsid.as_slice());
+            if let Some((slot, conn)) = self.pooled.balanced.take(route.cursor, lsid) {
+                self.balanced_slot = Some(slot);
+                return Acquired::Link(conn);
+            }
+        }
         let identity = match (&self.identity, route.class()) {
             (Some(identity), _) => Some(identity.clone()),
             // buildInfo before authentication (mongod allows it; 3.x drivers send it in
@@ -311,18 +368,31 @@ impl Strategy for PooledSide {
         kill: &CancellationToken,
     ) -> Option<Conn> {
         let txn = route.txn.as_ref()?;
+        if self.pooled.topology.load_balanced() {
+            let (slot, conn) = self.pooled.balanced.take(None, Some(&txn.lsid))?;
+            self.balanced_slot = Some(slot);
+            return Some(conn);
+        }
         let host = self.pooled.pins.txn_server(txn, Instant::now())?;
         let identity = self.identity.clone()?;
         self.checkout(host, &identity, kill).await.ok()
     }
 
     fn wants_reply_facts(&self) -> bool {
-        self.pooled.topology.is_multi_server()
+        self.pooled.topology.is_multi_server() || self.pooled.topology.load_balanced()
     }
 
     /// Cursor pins (several servers only): an open cursor is pinned to the server that
     /// answered, a finished one forgotten.
     fn observe_reply(&mut self, host: &Host, route: &Routing, facts: &ReplyFacts) {
+        if self.pooled.topology.load_balanced() {
+            match facts.cursor {
+                CursorReply::Open(id) if route.may_open_cursor => self.opened_cursor = Some(id),
+                CursorReply::Closed => self.closed_cursor = route.cursor,
+                _ => {}
+            }
+            return;
+        }
         if !self.pooled.topology.is_multi_server() {
             return;
         }
@@ -347,6 +417,19 @@ impl Strategy for PooledSide {
     /// The connection goes back to the pool only after a complete exchange; a legacy write's
     /// connection is kept for its getLastError; a broken one is discarded.
     fn finished(&mut self, link: Conn, outcome: Outcome, route: &Routing) {
+        if self.pooled.topology.load_balanced() {
+            let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
+                return;
+            };
+            if !matches!(outcome, Outcome::Sent) || route.class() != Class::LegacyWrite {
+                return link.release();
+            }
+            // A legacy write's connection waits for its getLastError as usual.
+            if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
+                old.release();
+            }
+            return;
+        }
         match outcome {
             Outcome::Broken => link.discard(),
             Outcome::Sent if route.class() == Class::LegacyWrite && !self.on_kept => {
@@ -376,6 +459,17 @@ impl Strategy for PooledSide {
     fn aborted(&mut self, link: Conn, ok: bool, route: &Routing) {
         if let Some(t) = &route.txn {
             self.pooled.pins.unpin_txn(t);
+        }
+        if self.pooled.topology.load_balanced() {
+            let outcome = if ok {
+                Outcome::Replied
+            } else {
+                Outcome::Broken
+            };
+            if let Some(link) = self.settle_balanced(link, &outcome, route, true) {
+                link.release();
+            }
+            return;
         }
         if ok {
             link.release();

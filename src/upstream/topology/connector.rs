@@ -54,6 +54,7 @@ impl Connector for MongoConnector {
             self.connect_timeout,
             self.max_message_size,
             self.tls.as_ref(),
+            self.topology.load_balanced(),
         )
         .await?;
         self.topology.observe(&key.server, conn.facts());

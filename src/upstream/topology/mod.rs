@@ -54,6 +54,8 @@ pub struct Topology {
     /// Servers an operator drained (`POST /servers/{host}/drain`): never selected for a new
     /// session or checkout until enabled again.
     drained: std::sync::RwLock<Vec<Host>>,
+    /// The one server is a load balancer (`loadBalanced=true`).
+    load_balanced: bool,
     /// The monitors' heartbeat in milliseconds (for staleness estimates; 500 until the
     /// monitors start).
     heartbeat_ms: std::sync::atomic::AtomicU64,
@@ -100,6 +102,7 @@ impl Topology {
             monitored: Mutex::new(HashSet::new()),
             drained: std::sync::RwLock::new(Vec::new()),
             heartbeat_ms: std::sync::atomic::AtomicU64::new(500),
+            load_balanced: uri.load_balanced(),
         })
     }
 
@@ -125,6 +128,13 @@ impl Topology {
         // Selections waiting for a server look again.
         self.state.send_modify(|_| {});
         true
+    }
+
+    /// The upstream is a load balancer in front of mongos: every first hello says
+    /// `loadBalanced: true`, and a client's cursors and transactions stay on the upstream
+    /// connection that opened them (another connection may reach another mongos).
+    pub fn load_balanced(&self) -> bool {
+        self.load_balanced
     }
 
     /// The monitors' heartbeat interval.

@@ -197,6 +197,8 @@ impl Monitor {
             timeout,
             self.settings.max_message_size,
             self.settings.tls.as_ref(),
+            // Monitors never run in front of a load balancer (it has no topology to watch).
+            false,
         )
         .await?;
         let facts = c.facts().clone();

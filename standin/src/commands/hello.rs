@@ -111,8 +111,23 @@ pub(crate) fn hello(ctx: &mut Ctx, name: &str, cmd: &Document) -> CmdResult {
             ))
         }
     }
+    let first_hello = !ctx.conn.hello_seen;
+    if shared.config.load_balanced && first_hello {
+        // load_balancer_support::handleHello: checked on the connection's first hello only.
+        if !cmd.get("loadBalanced").is_some_and(crate::bsonutil::truthy) {
+            return Err(CmdError::new(
+                354,
+                "LoadBalancerSupportMismatch",
+                "The server is being accessed through a load balancer, but this driver does \
+                 not have load balancing enabled",
+            ));
+        }
+    }
     ctx.conn.hello_seen = true;
     let mut r = Document::new();
+    if shared.config.load_balanced && first_hello {
+        r.insert("serviceId", shared.process_id);
+    }
     if cmd.get("helloOk").is_some_and(crate::bsonutil::truthy) {
         r.insert("helloOk", true);
     }

@@ -1,0 +1,297 @@
+//! Load-balanced upstreams (`loadBalanced=true`): a cursor and a transaction live on the one
+//! upstream connection that opened them, since another connection through the load balancer
+//! may reach another mongos, which knows neither. Drivers talking to a load balancer pin
+//! their own connections (the load balancer specification); mongoguard's clients see one
+//! mongos and send a getMore on any of their connections, so the pin is mongoguard's: the
+//! connection is parked here, keyed by its open cursors and its transaction's session, and
+//! whichever client session continues one of them takes it, then parks it again or gives it
+//! back to the pool once nothing lives on it.
+//!
+//! A parked connection stays checked out of its pool (it counts against `pool_size`, as a
+//! driver's pinned connection counts against its maxPoolSize). One unused for
+//! [`PARKED_TTL`] — longer than mongos keeps an idle cursor (10 minutes) — is closed, which
+//! ends whatever was left on it.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+/// A parked connection unused this long is closed (mongos's cursorTimeoutMillis is 10 min).
+pub(crate) const PARKED_TTL: Duration = Duration::from_secs(11 * 60);
+
+/// What a round trip did to the transaction of its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TxnChange {
+    /// Not a transaction statement.
+    None,
+    /// A statement of the transaction of this session (`lsid.id` bytes).
+    Continues(Vec<u8>),
+    /// commitTransaction / abortTransaction.
+    Ended,
+}
+
+/// The outcome of a round trip on a connection, for [`Parked::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settle {
+    /// A cursor the reply opened.
+    pub opened: Option<i64>,
+    /// A cursor the reply finished or the request killed.
+    pub closed: Option<i64>,
+    pub txn: TxnChange,
+}
+
+struct Slot<C> {
+    /// `None` while a request runs on it.
+    conn: Option<C>,
+    cursors: Vec<i64>,
+    txn: Option<Vec<u8>>,
+    used: Instant,
+}
+
+struct Inner<C> {
+    next: u64,
+    slots: HashMap<u64, Slot<C>>,
+    by_cursor: HashMap<i64, u64>,
+    by_txn: HashMap<Vec<u8>, u64>,
+}
+
+/// The parked connections of a load-balanced upstream.
+pub(crate) struct Parked<C> {
+    inner: Mutex<Inner<C>>,
+}
+
+impl<C> Default for Parked<C> {
+    fn default() -> Self {
+        Parked {
+            inner: Mutex::new(Inner {
+                next: 1,
+                slots: HashMap::new(),
+                by_cursor: HashMap::new(),
+                by_txn: HashMap::new(),
+            }),
+        }
+    }
+}
+
+impl<C> Parked<C> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<C>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the connection cursor `cursor` (else the transaction of session `lsid`) lives
+    /// on: `Some((slot, conn))`. `None` when neither is parked, or its connection is busy
+    /// with another request of the same cursor or transaction (the request then runs on a
+    /// fresh connection, where mongos answers CursorNotFound / NoSuchTransaction as it would
+    /// to a driver doing the same).
+    pub(crate) fn take(&self, cursor: Option<i64>, lsid: Option<&[u8]>) -> Option<(u64, C)> {
+        let mut g = self.lock();
+        let slot = cursor
+            .and_then(|id| g.by_cursor.get(&id).copied())
+            .or_else(|| lsid.and_then(|l| g.by_txn.get(l).copied()))?;
+        let conn = g.slots.get_mut(&slot)?.conn.take()?;
+        Some((slot, conn))
+    }
+
+    /// After a complete round trip on `conn` (taken from `slot`, or fresh when `None`):
+    /// records what it opened and ended, and parks the connection while a cursor or the
+    /// transaction lives on it. Returns it when nothing does (back to the pool).
+    pub(crate) fn settle(&self, slot: Option<u64>, conn: C, s: Settle, now: Instant) -> Option<C> {
+        let starts = s.opened.is_some() || matches!(s.txn, TxnChange::Continues(_));
+        if slot.is_none() && !starts {
+            return Some(conn);
+        }
+        let mut g = self.lock();
+        let g = &mut *g;
+        let id = slot.unwrap_or_else(|| {
+            let id = g.next;
+            g.next += 1;
+            id
+        });
+        let entry = g.slots.entry(id).or_insert_with(|| Slot {
+            conn: None,
+            cursors: Vec::new(),
+            txn: None,
+            used: now,
+        });
+        if let Some(c) = s.opened {
+            entry.cursors.push(c);
+            g.by_cursor.insert(c, id);
+        }
+        if let Some(c) = s.closed {
+            if let Some(pos) = entry.cursors.iter().position(|x| *x == c) {
+                entry.cursors.swap_remove(pos);
+                g.by_cursor.remove(&c);
+            }
+        }
+        match s.txn {
+            TxnChange::None => {}
+            TxnChange::Continues(lsid) => {
+                if entry.txn.as_ref() != Some(&lsid) {
+                    if let Some(old) = entry.txn.replace(lsid.clone()) {
+                        g.by_txn.remove(&old);
+                    }
+                    g.by_txn.insert(lsid, id);
+                }
+            }
+            TxnChange::Ended => {
+                if let Some(old) = entry.txn.take() {
+                    g.by_txn.remove(&old);
+                }
+            }
+        }
+        if entry.cursors.is_empty() && entry.txn.is_none() {
+            g.slots.remove(&id);
+            return Some(conn);
+        }
+        entry.conn = Some(conn);
+        entry.used = now;
+        None
+    }
+
+    /// Forgets `slot` and everything on it (its connection broke: mongos ended them).
+    pub(crate) fn forget(&self, slot: u64) {
+        let mut g = self.lock();
+        let g = &mut *g;
+        if let Some(entry) = g.slots.remove(&slot) {
+            for c in entry.cursors {
+                g.by_cursor.remove(&c);
+            }
+            if let Some(l) = entry.txn {
+                g.by_txn.remove(&l);
+            }
+        }
+    }
+
+    /// Removes the parked connections unused for `ttl`; the caller closes them.
+    pub(crate) fn expire(&self, now: Instant, ttl: Duration) -> Vec<C> {
+        let mut g = self.lock();
+        let stale: Vec<u64> = g
+            .slots
+            .iter()
+            .filter(|(_, s)| s.conn.is_some() && now.saturating_duration_since(s.used) >= ttl)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut out = Vec::new();
+        for id in stale {
+            if let Some(conn) = g.slots.get_mut(&id).and_then(|s| s.conn.take()) {
+                out.push(conn);
+            }
+            drop(g);
+            self.forget(id);
+            g = self.lock();
+        }
+        out
+    }
+
+    /// Parked connections and the cursors and transactions on them (`GET /pool`).
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
+        let g = self.lock();
+        (g.slots.len(), g.by_cursor.len(), g.by_txn.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settle(opened: Option<i64>, closed: Option<i64>, txn: TxnChange) -> Settle {
+        Settle {
+            opened,
+            closed,
+            txn,
+        }
+    }
+
+    #[test]
+    fn cursors_and_transactions_keep_their_connection() {
+        let p: Parked<&str> = Parked::default();
+        let now = Instant::now();
+        // Nothing opened: straight back to the pool.
+        assert_eq!(
+            p.settle(None, "a", settle(None, None, TxnChange::None), now),
+            Some("a")
+        );
+        // A find opens cursor 7 on connection "b": parked.
+        assert_eq!(
+            p.settle(None, "b", settle(Some(7), None, TxnChange::None), now),
+            None
+        );
+        assert_eq!(p.counts(), (1, 1, 0));
+        // Another cursor's getMore finds nothing; cursor 7's finds "b".
+        assert!(p.take(Some(8), None).is_none());
+        let (slot, conn) = p.take(Some(7), None).unwrap();
+        assert_eq!(conn, "b");
+        // While it runs, a concurrent getMore of 7 finds it busy.
+        assert!(p.take(Some(7), None).is_none());
+        // A middle batch: parked again.
+        assert_eq!(
+            p.settle(Some(slot), conn, settle(None, None, TxnChange::None), now),
+            None
+        );
+        // The last batch closes the cursor: back to the pool, nothing left.
+        let (slot, conn) = p.take(Some(7), None).unwrap();
+        assert_eq!(
+            p.settle(
+                Some(slot),
+                conn,
+                settle(None, Some(7), TxnChange::None),
+                now
+            ),
+            Some("b")
+        );
+        assert_eq!(p.counts(), (0, 0, 0));
+
+        // A transaction (and a cursor inside it) on "c" until commit and the last getMore.
+        let lsid = vec![1u8; 16];
+        assert_eq!(
+            p.settle(
+                None,
+                "c",
+                settle(None, None, TxnChange::Continues(lsid.clone())),
+                now
+            ),
+            None
+        );
+        let (slot, conn) = p.take(None, Some(&lsid)).unwrap();
+        assert_eq!(
+            p.settle(
+                Some(slot),
+                conn,
+                settle(Some(9), None, TxnChange::Continues(lsid.clone())),
+                now
+            ),
+            None
+        );
+        let (slot, conn) = p.take(None, Some(&lsid)).unwrap();
+        assert_eq!(
+            p.settle(Some(slot), conn, settle(None, None, TxnChange::Ended), now),
+            None
+        );
+        assert_eq!(p.counts(), (1, 1, 0));
+        let (slot, conn) = p.take(Some(9), None).unwrap();
+        assert_eq!(
+            p.settle(
+                Some(slot),
+                conn,
+                settle(None, Some(9), TxnChange::None),
+                now
+            ),
+            Some("c")
+        );
+
+        // A broken connection forgets its cursors; an abandoned one expires.
+        p.settle(None, "d", settle(Some(11), None, TxnChange::None), now);
+        let (slot, _) = p.take(Some(11), None).unwrap();
+        p.forget(slot);
+        assert!(p.take(Some(11), None).is_none());
+        assert_eq!(p.counts(), (0, 0, 0));
+        p.settle(None, "e", settle(Some(12), None, TxnChange::None), now);
+        assert!(p.expire(now, PARKED_TTL).is_empty());
+        assert_eq!(p.expire(now + PARKED_TTL, PARKED_TTL), vec!["e"]);
+        assert_eq!(p.counts(), (0, 0, 0));
+    }
+}

@@ -1,0 +1,249 @@
+//! `loadBalanced=true` upstreams: mongoguard in front of a load balancer that spreads
+//! connections over two mongos. The stand-ins act as mongos reached through a load balancer
+//! (a connection's first hello must say `loadBalanced: true`, as
+//! src/mongo/s/load_balancer_support.cpp requires), and a round-robin TCP relay is the load
+//! balancer. The two stand-ins do not share cursors, exactly like two mongos: a getMore on a
+//! connection that reaches the other one fails with CursorNotFound, so every cursor must stay
+//! on the connection that opened it.
+
+mod support;
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use bson::{doc, Document};
+use futures::TryStreamExt;
+use mongodb::{options::ClientOptions, Client};
+use mongoguard::{
+    app::{Proxy, ProxyHandle},
+    config::{Config, Mode},
+};
+use mongoguard_standin::{StandIn, StandInConfig};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+/// A layer-4 load balancer: each new connection goes to the next backend, round robin.
+async fn round_robin_relay(backends: Vec<SocketAddr>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut next = 0usize;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let backend = backends[next % backends.len()];
+            next += 1;
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn balanced_standin() -> StandIn {
+    StandIn::start(StandInConfig {
+        load_balanced: true,
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The same 60 documents on both "mongos" (one cluster behind them).
+async fn seed(backends: &[&StandIn]) {
+    for s in backends {
+        let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", s.addr()))
+            .await
+            .unwrap();
+        direct
+            .database("lb")
+            .collection::<Document>("c")
+            .insert_many((0..60).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+        direct.shutdown().await;
+    }
+}
+
+async fn start(upstream: &str, mode: Mode) -> ProxyHandle {
+    let mut cfg = Config::for_upstream(upstream).unwrap();
+    cfg.proxy.mode = mode;
+    cfg.pool.pool_size = 6;
+    cfg.auth.allow_unauthenticated = true;
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    Proxy::start(Arc::new(cfg)).await.unwrap()
+}
+
+async fn client(proxy: &ProxyHandle) -> Client {
+    let mut opts = ClientOptions::parse(format!("mongodb://{}", proxy.local_addr()))
+        .await
+        .unwrap();
+    opts.server_selection_timeout = Some(Duration::from_secs(10));
+    opts.max_pool_size = Some(8);
+    Client::with_options(opts).unwrap()
+}
+
+/// Many concurrent cursors, each drained with getMores, through pooled mode: the pool's
+/// connections reach both mongos, and every getMore goes on its cursor's connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_cursors_stay_on_their_load_balanced_connection() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
+    let proxy = start(
+        &format!("mongodb://{relay}/?loadBalanced=true"),
+        Mode::Pooled,
+    )
+    .await;
+    let c = client(&proxy).await;
+    let coll = c.database("lb").collection::<Document>("c");
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let coll = coll.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let all: Vec<Document> = coll
+                    .find(doc! {})
+                    .batch_size(7)
+                    .await
+                    .unwrap()
+                    .try_collect()
+                    .await
+                    .expect("every getMore finds its cursor");
+                assert_eq!(all.len(), 60);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (fa, fb) = (
+        a.stats().command_count("find"),
+        b.stats().command_count("find"),
+    );
+    assert!(
+        fa > 0 && fb > 0,
+        "the load balancer spread the pool over both mongos: {fa} / {fb}"
+    );
+    assert_eq!(fa + fb, 36);
+    // A cursor left open by a client that goes away does not leak its pin: the next
+    // client's requests run normally.
+    let mut cursor = coll.find(doc! {}).batch_size(2).await.unwrap();
+    assert!(cursor.try_next().await.unwrap().is_some());
+    drop(cursor);
+    c.shutdown().await;
+    let c2 = client(&proxy).await;
+    let n = c2
+        .database("lb")
+        .collection::<Document>("c")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(n, 60);
+    c2.shutdown().await;
+    proxy.shutdown().await;
+}
+
+/// Passthrough relays each client connection to its own upstream connection, so a client
+/// behind mongoguard connects as it would to the load balancer itself: with
+/// `loadBalanced=true` in its URI, its driver pins cursors to connections and sends the hello
+/// mongos wants; CRUD and concurrent cursors work, and `/readyz` probes the upstream with
+/// `loadBalanced: true` too. A client without it gets mongos's own refusal
+/// (LoadBalancerSupportMismatch), not a cursor lost at random later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_clients_reach_mongos_behind_a_load_balancer() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
+    let proxy = start(
+        &format!("mongodb://{relay}/?loadBalanced=true"),
+        Mode::Passthrough,
+    )
+    .await;
+    let mut opts = ClientOptions::parse(format!(
+        "mongodb://{}/?loadBalanced=true",
+        proxy.local_addr()
+    ))
+    .await
+    .unwrap();
+    opts.max_pool_size = Some(8);
+    let c = Client::with_options(opts).unwrap();
+    let coll = c.database("lb").collection::<Document>("c");
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let coll = coll.clone();
+        tasks.push(tokio::spawn(async move {
+            let all: Vec<Document> = coll
+                .find(doc! {})
+                .batch_size(5)
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            assert_eq!(all.len(), 60);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(a.stats().command_count("find") > 0 && b.stats().command_count("find") > 0);
+    coll.insert_one(doc! {"i": 100}).await.unwrap();
+    let admin = proxy.admin_addr().expect("admin listener");
+    let mut s = TcpStream::connect(admin).await.unwrap();
+    s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    c.shutdown().await;
+
+    // A plain hello without loadBalanced, as a driver not told about the load balancer
+    // sends it.
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let reply = raw.command(doc! {"hello": 1, "$db": "admin"}).await;
+    assert_eq!(reply.get_i32("code").unwrap_or(0), 354, "{reply}");
+    proxy.shutdown().await;
+}
+
+/// Without `loadBalanced=true` in the upstream URI, the same load balancer refuses
+/// mongoguard's own connections (the stand-in is as strict as mongos): the pooled client
+/// gets an error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_without_load_balanced_in_the_uri_is_refused_clearly() {
+    let a = balanced_standin().await;
+    let proxy = start(&format!("mongodb://{}/", a.addr()), Mode::Pooled).await;
+    let mut opts = ClientOptions::parse(format!("mongodb://{}", proxy.local_addr()))
+        .await
+        .unwrap();
+    opts.server_selection_timeout = Some(Duration::from_secs(3));
+    let c = Client::with_options(opts).unwrap();
+    let err = c
+        .database("lb")
+        .run_command(doc! {"ping": 1})
+        .await
+        .expect_err("the load balancer refuses a hello without loadBalanced");
+    let _ = err;
+    proxy.shutdown().await;
+}
+
+#[test]
+fn load_balanced_uri_rules() {
+    for bad in [
+        "mongodb://a:1,b:2/?loadBalanced=true",
+        "mongodb://a:1/?loadBalanced=true&replicaSet=rs",
+        "mongodb://a:1/?loadBalanced=true&directConnection=true",
+        "mongodb://a:1/?loadBalanced=yes",
+    ] {
+        let refused = Config::for_upstream(bad).and_then(|c| c.validate());
+        assert!(refused.is_err(), "{bad}");
+    }
+    let cfg = Config::for_upstream("mongodb://a:1/?loadBalanced=true").unwrap();
+    cfg.validate().unwrap();
+}
