@@ -184,7 +184,8 @@ fn verification(
 impl UpstreamTls {
     /// The upstream TLS the URI asks for; `None` for plain TCP.
     pub fn from_uri(uri: &UpstreamUri) -> Result<Option<UpstreamTls>, TlsError> {
-        let wanted = truthy_option(uri, "tls") || truthy_option(uri, "ssl");
+        // `tls=true`/`ssl=true`, or a mongodb+srv:// URI that does not say `tls=false`.
+        let wanted = uri.tls_wanted();
         let any_tls_option = uri.options.iter().any(|(k, _)| {
             let k = k.to_ascii_lowercase();
             k.starts_with("tls") && k != "tls"
@@ -192,7 +193,7 @@ impl UpstreamTls {
         if !wanted {
             if any_tls_option {
                 return Err(TlsError(
-                    "upstream.uri has tls* options but not tls=true; add tls=true".into(),
+                    "upstream.uri has tls* options but TLS is off; add tls=true".into(),
                 ));
             }
             return Ok(None);
