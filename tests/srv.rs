@@ -96,6 +96,17 @@ async fn find_one_with(
     r
 }
 
+/// A plain HTTP GET to the admin listener; the whole response.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
 fn finds(s: &StandIn) -> u64 {
     s.stats().command_count("find")
 }
@@ -286,6 +297,10 @@ async fn polling_follows_the_srv_records(mode: Mode, domain: &str) {
         b_finds + 10 + 20,
         "every find after the change goes to B"
     );
+    // /readyz probes a server of the topology now, not the URI's first host of the start.
+    let ready = http_get(proxy.admin_addr().unwrap(), "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(ready.contains(&tb), "{ready}");
     assert!(a_finds >= 4);
     proxy.shutdown().await;
     b.shutdown().await;
