@@ -316,3 +316,29 @@ impl ServerCertVerifier for Lenient {
             .supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(uri: &str) -> Result<Option<UpstreamTls>, TlsError> {
+        UpstreamTls::from_uri(&uri.parse::<UpstreamUri>().unwrap())
+    }
+
+    #[test]
+    fn srv_uris_default_to_tls() {
+        assert!(tls("mongodb+srv://c.example.com").unwrap().is_some());
+        assert!(tls("mongodb+srv://c.example.com/?tls=false")
+            .unwrap()
+            .is_none());
+        assert!(tls("mongodb+srv://c.example.com/?ssl=false")
+            .unwrap()
+            .is_none());
+        assert!(tls("mongodb://h").unwrap().is_none());
+        assert!(tls("mongodb://h/?tls=true").unwrap().is_some());
+        // TLS options with TLS turned off are a mistake, SRV or not.
+        let e = tls("mongodb+srv://c.example.com/?tls=false&tlsAllowInvalidHostnames=true")
+            .unwrap_err();
+        assert!(e.to_string().contains("TLS is off"), "{e}");
+    }
+}

@@ -195,6 +195,15 @@ impl UpstreamUri {
         if is_true("directConnection") {
             return err("directConnection=true cannot be used with mongodb+srv://".into());
         }
+        if let Some(v) = self.option("loadBalanced") {
+            if !v.eq_ignore_ascii_case("true") && !v.eq_ignore_ascii_case("false") {
+                return err(format!("loadBalanced={v:?}: must be true or false"));
+            }
+        }
+        // Connection-string rules for load balancing, reachable here through a TXT record.
+        if is_true("loadBalanced") && self.option("replicaSet").is_some() {
+            return err("loadBalanced=true cannot be combined with replicaSet".into());
+        }
         if let Some(v) = self.option("srvMaxHosts") {
             if v.parse::<u32>().is_err() {
                 return err(format!("srvMaxHosts={v:?}: must be a non-negative integer"));
@@ -574,6 +583,11 @@ mod tests {
             (
                 "mongodb+srv://a.b.c/?srvMaxHosts=1&loadBalanced=true",
                 "loadBalanced",
+            ),
+            ("mongodb+srv://a.b.c/?loadBalanced=yes", "true or false"),
+            (
+                "mongodb+srv://a.b.c/?loadBalanced=true&replicaSet=rs",
+                "cannot be combined with replicaSet",
             ),
             ("mongodb+srv://a.b.c/?srvServiceName=a_b", "service name"),
             ("mongodb+srv://a.b.c/?srvServiceName=-ab", "service name"),

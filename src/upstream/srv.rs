@@ -528,6 +528,10 @@ mod tests {
         );
         assert_eq!(merged.option("authSource"), Some("otherDB"));
         assert_eq!(merged.option("replicaSet"), Some("repl0"));
+        // A TXT loadBalanced=true beside the URI's replicaSet is refused once merged.
+        let uri: UpstreamUri = "mongodb+srv://a.b.c/?replicaSet=rs".parse().unwrap();
+        let merged = merge_txt(&uri, vec![("loadBalanced".into(), "true".into())]);
+        assert!(merged.validate_options().is_err());
         // srvMaxHosts with a replicaSet from TXT is refused once merged.
         let uri: UpstreamUri = "mongodb+srv://a.b.c/?srvMaxHosts=1".parse().unwrap();
         let merged = merge_txt(&uri, vec![("replicaSet".into(), "repl0".into())]);
