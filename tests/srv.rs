@@ -170,7 +170,8 @@ async fn txt_replica_set(mode: Mode, domain: &str) {
     let name = format!("cluster.{domain}");
     let (t0, t1) = (format!("m0.{domain}"), format!("m1.{domain}"));
     serve(&dns, &name, &[(&t0, rs.member(0)), (&t1, rs.member(1))]);
-    dns.set_txt(&name, &["replicaSet=rs0"]);
+    // One TXT record of two strings, read as one ("replicaSet=rs0").
+    dns.set_txt_strings(&name, &[&["replica", "Set=rs0"]]);
     let proxy = start(&format!("mongodb+srv://{name}/?tls=false"), &dns, mode).await;
     for _ in 0..6 {
         find_one(&proxy).await.unwrap();

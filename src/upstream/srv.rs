@@ -242,6 +242,12 @@ pub fn plan(current: &[Host], valid: &[Host], max: usize) -> (Vec<Host>, Vec<Hos
     (remove, add)
 }
 
+/// `rescanSRVIntervalMS` (polling specification): the smallest TTL of the last answer, but
+/// never below `floor`; `floor` when the TTLs are unknown.
+pub fn rescan_interval(min_ttl: Option<Duration>, floor: Duration) -> Duration {
+    min_ttl.map_or(floor, |ttl| ttl.max(floor))
+}
+
 /// A resolved upstream: the URI with its hosts and merged options, and the rescans to run
 /// (mongos lists only).
 #[derive(Debug)]
@@ -285,8 +291,12 @@ pub async fn resolve(cfg: &UpstreamConfig) -> Result<Resolved, SrvError> {
     let load_balanced = resolved
         .option("loadBalanced")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let mut targets = srv.targets;
-    targets.dedup();
+    let mut targets: Vec<Host> = Vec::with_capacity(srv.targets.len());
+    for t in srv.targets {
+        if !targets.contains(&t) {
+            targets.push(t);
+        }
+    }
     if load_balanced && targets.len() > 1 {
         return Err(fail(format!(
             "loadBalanced=true needs exactly one SRV record, found {}",
@@ -306,10 +316,7 @@ pub async fn resolve(cfg: &UpstreamConfig) -> Result<Resolved, SrvError> {
         max_hosts: uri.srv_max_hosts(),
         floor: cfg.srv_poll_interval,
         retry: cfg.heartbeat_interval,
-        first: srv
-            .min_ttl
-            .unwrap_or(cfg.srv_poll_interval)
-            .max(cfg.srv_poll_interval),
+        first: rescan_interval(srv.min_ttl, cfg.srv_poll_interval),
         own_targets: cfg.dns_server.is_some(),
     });
     Ok(Resolved {
@@ -395,7 +402,7 @@ impl Poller {
             info!(upstream = %host, srv = %self.name, "upstream server added from the SRV records");
             topology.add_server(host);
         }
-        let next = answer.min_ttl.unwrap_or(self.floor).max(self.floor);
+        let next = rescan_interval(answer.min_ttl, self.floor);
         debug!(srv = %self.name, ?next, "SRV rescan done");
         next
     }
@@ -581,6 +588,19 @@ mod tests {
             2,
         );
         assert!(rm.is_empty() && add.is_empty());
+    }
+
+    #[test]
+    fn rescan_interval_follows_the_ttl_above_the_floor() {
+        let s = Duration::from_secs;
+        assert_eq!(rescan_interval(Some(s(300)), s(60)), s(300));
+        assert_eq!(rescan_interval(Some(s(5)), s(60)), s(60));
+        assert_eq!(rescan_interval(Some(s(0)), s(60)), s(60));
+        assert_eq!(rescan_interval(None, s(60)), s(60));
+        assert_eq!(
+            rescan_interval(Some(s(1)), Duration::from_millis(200)),
+            s(1)
+        );
     }
 
     #[tokio::test]

@@ -97,6 +97,15 @@ impl DnsStub {
         self.zone.lock().unwrap().txt.insert(name.into(), records);
     }
 
+    /// Replaces the TXT records of `name`, each made of several strings.
+    pub fn set_txt_strings(&self, name: &str, records: &[&[&str]]) {
+        let records = records
+            .iter()
+            .map(|r| r.iter().map(|s| s.to_string()).collect())
+            .collect();
+        self.zone.lock().unwrap().txt.insert(name.into(), records);
+    }
+
     /// Sets the A record of `name`.
     pub fn set_a(&self, name: &str, ip: Ipv4Addr) {
         self.zone.lock().unwrap().a.insert(name.into(), ip);
