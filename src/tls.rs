@@ -184,7 +184,8 @@ fn verification(
 impl UpstreamTls {
     /// The upstream TLS the URI asks for; `None` for plain TCP.
     pub fn from_uri(uri: &UpstreamUri) -> Result<Option<UpstreamTls>, TlsError> {
-        let wanted = truthy_option(uri, "tls") || truthy_option(uri, "ssl");
+        // `tls=true`/`ssl=true`, or a mongodb+srv:// URI that does not say `tls=false`.
+        let wanted = uri.tls_wanted();
         let any_tls_option = uri.options.iter().any(|(k, _)| {
             let k = k.to_ascii_lowercase();
             k.starts_with("tls") && k != "tls"
@@ -192,7 +193,7 @@ impl UpstreamTls {
         if !wanted {
             if any_tls_option {
                 return Err(TlsError(
-                    "upstream.uri has tls* options but not tls=true; add tls=true".into(),
+                    "upstream.uri has tls* options but TLS is off; add tls=true".into(),
                 ));
             }
             return Ok(None);
@@ -313,5 +314,31 @@ impl ServerCertVerifier for Lenient {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(uri: &str) -> Result<Option<UpstreamTls>, TlsError> {
+        UpstreamTls::from_uri(&uri.parse::<UpstreamUri>().unwrap())
+    }
+
+    #[test]
+    fn srv_uris_default_to_tls() {
+        assert!(tls("mongodb+srv://c.example.com").unwrap().is_some());
+        assert!(tls("mongodb+srv://c.example.com/?tls=false")
+            .unwrap()
+            .is_none());
+        assert!(tls("mongodb+srv://c.example.com/?ssl=false")
+            .unwrap()
+            .is_none());
+        assert!(tls("mongodb://h").unwrap().is_none());
+        assert!(tls("mongodb://h/?tls=true").unwrap().is_some());
+        // TLS options with TLS turned off are a mistake, SRV or not.
+        let e = tls("mongodb+srv://c.example.com/?tls=false&tlsAllowInvalidHostnames=true")
+            .unwrap_err();
+        assert!(e.to_string().contains("TLS is off"), "{e}");
     }
 }

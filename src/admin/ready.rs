@@ -30,7 +30,11 @@ impl Readiness {
             .as_ref()
             .is_some_and(|(at, _)| at.elapsed() < CACHE_FOR);
         if !fresh {
-            let Some(host) = ctx.config.upstream.uri.primary_seed().cloned() else {
+            // The topology's first server: the URI's first seed, unless a mongodb+srv://
+            // rescan has replaced it.
+            let first = ctx.topology.servers().into_iter().next();
+            let Some(host) = first.or_else(|| ctx.config.upstream.uri.primary_seed().cloned())
+            else {
                 return unready("no upstream host configured");
             };
             let outcome = UpstreamConn::probe(

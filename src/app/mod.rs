@@ -50,6 +50,18 @@ impl Proxy {
         config: Arc<Config>,
         policy: PolicyHolder,
     ) -> Result<ProxyHandle, ProxyError> {
+        // A mongodb+srv:// upstream becomes hosts (and TXT options) before anything else:
+        // everything below sees the resolved URI; a failed lookup fails the start.
+        let srv = crate::upstream::srv::resolve(&config.upstream)
+            .await
+            .map_err(ProxyError::Srv)?;
+        let config = if config.upstream.uri.srv.is_some() {
+            let mut resolved = (*config).clone();
+            resolved.upstream.uri = srv.uri;
+            Arc::new(resolved)
+        } else {
+            config
+        };
         let audit = Arc::new(AuditLog::start(&config.audit).map_err(ProxyError::Audit)?);
         let policy = Arc::new(policy);
         let listeners = Listeners::bind(&config).await?;
@@ -71,6 +83,9 @@ impl Proxy {
             upstream_tls.clone(),
             &background,
         )?;
+        if let Some(poller) = srv.poller {
+            poller.spawn(ctx.topology.clone(), background.clone());
+        }
         info!(listen = %listeners.local_addr, upstream = %config.upstream.uri,
             mode = ?config.proxy.mode, policy = %policy.source(),
             policy_mode = policy.current().mode().as_str(), "mongoguard listening");

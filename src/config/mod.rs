@@ -45,7 +45,7 @@ pub use proxy::{Mode, ProxyConfig, DEFAULT_MAX_MESSAGE_SIZE, MIN_MAX_MESSAGE_SIZ
 pub use sink::{Facility, SinkSpec, SyslogFormat};
 pub use tls::TlsConfig;
 pub use upstream::{IdentityConfig, UpstreamConfig, DEFAULT_IDENTITY};
-pub use uri::{Host, UpstreamUri};
+pub use uri::{Host, SrvName, UpstreamUri, DEFAULT_SRV_SERVICE};
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]

@@ -1,7 +1,7 @@
 //! The `[upstream]` section: where mongod / mongos is, and the identities mongoguard
 //! authenticates as toward it.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
@@ -15,8 +15,20 @@ pub const DEFAULT_IDENTITY: &str = "default";
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
-    /// `mongodb://host:port[,host:port...][/?options]`.
+    /// `mongodb://host:port[,host:port...][/?options]`, or `mongodb+srv://NAME[/?options]`
+    /// (hosts from NAME's SRV records, options from its TXT record).
     pub uri: UpstreamUri,
+    /// `mongodb+srv://`: the name server (`IP:PORT`) asked for the SRV and TXT records and
+    /// for the SRV targets' addresses. Default: the system's resolver configuration
+    /// (`/etc/resolv.conf`), with the targets resolved like any host name.
+    pub dns_server: Option<SocketAddr>,
+    /// `mongodb+srv://` without `replicaSet` (a mongos list): the shortest time between two
+    /// lookups of the SRV records, which otherwise follow the records' smallest TTL.
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
+    pub srv_poll_interval: Duration,
     /// Budget for one TCP connect to the upstream.
     #[serde(
         deserialize_with = "duration::deserialize",
@@ -51,6 +63,9 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             uri: UpstreamUri::default(),
+            dns_server: None,
+            // The polling specification's floor for rescanSRVIntervalMS.
+            srv_poll_interval: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(5),
             reply_timeout: Duration::from_secs(300),
             heartbeat_interval: Duration::from_millis(500),
@@ -96,6 +111,11 @@ impl UpstreamConfig {
                      (the load balancer is the one host)"
                 )));
             }
+        }
+        if self.srv_poll_interval < Duration::from_millis(10) {
+            return Err(ConfigError::Invalid(
+                "upstream.srv_poll_interval must be at least 10ms".into(),
+            ));
         }
         Ok(())
     }

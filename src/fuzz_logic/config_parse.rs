@@ -66,13 +66,19 @@ fn check_secrets(config: &Config) {
         format!("{other:?}"),
         "the Debug output depends on a secret"
     );
-    // The URI is printed with its password masked in place: `mongodb://user:***@hosts...`.
+    // The URI is printed with its password masked in place: `mongodb://user:***@hosts...`
+    // (`mongodb+srv://user:***@name...`).
     // (Its other parts are not secrets: a password written again in the database name, say,
     // is printed there.)
     let uri = &config.upstream.uri;
     if uri.password().is_some() {
         let user = uri.username.as_deref().unwrap_or_default();
-        let masked = format!("UpstreamUri(mongodb://{user}:***@");
+        let scheme = if uri.srv.is_some() {
+            "mongodb+srv"
+        } else {
+            "mongodb"
+        };
+        let masked = format!("UpstreamUri({scheme}://{user}:***@");
         assert!(shown.contains(&masked), "the URI's password is not masked");
     }
 }

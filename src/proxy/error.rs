@@ -30,6 +30,9 @@ pub enum ProxyError {
     /// The violation log could not be started (e.g. its file cannot be opened).
     #[error("audit log: {0}")]
     Audit(crate::audit::AuditError),
+    /// A `mongodb+srv://` upstream could not be resolved into hosts.
+    #[error("upstream.uri {0}")]
+    Srv(crate::upstream::srv::SrvError),
     /// The admin listener's configuration (its token file) is unusable.
     #[error("admin listener: {0}")]
     Admin(crate::config::ConfigError),

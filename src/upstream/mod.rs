@@ -3,6 +3,7 @@
 mod conn;
 mod identity;
 pub mod pool;
+pub mod srv;
 pub mod topology;
 
 pub use conn::{HelloFacts, Role, UpstreamConn};
@@ -89,8 +90,14 @@ pub async fn connect(
 
 /// Opens a TCP connection to `host` with `TCP_NODELAY` (requests are small and latency-bound).
 pub async fn connect_tcp(host: &Host, timeout: Duration) -> Result<TcpStream, ConnectError> {
-    let target = (host.name.as_str(), host.port);
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
+    let connecting = async {
+        // An SRV target known to `upstream.dns_server` is resolved there (srv.rs).
+        match srv::target_addrs(host).await {
+            Some(addrs) => TcpStream::connect(&addrs?[..]).await,
+            None => TcpStream::connect((host.name.as_str(), host.port)).await,
+        }
+    };
+    let stream = match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(s)) => s,
         Ok(Err(source)) => {
             return Err(ConnectError::Io {

@@ -11,6 +11,7 @@
 //! *direct* connection ([`Stack::direct_client`]) that bypasses the proxy.
 #![allow(dead_code)]
 
+pub mod dns;
 pub mod guard;
 pub mod raw;
 

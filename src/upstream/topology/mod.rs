@@ -7,8 +7,11 @@
 //!   known) on a monitoring connection of its own. Writes and primary reads go to the primary;
 //!   `$readPreference` picks secondaries. After a failover, requests wait (up to
 //!   `server_selection_timeout`) for the new primary and go there as soon as one hello shows it.
-//! - **Mongos list** (several hosts, no `replicaSet`): requests are balanced round-robin over
-//!   the hosts whose last hello succeeded.
+//! - **Mongos list** (several hosts, no `replicaSet`; or a `mongodb+srv://` URI without
+//!   `replicaSet`, however many hosts its SRV records list): requests are balanced round-robin
+//!   over the hosts whose last hello succeeded. An SRV list changes at run time
+//!   (`crate::upstream::srv` polls it): [`Topology::add_server`] and
+//!   [`Topology::remove_server`].
 
 mod connector;
 mod monitor;
@@ -18,12 +21,13 @@ mod state;
 mod tests;
 
 use std::{
-    collections::HashSet,
-    sync::{atomic::AtomicUsize, Arc, Mutex},
+    collections::HashMap,
+    sync::{atomic::AtomicUsize, Arc, Mutex, PoisonError},
     time::Duration,
 };
 
 use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
 
 pub use connector::MongoConnector;
 pub use monitor::MonitorSettings;
@@ -50,7 +54,14 @@ pub struct Topology {
     state: watch::Sender<Snapshot>,
     check_now: Notify,
     next: AtomicUsize,
-    monitored: Mutex<HashSet<String>>,
+    /// Each monitored server's own token (a child of the monitors' token): cancelled when the
+    /// server leaves the topology.
+    monitored: Mutex<HashMap<String, CancellationToken>>,
+    /// What [`Topology::spawn_monitors`] was given, for the servers added later.
+    monitoring: Mutex<Option<(MonitorSettings, CancellationToken)>>,
+    /// Servers removed from the topology (they left the SRV records): what a monitor or a
+    /// pooled connection still reports of them is ignored, so they are never selected.
+    removed: std::sync::RwLock<Vec<Host>>,
     /// Servers an operator drained (`POST /servers/{host}/drain`): never selected for a new
     /// session or checkout until enabled again.
     drained: std::sync::RwLock<Vec<Host>>,
@@ -73,9 +84,15 @@ impl std::fmt::Debug for Topology {
 impl Topology {
     /// The topology the URI describes, nothing known yet.
     pub fn from_uri(uri: &UpstreamUri) -> Arc<Topology> {
+        let load_balanced = uri
+            .option("loadBalanced")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let kind = match uri.option("replicaSet") {
             Some(name) => Kind::ReplicaSet(name.to_owned()),
             None if uri.hosts.len() > 1 => Kind::Mongos,
+            // An SRV list may grow at the next poll: monitored and balanced like mongos from
+            // the start, even with one host.
+            None if uri.srv.is_some() && !load_balanced => Kind::Mongos,
             None => Kind::Single,
         };
         let servers = uri
@@ -99,7 +116,9 @@ impl Topology {
             state,
             check_now: Notify::new(),
             next: AtomicUsize::new(0),
-            monitored: Mutex::new(HashSet::new()),
+            monitored: Mutex::new(HashMap::new()),
+            monitoring: Mutex::new(None),
+            removed: std::sync::RwLock::new(Vec::new()),
             drained: std::sync::RwLock::new(Vec::new()),
             heartbeat_ms: std::sync::atomic::AtomicU64::new(500),
             load_balanced: uri.load_balanced(),
@@ -193,6 +212,9 @@ impl Topology {
 
     /// Records the hello facts of `host` (from a monitor or a new pooled connection).
     pub fn observe(&self, host: &Host, facts: &Arc<HelloFacts>) {
+        if self.is_removed(host) {
+            return;
+        }
         self.state.send_if_modified(|s| {
             // The last write date changes at every hello and is not a change of the limits.
             let mut changed = s
@@ -210,10 +232,76 @@ impl Topology {
 
     /// Marks `host` unknown (its monitor failed, or it answered "not primary").
     pub fn mark_unknown(&self, host: &Host) {
-        if self.kind == Kind::Single {
+        if self.kind == Kind::Single || self.is_removed(host) {
             return;
         }
         self.state.send_if_modified(|s| s.update(host, None, None));
         self.check_now.notify_waiters();
+    }
+}
+
+impl Topology {
+    /// The servers of the topology now (seeds, discovered and added ones, not removed ones).
+    pub fn servers(&self) -> Vec<Host> {
+        self.state
+            .borrow()
+            .servers
+            .iter()
+            .map(|s| s.host.clone())
+            .collect()
+    }
+
+    /// True when `host` was removed ([`Topology::remove_server`]) and not added back.
+    pub fn is_removed(&self, host: &Host) -> bool {
+        self.removed
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(host)
+    }
+
+    /// Adds `host` (a new SRV target of a mongos list), role unknown until its monitor's
+    /// first hello; monitored at once when the monitors run. False when it was already there.
+    pub fn add_server(self: &Arc<Self>, host: &Host) -> bool {
+        self.removed
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|h| h != host);
+        let added = self.state.send_if_modified(|s| s.discover(host));
+        let monitoring = self
+            .monitoring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some((settings, cancel)) = monitoring {
+            if !cancel.is_cancelled() {
+                self.spawn_monitor(host.clone(), settings, cancel);
+            }
+        }
+        added
+    }
+
+    /// Removes `host` (it left the SRV records): its monitor stops, and it is never selected
+    /// again, whatever a late hello says of it, unless added back. What runs on it finishes.
+    /// False when it was not there.
+    pub fn remove_server(&self, host: &Host) -> bool {
+        {
+            let mut removed = self.removed.write().unwrap_or_else(PoisonError::into_inner);
+            if !removed.contains(host) {
+                removed.push(host.clone());
+            }
+        }
+        if let Some(token) = self
+            .monitored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&host.to_string())
+        {
+            token.cancel();
+        }
+        self.state.send_if_modified(|s| {
+            let before = s.servers.len();
+            s.servers.retain(|x| &x.host != host);
+            s.servers.len() != before
+        })
     }
 }

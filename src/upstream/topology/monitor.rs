@@ -38,27 +38,36 @@ impl Topology {
             u64::try_from(settings.heartbeat.as_millis()).unwrap_or(u64::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );
+        *self
+            .monitoring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((settings.clone(), cancel.clone()));
         for host in self.seeds.clone() {
             self.spawn_monitor(host, settings.clone(), cancel.clone());
         }
     }
 
-    fn spawn_monitor(
+    /// Starts monitoring `host` unless it is monitored already; its monitor has its own
+    /// child of `cancel`, so that [`Topology::remove_server`] stops it alone.
+    pub(super) fn spawn_monitor(
         self: &Arc<Self>,
         host: Host,
         settings: MonitorSettings,
         cancel: CancellationToken,
     ) {
         let key = host.to_string();
-        {
+        let cancel = {
             let mut monitored = self
                 .monitored
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if !monitored.insert(key) {
+            if monitored.contains_key(&key) || self.is_removed(&host) {
                 return;
             }
-        }
+            let own = cancel.child_token();
+            monitored.insert(key, own.clone());
+            own
+        };
         let topo = self.clone();
         tokio::spawn(async move {
             tokio::select! {

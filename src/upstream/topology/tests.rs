@@ -109,3 +109,40 @@ fn snapshot_discovers_members_once_and_follows_elections() {
     assert!(s.update(&host(2), None, None));
     assert_eq!(s.primary(), Some(&host(1)));
 }
+
+#[tokio::test]
+async fn srv_list_adds_and_removes_servers() {
+    let mut uri: UpstreamUri = "mongodb+srv://c.x.y/?tls=false".parse().unwrap();
+    uri.hosts = vec![host(1)];
+    let t = Topology::from_uri(&uri);
+    // One SRV host without replicaSet: a mongos list, since the list may grow.
+    assert_eq!(t.kind(), &Kind::Mongos);
+    let short = Duration::from_millis(20);
+    t.observe(&host(1), &facts(Role::Mongos, 0));
+    assert_eq!(t.select(ReadPref::Primary, short).await.unwrap(), host(1));
+    // Host 2 comes, host 1 goes: only 2 is chosen once its hello is in.
+    assert!(t.add_server(&host(2)));
+    assert!(!t.add_server(&host(2)), "added twice");
+    assert!(t.remove_server(&host(1)));
+    assert!(
+        t.select(ReadPref::Primary, short).await.is_err(),
+        "2 not checked yet"
+    );
+    t.observe(&host(2), &facts(Role::Mongos, 0));
+    // A late hello or failure of the removed host changes nothing.
+    t.observe(&host(1), &facts(Role::Mongos, 0));
+    t.mark_unknown(&host(1));
+    assert_eq!(t.servers(), vec![host(2)]);
+    for _ in 0..4 {
+        assert_eq!(t.select(ReadPref::Primary, short).await.unwrap(), host(2));
+    }
+    // Added back, it is a candidate again after its next hello.
+    assert!(t.add_server(&host(1)));
+    assert!(!t.is_removed(&host(1)));
+    t.observe(&host(1), &facts(Role::Mongos, 0));
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(t.select(ReadPref::Primary, short).await.unwrap());
+    }
+    assert!(seen.contains(&host(1)) && seen.contains(&host(2)));
+}
