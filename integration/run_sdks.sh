@@ -23,7 +23,7 @@ need_apt() {
     log "apt-get install ${missing[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null
 }
-need_apt golang-go golang-mongodb-mongo-driver-dev golang-gopkg-mgo.v2-dev libmongodb-java \
+need_apt golang-go golang-mongodb-mongo-driver-dev golang-gopkg-mgo.v2-dev libmongodb-java libmongodb-perl \
     default-jdk-headless
 
 pkg_version() { dpkg-query -W -f='${Version}' "$1"; }
@@ -58,7 +58,8 @@ admin_listen="$pooled_admin" start_pooled sdkuser
 # Pooled mode sends requests upstream decompressed (the stand-in's counter stays put): the
 # compressed requests are counted on mongoguard's own metrics, around each client's suite.
 compressed_requests() {
-    curl -sf "http://$1/metrics" | awk '/^mongoguard_compressed_requests_total /{print $2; exit}'
+    # awk reads to the end: an early exit would fail curl's write (pipefail).
+    curl -sf "http://$1/metrics" | awk '/^mongoguard_compressed_requests_total /{v = $2} END {print v}'
 }
 check_compressed() {
     local client="$1" admin="$2" before="$3" after
@@ -112,4 +113,12 @@ run_mgo() {
 }
 run_mgo passthrough MG_ADDR="127.0.0.1:$legacy_port"
 run_mgo pooled MG_ADDR="127.0.0.1:$pooled_port" MG_USER="$client_user" MG_PASSWORD="$client_password"
-log "Go, Java, mongosh and mgo: both modes passed"
+# ---- the Perl driver: OP_QUERY for commands, OP_INSERT / OP_UPDATE / OP_DELETE for w=0 writes.
+run_perl() {
+    local mode="$1" uri="$2" status=0
+    MG_MODE="$mode" MG_URI="$uri" timeout 120 perl "$INTEGRATION_DIR/legacy/perl.pl" || status=$?
+    [ "$status" = 0 ] || fail "Perl driver, $mode mode (exit $status)"
+}
+run_perl passthrough "mongodb://127.0.0.1:$legacy_port/"
+run_perl pooled "mongodb://$client_user:$client_password@127.0.0.1:$pooled_port/?authSource=admin"
+log "Go, Java, mongosh, mgo and Perl: both modes passed"
