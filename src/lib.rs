@@ -55,6 +55,7 @@ pub mod fuzz_logic;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod plan;
 pub mod policy;
 pub mod proxy;
 pub mod text;

@@ -150,6 +150,7 @@ pub(super) fn shapes(ctx: &Context, sort: ShapeSort, limit: usize) -> String {
                 "violations": r.violations,
                 "total_time_us": r.total_time_us,
                 "latency_us": {"p50": r.latency_us[0], "p95": r.latency_us[1], "p99": r.latency_us[2]},
+                "plan": r.plan,
             })
         })
         .collect();

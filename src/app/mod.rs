@@ -168,14 +168,26 @@ fn proxy_context(
     background: &CancellationToken,
 ) -> Result<Arc<Context>, ProxyError> {
     let (topology, pooled) = upstream(config, upstream_tls.clone(), background)?;
+    let identity = crate::upstream::Identities::from_config(&config.upstream)
+        .map_err(|e| ProxyError::Pooled(e.to_string()))?
+        .default_identity()
+        .as_ref()
+        .clone();
+    let plan = crate::plan::PlanGuard::start(
+        config,
+        topology.clone(),
+        identity,
+        upstream_tls.clone(),
+        background.clone(),
+    );
     Ok(Arc::new(Context::new(
         config.clone(),
         policy.clone(),
         audit.clone(),
         topology,
         pooled,
-        server_tls,
-        upstream_tls,
+        (server_tls, upstream_tls),
+        plan,
     )))
 }
 

@@ -16,6 +16,7 @@ pub mod duration;
 mod error;
 mod log;
 pub(crate) mod mask;
+mod plan;
 mod policy;
 mod pool;
 mod proxy;
@@ -39,6 +40,7 @@ pub use audit::{
 pub use auth::AuthConfig;
 pub use error::ConfigError;
 pub use log::{LogConfig, LogFormat};
+pub use plan::{PlanConfig, PlanEnabled};
 pub use policy::PolicyConfig;
 pub use pool::PoolSettings;
 pub use proxy::{Mode, ProxyConfig, DEFAULT_MAX_MESSAGE_SIZE, MIN_MAX_MESSAGE_SIZE};
@@ -69,6 +71,8 @@ pub struct Config {
     pub tls: TlsConfig,
     /// The admin HTTP listener: metrics, health, status.
     pub admin: AdminConfig,
+    /// The plan guard (Q006, Q007).
+    pub plan: PlanConfig,
 }
 
 impl Config {
@@ -110,6 +114,7 @@ impl Config {
             self.auth.validate_pooled(self.proxy.listen)?;
         }
         self.pool.validate_limits()?;
+        self.plan.validate()?;
         self.tls.validate()?;
         self.validate_listener()?;
         self.proxy.validate()?;

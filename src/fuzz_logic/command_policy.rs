@@ -107,6 +107,9 @@ fn check_message(msg: &Message<'_>, wire_version: Option<i32>) {
         user: Some("fuzzer"),
         client_ip: Some(IpAddr::from([10, 0, 0, 1])),
         upstream_wire_version: wire_version,
+        plan: None,
+        index_count: None,
+        shard_key: None,
     };
     for (name, policy) in profiles() {
         let decision = policy.evaluate(&view, &ctx);

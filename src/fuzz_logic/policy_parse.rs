@@ -96,6 +96,9 @@ fn check_fails_closed(policy: &Policy) {
         user: Some("etl"),
         client_ip: Some(IpAddr::from([10, 1, 2, 3])),
         upstream_wire_version: Some(17),
+        plan: None,
+        index_count: None,
+        shard_key: None,
     };
     for ctx in [RequestContext::default(), known] {
         let d = policy.evaluate(&bad, &ctx);

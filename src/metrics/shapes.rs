@@ -39,6 +39,10 @@ pub struct ShapeScratch {
     ns: String,
     shape: String,
     key: u64,
+    /// `key` with the sort and projection: what the plan guard explains once.
+    plan_key: u64,
+    /// The plan guard's verdict for it, when known.
+    plan: Option<crate::plan::Verdict>,
 }
 
 impl ShapeScratch {
@@ -46,6 +50,18 @@ impl ShapeScratch {
     pub fn reset(&mut self) {
         self.active = false;
         self.violations = 0;
+        self.plan = None;
+    }
+
+    /// The plan guard's key of the captured shape: namespace, command, filter shape, sort and
+    /// projection.
+    pub fn plan_key(&self) -> u64 {
+        self.plan_key
+    }
+
+    /// Keeps the plan guard's verdict of the captured shape (for `/shapes`).
+    pub fn set_plan(&mut self, plan: Option<crate::plan::Verdict>) {
+        self.plan = plan;
     }
 
     /// Captures the namespace, command and first filter's shape of `view`, when it is one of
@@ -97,7 +113,54 @@ impl ShapeScratch {
             self.command.as_bytes(),
             self.shape.as_bytes(),
         ]);
+        let (sort, projection) = sort_and_projection(view);
+        self.plan_key = fnv(&[
+            &self.key.to_le_bytes(),
+            sort.map_or(&[][..], |d| d.as_bytes()),
+            projection.map_or(&[][..], |d| d.as_bytes()),
+        ]);
+        self.plan = None;
         self.active = true;
+    }
+}
+
+/// The sort and projection that make a plan (their values are structure: 1, -1, names).
+/// Aggregations: the first `$sort` and `$project` stages.
+fn sort_and_projection<'a>(
+    view: &CommandView<'a>,
+) -> (Option<&'a bson::RawDocument>, Option<&'a bson::RawDocument>) {
+    use bson::RawBsonRef;
+    let Some(body) = view.body() else {
+        return (None, None);
+    };
+    let doc = |key: &str| match body.get(key) {
+        Ok(Some(RawBsonRef::Document(d))) => Some(d),
+        _ => None,
+    };
+    match view.kind() {
+        Kind::Find => (doc("sort"), doc("projection")),
+        Kind::FindAndModify => (doc("sort"), doc("fields")),
+        Kind::Aggregate => {
+            let (mut sort, mut project) = (None, None);
+            if let Ok(Some(RawBsonRef::Array(stages))) = body.get("pipeline") {
+                for stage in stages.into_iter().flatten() {
+                    if let RawBsonRef::Document(st) = stage {
+                        match st.get("$sort") {
+                            Ok(Some(RawBsonRef::Document(d))) if sort.is_none() => sort = Some(d),
+                            _ => {}
+                        }
+                        match st.get("$project") {
+                            Ok(Some(RawBsonRef::Document(d))) if project.is_none() => {
+                                project = Some(d)
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            (sort, project)
+        }
+        _ => (None, None),
     }
 }
 
@@ -125,6 +188,8 @@ struct Entry {
     total_time_us: u64,
     latency: Option<Histogram<u32>>,
     last_used: u64,
+    /// The plan guard's last verdict for this shape.
+    plan: Option<std::sync::Arc<str>>,
 }
 
 /// One row of `/shapes`.
@@ -148,6 +213,8 @@ pub struct ShapeRow {
     pub total_time_us: u64,
     /// p50, p95, p99 in microseconds.
     pub latency_us: [u64; 3],
+    /// The plan guard's verdict (`COLLSCAN`, `IXSCAN a_1 + SORT`, ...), when known.
+    pub plan: Option<String>,
 }
 
 /// How `/shapes` orders rows.
@@ -217,7 +284,13 @@ impl ShapeTable {
             total_time_us: 0,
             latency: Histogram::new_with_bounds(1, HIST_MAX_US, HIST_SIGFIG).ok(),
             last_used: 0,
+            plan: None,
         });
+        if let Some(v) = &s.plan {
+            if e.plan.as_ref() != Some(&v.summary) {
+                e.plan = Some(v.summary.clone());
+            }
+        }
         e.last_used = tick;
         e.count += 1;
         e.errors += u64::from(error);
@@ -248,6 +321,7 @@ impl ShapeTable {
                 errors: e.errors,
                 violations: e.violations,
                 total_time_us: e.total_time_us,
+                plan: e.plan.as_deref().map(str::to_owned),
                 latency_us: e.latency.as_ref().map_or([0; 3], |h| {
                     [
                         h.value_at_quantile(0.50),

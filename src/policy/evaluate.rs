@@ -7,7 +7,7 @@ use bson::RawDocument;
 use super::{
     admin_rules,
     compiled::{Effective, Params},
-    documents, indexes, queries,
+    documents, indexes, plans, queries,
     rules::{RULES, RULE_COUNT},
     writes, Action, Decision, MeasureActions, Measurement, Mode, Policy, RequestContext, RuleId,
     Unlisted, Violation, MAX_LISTED_PER_RULE, MAX_MEASURED_STATEMENTS,
@@ -167,6 +167,23 @@ impl<'a> Emitter<'_, 'a> {
         self.record(rule, self.eff.action(rule), statement, filter, detail);
     }
 
+    /// [`Emitter::emit_detail`] with the action in force capped at `cap`: a rule with two
+    /// thresholds (I002 warns past the first and blocks past the second, never beyond the
+    /// action the policy sets).
+    pub fn emit_capped(
+        &mut self,
+        rule: RuleId,
+        cap: Action,
+        filter: Option<&'a RawDocument>,
+        detail: Option<&'static str>,
+    ) {
+        if !self.on(rule) {
+            return;
+        }
+        let action = self.eff.action(rule).min(cap);
+        self.record(rule, action, None, filter, detail);
+    }
+
     /// Records a violation once per (rule, statement): listed while fewer than
     /// [`MAX_LISTED_PER_RULE`] of that rule and action are, counted after that.
     fn record(
@@ -222,10 +239,11 @@ fn on_error(action: Action, mode: Mode) -> Action {
 pub(crate) type Family =
     for<'e, 'a> fn(&CommandView<'a>, &mut Emitter<'e, 'a>) -> Result<(), CommandError>;
 
-const FAMILIES: [Family; 5] = [
+const FAMILIES: [Family; 6] = [
     writes::check,
     admin_rules::check,
     queries::check,
+    plans::check,
     indexes::check,
     documents::check,
 ];

@@ -1,6 +1,9 @@
-//! I001, I003, I004: index builds and shard keys.
+//! I001, I002, I003, I004: index builds and shard keys.
 //!
-//! I002 (too many indexes) needs the upstream's index counts and is not implemented.
+//! - I002 reads the collection's index count the plan guard keeps (from `listIndexes`, kept
+//!   current from the DDL mongoguard forwards): a createIndexes that would leave more than
+//!   10 indexes (the `_id` index included) warns, more than 20 gets the action in force
+//!   (block in both profiles). An unknown count (never fetched yet) does not fire.
 //!
 //! Edge decisions:
 //! - I001 fires per `createIndexes` spec without a truthy `background` (a boolean or any
@@ -28,7 +31,12 @@ use crate::{
     wire::{check_duplicate_keys, WireError},
 };
 
-const RULES: &[RuleId] = &[RuleId::I001, RuleId::I003, RuleId::I004];
+const RULES: &[RuleId] = &[RuleId::I001, RuleId::I002, RuleId::I003, RuleId::I004];
+
+/// I002's thresholds: more indexes than this warn...
+const MANY_INDEXES: usize = 10;
+/// ...and more than this get the action in force.
+const TOO_MANY_INDEXES: usize = 20;
 
 /// The wire version of MongoDB 4.2: from it on, index builds no longer block.
 const NON_BLOCKING_BUILDS: i32 = 8;
@@ -81,6 +89,29 @@ fn create_indexes<'a>(
         .ctx
         .upstream_wire_version
         .is_some_and(|v| v < NON_BLOCKING_BUILDS);
+    if let Some(existing) = em.ctx.index_count.filter(|_| em.on(RuleId::I002)) {
+        let mut specs = 0usize;
+        let _ = view.each_entry(body, "indexes", "createIndexes", &mut |_, _| {
+            specs += 1;
+            ControlFlow::Continue(())
+        })?;
+        let total = existing + specs;
+        if total > TOO_MANY_INDEXES {
+            em.emit_capped(
+                RuleId::I002,
+                super::Action::Block,
+                None,
+                Some("this createIndexes would leave the collection with more than 20 indexes; every index slows every write"),
+            );
+        } else if total > MANY_INDEXES {
+            em.emit_capped(
+                RuleId::I002,
+                super::Action::Warn,
+                None,
+                Some("this createIndexes would leave the collection with more than 10 indexes; every index slows every write"),
+            );
+        }
+    }
     let foreground = em.on(RuleId::I001) && old_upstream;
     let ttl = em.on(RuleId::I003);
     if !foreground && !ttl {

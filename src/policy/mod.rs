@@ -15,6 +15,7 @@ pub mod filter;
 mod holder;
 mod indexes;
 pub mod measure;
+mod plans;
 mod queries;
 mod rules;
 #[cfg(test)]
@@ -88,6 +89,21 @@ pub struct RequestContext<'a> {
     pub client_ip: Option<IpAddr>,
     /// The upstream's maxWireVersion, when known (I001 needs it).
     pub upstream_wire_version: Option<i32>,
+    /// The plan guard's verdict for this request's query shape, when known (Q006, Q007).
+    pub plan: Option<PlanFacts>,
+    /// createIndexes: how many indexes the collection has now, when known (I002).
+    pub index_count: Option<usize>,
+    /// The shard key fields of the request's collection, when it is sharded (Q008).
+    pub shard_key: Option<&'a [String]>,
+}
+
+/// What the upstream's winning plan for a query shape does (the plan guard's verdict).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanFacts {
+    /// A COLLSCAN stage: the collection is read whole.
+    pub collscan: bool,
+    /// A SORT stage: no index gives the order, so the server sorts in memory.
+    pub in_memory_sort: bool,
 }
 
 /// One rule that fired.

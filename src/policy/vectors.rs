@@ -144,6 +144,13 @@ struct Context {
     user: Option<String>,
     client: Option<String>,
     wire_version: Option<i32>,
+    /// The plan guard's verdict for the shape: stage names joined by `+` (`COLLSCAN`,
+    /// `IXSCAN+SORT`, ...); absent: not known yet.
+    plan: Option<String>,
+    /// createIndexes: the collection's index count now (I002); absent: unknown.
+    index_count: Option<usize>,
+    /// The collection's shard key fields (Q008); absent: not sharded.
+    shard_key: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -302,6 +309,14 @@ fn run_case(case: &Vector) -> Result<(), String> {
         user: context.and_then(|c| c.user.as_deref()),
         client_ip,
         upstream_wire_version: context.and_then(|c| c.wire_version),
+        plan: context
+            .and_then(|c| c.plan.as_deref())
+            .map(|p| crate::policy::PlanFacts {
+                collscan: p.split('+').any(|s| s.trim() == "COLLSCAN"),
+                in_memory_sort: p.split('+').any(|s| s.trim() == "SORT"),
+            }),
+        index_count: context.and_then(|c| c.index_count),
+        shard_key: context.and_then(|c| c.shard_key.as_deref()),
     };
     let msg = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).map_err(|e| format!("wire: {e}"))?;
     let (fired, verdict, measured) = match CommandView::from_message(&msg) {

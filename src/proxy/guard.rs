@@ -140,14 +140,42 @@ pub(crate) fn judge(
             };
         }
     };
+    scratch.capture(&view);
+    plan_upkeep(ctx, &view);
+    // The plan guard: a known verdict of this shape, or an explain scheduled (never waited
+    // for) when the rules that read it are on.
+    let plan = if scratch.active
+        && ctx.plan.is_on()
+        && (policy.action(RuleId::Q006) != Action::Off
+            || policy.action(RuleId::Q007) != Action::Off)
+    {
+        ctx.plan.verdict(scratch.plan_key(), &view)
+    } else {
+        None
+    };
+    let ns = view.namespace();
+    let index_count = if view.kind() == crate::command::Kind::CreateIndexes
+        && policy.action(RuleId::I002) != Action::Off
+    {
+        ctx.plan.index_count(ns.db, ns.coll)
+    } else {
+        None
+    };
+    let shard_keys = ctx.plan.shard_keys();
     let rctx = RequestContext {
         app: who.app,
         user: who.user,
         client_ip: Some(who.peer.ip()),
         upstream_wire_version: who.upstream_wire_version,
+        plan: plan.as_ref().map(|v| v.facts),
+        index_count,
+        shard_key: shard_keys.as_ref().and_then(|k| k.get(ns.db, ns.coll)),
     };
+    scratch.set_plan(plan);
     let decision = policy.evaluate(&view, &rctx);
-    scratch.capture(&view);
+    if !decision.is_block() {
+        indexes_created(ctx, &view);
+    }
     if decision.violations.is_empty() && decision.measure.is_empty() {
         return Judgement::Forward;
     }
@@ -176,6 +204,32 @@ pub(crate) fn judge(
     } else {
         Judgement::Forward
     }
+}
+
+/// Index changes and drops make the plan guard's verdicts of that namespace stale.
+fn plan_upkeep(ctx: &Context, view: &CommandView<'_>) {
+    use crate::command::Kind;
+    let ns = view.namespace();
+    match view.kind() {
+        // (Its index count grows once it is judged and forwarded: `indexes_created`.)
+        Kind::CreateIndexes => ctx.plan.invalidate_plans(ns.db, ns.coll),
+        Kind::DropIndexes | Kind::Drop => ctx.plan.invalidate(ns.db, ns.coll),
+        Kind::DropDatabase => ctx.plan.invalidate(ns.db, None),
+        _ => {}
+    }
+}
+
+/// A createIndexes that goes to the server adds its specs to the collection's known count.
+fn indexes_created(ctx: &Context, view: &CommandView<'_>) {
+    if view.kind() != crate::command::Kind::CreateIndexes || view.is_explain() {
+        return;
+    }
+    let specs = match view.body().map(|b| b.get("indexes")) {
+        Some(Ok(Some(bson::RawBsonRef::Array(a)))) => a.into_iter().count(),
+        _ => return,
+    };
+    let ns = view.namespace();
+    ctx.plan.note_created(ns.db, ns.coll, specs);
 }
 
 /// `{abortTransaction: 1, lsid, txnNumber, autocommit: false, $db: "admin"}` for a command

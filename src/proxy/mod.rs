@@ -130,6 +130,8 @@ pub(crate) struct Context {
     pub metrics: Arc<Metrics>,
     /// The live connections and the pause gate (the admin API's operator actions).
     pub control: Arc<control::Control>,
+    /// The plan guard (Q006, Q007): verdicts of query shapes, explained off the request path.
+    pub plan: Arc<crate::plan::PlanGuard>,
 }
 
 impl Context {
@@ -142,8 +144,11 @@ impl Context {
         audit: Arc<AuditLog>,
         topology: Arc<Topology>,
         pooled: Option<Arc<Pooled>>,
-        server_tls: Option<crate::tls::ServerTls>,
-        upstream_tls: Option<crate::tls::UpstreamTls>,
+        (server_tls, upstream_tls): (
+            Option<crate::tls::ServerTls>,
+            Option<crate::tls::UpstreamTls>,
+        ),
+        plan: Arc<crate::plan::PlanGuard>,
     ) -> Context {
         let stats = Arc::new(ProxyStats::default());
         let budget = Arc::new(MemoryBudget::new(config.proxy.memory_budget));
@@ -170,6 +175,7 @@ impl Context {
             server_tls,
             upstream_tls,
             control: Arc::new(control::Control::default()),
+            plan,
         }
     }
 }

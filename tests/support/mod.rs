@@ -344,3 +344,22 @@ impl Probe {
         self.heartbeat_replies().remove(0)
     }
 }
+
+/// `GET path` on the admin listener at `addr` (no token); the response body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("admin connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("admin request");
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text))
+        .await
+        .expect("admin answered in time")
+        .expect("admin response");
+    match text.split_once("\r\n\r\n") {
+        Some((_, body)) => body.to_owned(),
+        None => text,
+    }
+}

@@ -43,7 +43,7 @@ pub(crate) fn aggregate(ctx: &Ctx, cmd: &Document) -> CmdResult {
         .collect::<R<Vec<_>>>()?;
     let ns = format!("{}.{coll}", ctx.db);
     if cmd.get("explain").is_some_and(truthy) {
-        return Ok(explain_doc(ctx, &ns, &Document::new()));
+        return Ok(explain_doc(ctx, &ns, &Document::new(), None, &coll));
     }
     if !matches!(cmd.get("cursor"), Some(Bson::Document(_))) {
         return Err(CmdError::failed_to_parse(
@@ -304,14 +304,136 @@ fn unwind(arg: &Bson, docs: Vec<Document>) -> R<Vec<Document>> {
     Ok(out)
 }
 
-fn explain_doc(ctx: &Ctx, ns: &str, filter: &Document) -> Document {
+/// The winning plan mongod's planner would pick, simplified: an index whose leading field the
+/// filter constrains (equality, `$in`, a range) wins — the one matching the longest prefix of
+/// equality fields — else an index whose key order gives the sort, else a collection scan. The
+/// sort is in memory (a SORT stage) unless the chosen index gives the order after its
+/// equality prefix (in either direction). Stage names and shapes as mongod's classic engine
+/// reports them (`explainVersion: "1"`: SORT / FETCH / IXSCAN / COLLSCAN).
+pub(crate) fn plan_for(
+    indexes: &[Document],
+    filter: &Document,
+    sort: Option<&Document>,
+) -> Document {
+    let constrained = |field: &str| -> Option<bool> {
+        // Some(true): equality-like; Some(false): a range; None: not constrained.
+        let v = filter.get(field)?;
+        match v {
+            Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+                if d.contains_key("$eq") || d.contains_key("$in") {
+                    Some(true)
+                } else if ["$gt", "$gte", "$lt", "$lte"]
+                    .iter()
+                    .any(|k| d.contains_key(*k))
+                {
+                    Some(false)
+                } else {
+                    None
+                }
+            }
+            _ => Some(true),
+        }
+    };
+    let mut all = vec![doc! {"key": {"_id": 1}, "name": "_id_"}];
+    all.extend(indexes.iter().cloned());
+    let key_of = |ix: &Document| ix.get_document("key").cloned().unwrap_or_default();
+    let sort_fields: Vec<(String, i64)> = sort
+        .map(|s| {
+            s.iter()
+                .map(|(k, v)| (k.clone(), crate::bsonutil::as_i64(v).unwrap_or(1)))
+                .collect()
+        })
+        .unwrap_or_default();
+    // How an index serves: (equality prefix length, first field constrained at all).
+    let mut best: Option<(usize, Document)> = None;
+    for ix in &all {
+        let key = key_of(ix);
+        let fields: Vec<&String> = key.keys().collect();
+        let Some(first) = fields.first() else {
+            continue;
+        };
+        if constrained(first).is_none() {
+            continue;
+        }
+        let eq_prefix = fields
+            .iter()
+            .take_while(|f| constrained(f) == Some(true))
+            .count()
+            .max(1);
+        if best.as_ref().is_none_or(|(n, _)| eq_prefix > *n) {
+            best = Some((eq_prefix, ix.clone()));
+        }
+    }
+    let gives_sort = |ix: &Document, skip: usize| -> bool {
+        if sort_fields.is_empty() {
+            return true;
+        }
+        let key = key_of(ix);
+        let rest: Vec<(String, i64)> = key
+            .iter()
+            .skip(skip)
+            .map(|(k, v)| (k.clone(), crate::bsonutil::as_i64(v).unwrap_or(1)))
+            .collect();
+        if rest.len() < sort_fields.len() {
+            return false;
+        }
+        let forward = sort_fields
+            .iter()
+            .zip(&rest)
+            .all(|(s, r)| s.0 == r.0 && s.1 == r.1);
+        let backward = sort_fields
+            .iter()
+            .zip(&rest)
+            .all(|(s, r)| s.0 == r.0 && s.1 == -r.1);
+        forward || backward
+    };
+    if best.is_none() && !sort_fields.is_empty() {
+        // No index for the filter: one that gives the order is scanned whole.
+        if let Some(ix) = all.iter().find(|ix| gives_sort(ix, 0)) {
+            best = Some((0, ix.clone()));
+        }
+    }
+    let ixscan = |ix: &Document| {
+        doc! {"stage": "FETCH", "inputStage": {"stage": "IXSCAN",
+        "keyPattern": key_of(ix), "indexName": ix.get_str("name").unwrap_or("?"),
+        "direction": "forward"}}
+    };
+    let (access, sorted) = match &best {
+        Some((eq, ix)) => (ixscan(ix), gives_sort(ix, *eq)),
+        None => (
+            doc! {"stage": "COLLSCAN", "filter": filter.clone(), "direction": "forward"},
+            sort_fields.is_empty(),
+        ),
+    };
+    if sorted {
+        access
+    } else {
+        doc! {"stage": "SORT", "sortPattern": sort.cloned().unwrap_or_default(),
+        "memLimit": 104_857_600i64, "type": "simple", "inputStage": access}
+    }
+}
+
+fn explain_doc(
+    ctx: &Ctx,
+    ns: &str,
+    filter: &Document,
+    sort: Option<&Document>,
+    coll: &str,
+) -> Document {
+    let indexes = ctx
+        .shared
+        .store
+        .get(&ctx.db, coll)
+        .map(|c| c.data.read().indexes.clone())
+        .unwrap_or_default();
+    let plan = plan_for(&indexes, filter, sort);
     doc! {
+        "explainVersion": "1",
         "queryPlanner": {
             "namespace": ns, "indexFilterSet": false, "parsedQuery": filter.clone(),
-            "winningPlan": {"stage": "COLLSCAN"}, "rejectedPlans": [],
+            "winningPlan": plan, "rejectedPlans": [],
         },
         "serverInfo": {"host": ctx.shared.host_port(), "version": crate::version_for_wire(ctx.shared.config.wire_version)},
-        "note": "mongoguard stand-in: plans are not real",
     }
 }
 
@@ -319,12 +441,35 @@ pub(crate) fn explain(ctx: &Ctx, cmd: &Document) -> CmdResult {
     let Some(Bson::Document(inner)) = cmd.get("explain") else {
         return Err(CmdError::type_mismatch("explain needs a command object"));
     };
+    // mongod: explain takes only these around the explained command (IDL explain.idl).
+    for (k, _) in cmd.iter().skip(1) {
+        if !matches!(
+            k.as_str(),
+            "verbosity"
+                | "$db"
+                | "lsid"
+                | "$clusterTime"
+                | "$readPreference"
+                | "maxTimeMS"
+                | "comment"
+                | "apiVersion"
+                | "apiStrict"
+                | "apiDeprecationErrors"
+        ) {
+            return Err(CmdError::new(
+                40415,
+                "Location40415",
+                format!("BSON field 'explain.{k}' is an unknown field."),
+            ));
+        }
+    }
     let coll = inner
         .values()
         .next()
         .and_then(Bson::as_str)
-        .unwrap_or_default();
-    let filter = match inner
+        .unwrap_or_default()
+        .to_owned();
+    let mut filter = match inner
         .get("filter")
         .or_else(|| inner.get("query"))
         .or_else(|| inner.get("q"))
@@ -332,8 +477,32 @@ pub(crate) fn explain(ctx: &Ctx, cmd: &Document) -> CmdResult {
         Some(Bson::Document(f)) => f.clone(),
         _ => Document::new(),
     };
+    let mut sort = inner.get_document("sort").ok().cloned();
+    if let Some(Bson::Array(pipeline)) = inner.get("pipeline") {
+        // The first $match and $sort go into the query layer.
+        for stage in pipeline {
+            if let Bson::Document(st) = stage {
+                if let Ok(m) = st.get_document("$match") {
+                    if filter.is_empty() {
+                        filter = m.clone();
+                    }
+                } else if let Ok(s) = st.get_document("$sort") {
+                    sort.get_or_insert_with(|| s.clone());
+                    break;
+                } else {
+                    break;
+                }
+            }
+        }
+    }
     Filter::parse(&filter)?;
-    Ok(explain_doc(ctx, &format!("{}.{coll}", ctx.db), &filter))
+    Ok(explain_doc(
+        ctx,
+        &format!("{}.{coll}", ctx.db),
+        &filter,
+        sort.as_ref(),
+        &coll,
+    ))
 }
 
 #[cfg(test)]
