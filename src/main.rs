@@ -56,7 +56,7 @@ CONFIGURATION
     `mongoguard --check-config -c FILE` validates a file and prints the effective
     configuration as TOML (defaults filled in, secrets shown as \"***\"). Sections:
     [proxy] [upstream] [upstream.identities.NAME] [pool] [auth] [tls] [log] [policy] [audit]
-    [admin] (every key: mongoguard.example.toml and the README, \"Configuration\").";
+    [admin] [allowlist] (every key: mongoguard.example.toml and the README, \"Configuration\").";
 
 /// `mongoguard --help` (long form) after the options.
 const AFTER_LONG_HELP: &str = "\

@@ -146,8 +146,11 @@ pub(crate) fn judge(
         client_ip: Some(who.peer.ip()),
         upstream_wire_version: who.upstream_wire_version,
     };
-    let decision = policy.evaluate(&view, &rctx);
+    let mut decision = policy.evaluate(&view, &rctx);
     scratch.capture(&view);
+    if let Some(v) = ctx.allowlist.check(&policy, &view, &rctx, scratch) {
+        decision.violations.push(v);
+    }
     if decision.violations.is_empty() && decision.measure.is_empty() {
         return Judgement::Forward;
     }

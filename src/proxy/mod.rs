@@ -93,6 +93,10 @@ pub struct ProxyStats {
     pub policy_reloads: Counter,
     /// Policy reloads refused (invalid file): the old policy stayed.
     pub policy_reload_failures: Counter,
+    /// Successful allowlist reloads (enforce mode).
+    pub allowlist_reloads: Counter,
+    /// Allowlist reloads refused (unreadable or invalid file): the old allowlist stayed.
+    pub allowlist_reload_failures: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,
@@ -130,6 +134,8 @@ pub(crate) struct Context {
     pub metrics: Arc<Metrics>,
     /// The live connections and the pause gate (the admin API's operator actions).
     pub control: Arc<control::Control>,
+    /// The learned allowlist (rule A001); off unless the composition root sets it.
+    pub allowlist: Arc<crate::allowlist::Allowlist>,
 }
 
 impl Context {
@@ -170,6 +176,7 @@ impl Context {
             server_tls,
             upstream_tls,
             control: Arc::new(control::Control::default()),
+            allowlist: Arc::new(crate::allowlist::Allowlist::off()),
         }
     }
 }
