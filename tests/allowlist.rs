@@ -353,3 +353,40 @@ async fn enforce_refuses_to_start_without_a_valid_file() {
     standin.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Learn mode writes the file every `save_interval`, not only at shutdown (a staging
+/// mongoguard that is killed keeps what it learned up to its last write).
+#[tokio::test]
+async fn learn_mode_writes_the_file_periodically() {
+    let dir = temp_dir("periodic");
+    let file = dir.join("allowlist.toml");
+    let policy = PolicyFile::write("allowlist-periodic", POLICY);
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut cfg = Config::for_upstream(&standin.uri()).unwrap();
+    cfg.policy.file = Some(policy.path().to_path_buf());
+    cfg.audit.sink = "none".parse().unwrap();
+    cfg.allowlist.mode = AllowlistMode::Learn;
+    cfg.allowlist.file = Some(file.clone());
+    cfg.allowlist.save_interval = Duration::from_millis(100);
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let c = client(&proxy, "billing").await;
+    billing_traffic(&c).await;
+    let mut written = None;
+    for _ in 0..200 {
+        if file.exists() {
+            written = shapes_of(&file, "billing");
+            if written.as_ref().is_some_and(|s| s.len() == 2) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        written.expect("written before shutdown"),
+        [FIND_SHAPE, UPDATE_SHAPE]
+    );
+    c.shutdown().await;
+    proxy.shutdown().await;
+    standin.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
