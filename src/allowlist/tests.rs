@@ -338,3 +338,41 @@ fn off_does_nothing() {
     assert_eq!(list.counts(), (0, 0));
     assert!(!list.save());
 }
+
+/// A filter whose shape is too long to capture cannot slip past enforce mode: it is unknown.
+#[test]
+fn an_untracked_long_shape_is_unknown_not_allowed() {
+    let path = temp_file("long");
+    let p = policy("block");
+    let learner = Allowlist::start(&config(AllowlistMode::Learn, &path)).unwrap();
+    traffic(&learner, &p);
+    let mut long = RawDocumentBuf::new();
+    for i in 0..200 {
+        long.append(
+            bson::raw::CString::try_from(format!("a_rather_long_field_name_number_{i}")).unwrap(),
+            1,
+        );
+    }
+    // Not learned (nothing captured)...
+    assert_eq!(
+        send(&learner, &p, Some("billing"), &find(long.clone())),
+        None
+    );
+    assert_eq!(learner.counts(), (2, 3));
+    learner.save();
+    let list = Allowlist::start(&config(AllowlistMode::Enforce, &path)).unwrap();
+    // ...and refused in enforce mode, with the reason.
+    let body = find(long);
+    let view = CommandView::command("shop", &body).unwrap();
+    let mut scratch = ShapeScratch::default();
+    scratch.capture(&view);
+    assert!(scratch.captured().is_none(), "too long to capture");
+    let rctx = RequestContext {
+        app: Some("billing"),
+        ..RequestContext::default()
+    };
+    let v = list.check(&p, &view, &rctx, &scratch).expect("A001");
+    assert_eq!(v.rule, RuleId::A001);
+    assert!(v.detail.unwrap().contains("longer than"), "{:?}", v.detail);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
