@@ -120,5 +120,8 @@ MONGOGUARD_PROXY_URI="mongodb://127.0.0.1:$proxy_port" \
 
 if [ "$status" != 0 ]; then
     show_logs
+else
+    # The learned allowlist's workflow: learn, review, enforce (mongoguard restarted between).
+    MONGOGUARD_BIN_DIR="$bin_dir" bash "$INTEGRATION_DIR/run_allowlist.sh" || status=$?
 fi
 exit "$status"

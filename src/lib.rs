@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+pub mod allowlist;
 pub mod app;
 pub mod audit;
 pub mod auth;

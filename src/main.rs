@@ -56,16 +56,17 @@ CONFIGURATION
     `mongoguard --check-config -c FILE` validates a file and prints the effective
     configuration as TOML (defaults filled in, secrets shown as \"***\"). Sections:
     [proxy] [upstream] [upstream.identities.NAME] [pool] [auth] [tls] [log] [policy] [audit]
-    [admin] [plan] (every key: mongoguard.example.toml and the README, \"Configuration\").";
+    [admin] [plan] [allowlist] (every key: mongoguard.example.toml and the README, \"Configuration\").";
 
 /// `mongoguard --help` (long form) after the options.
 const AFTER_LONG_HELP: &str = "\
 SIGNALS
     SIGHUP           reload the policy file (validated first; an invalid file keeps the
-                     old policy; a built-in profile has nothing to reload), the users file
-                     (pooled mode), and reopen the audit file sinks (logrotate). Never
-                     terminates the process. The policy file is also reloaded when it
-                     changes on disk.
+                     old policy; a built-in profile has nothing to reload), the allowlist
+                     file ([allowlist] mode = \"enforce\"; an invalid file keeps the old
+                     allowlist), the users file (pooled mode), and reopen the audit file
+                     sinks (logrotate). Never terminates the process. The policy file is
+                     also reloaded when it changes on disk.
     SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
                      [proxy] drain_timeout (30s by default), then close what is left; the
                      audit streams are written out before exit.

@@ -181,3 +181,54 @@ fn known_query_shape_bookkeeping_allocates_nothing() {
     }
     assert_eq!(table.len(), 2);
 }
+
+/// The learned allowlist on the request path: a shape already learned (learn mode) or listed
+/// (enforce mode) costs a hash lookup and allocates nothing.
+#[test]
+fn known_allowlisted_shape_allocates_nothing() {
+    use mongoguard::allowlist::Allowlist;
+    use mongoguard::config::{AllowlistConfig, AllowlistMode};
+    use mongoguard::metrics::ShapeScratch;
+    let dir = std::env::temp_dir().join(format!("mg-alloc-allowlist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("allowlist.toml");
+    let _ = std::fs::remove_file(&file);
+    let config = |mode| AllowlistConfig {
+        mode,
+        file: Some(file.clone()),
+        ..AllowlistConfig::default()
+    };
+    let policy = Policy::from_toml("[rules]\nA001 = \"block\"\n", "test").unwrap();
+    let rctx = RequestContext {
+        app: Some("billing"),
+        ..RequestContext::default()
+    };
+    let mut scratch = ShapeScratch::default();
+    let mut count = |list: &Allowlist, frame: &Bytes| {
+        let mut run = || {
+            let msg = Message::parse(frame, DEFAULT_MAX_MESSAGE_SIZE).expect("a valid frame");
+            let view = CommandView::from_message(&msg).expect("a readable command");
+            scratch.reset();
+            scratch.capture(&view);
+            assert!(scratch.active);
+            assert!(list.check(&policy, &view, &rctx, &scratch).is_none());
+        };
+        run();
+        COUNT.with(|c| c.set(0));
+        COUNTING.with(|c| c.set(true));
+        run();
+        COUNTING.with(|c| c.set(false));
+        COUNT.with(Cell::get)
+    };
+    let learner = Allowlist::start(&config(AllowlistMode::Learn)).unwrap();
+    for frame in [find(), update_batch()] {
+        assert_eq!(count(&learner, &frame), 0, "learn mode, a known shape");
+    }
+    assert_eq!(learner.counts(), (1, 2));
+    assert!(learner.save());
+    let enforcer = Allowlist::start(&config(AllowlistMode::Enforce)).unwrap();
+    for frame in [find(), update_batch()] {
+        assert_eq!(count(&enforcer, &frame), 0, "enforce mode, a listed shape");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -45,24 +45,55 @@ pub(super) fn policy(ctx: &Context) -> String {
 }
 
 /// `POST /reload`: 200 with the new hash, 422 when the file is invalid (the old policy
-/// stays), 409 for a built-in profile.
+/// stays), 409 for a built-in profile. In allowlist enforce mode the allowlist file is
+/// reloaded too (`"allowlist"` in the answer; 422 when it is refused and the old one stays).
 pub(super) fn reload(ctx: &Context) -> (StatusCode, String) {
+    let allowlist = ctx.reload.reload_allowlist("admin");
+    let allowlist_failed = matches!(allowlist, Some(Err(_)));
+    let allowlist_json = allowlist.map(|r| match r {
+        Ok(l) => json!({"ok": true, "apps": l.apps, "shapes": l.shapes, "left_out": l.over_caps}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    });
+    let status = |ok: bool| {
+        if ok && !allowlist_failed {
+            StatusCode::OK
+        } else {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+    };
+    let with_allowlist = |mut body: serde_json::Value| {
+        if let (Some(a), Some(o)) = (&allowlist_json, body.as_object_mut()) {
+            o.insert("allowlist".into(), a.clone());
+            o.insert(
+                "ok".into(),
+                json!(o.get("ok") == Some(&json!(true)) && !allowlist_failed),
+            );
+        }
+        body.to_string()
+    };
     if let PolicySource::BuiltIn(name) = ctx.policy.source() {
+        if allowlist_json.is_none() {
+            return (
+                StatusCode::CONFLICT,
+                json!({"ok": false, "error": format!("the policy is the built-in profile {name}; there is no file to reload")})
+                    .to_string(),
+            );
+        }
         return (
-            StatusCode::CONFLICT,
-            json!({"ok": false, "error": format!("the policy is the built-in profile {name}; there is no file to reload")})
-                .to_string(),
+            status(true),
+            with_allowlist(json!({"ok": true, "hash": hex(ctx.policy.current().hash())})),
         );
     }
     match ctx.reload.reload_policy("admin") {
         Ok(hash) => (
-            StatusCode::OK,
-            json!({"ok": true, "hash": hex(hash.unwrap_or_else(|| ctx.policy.current().hash()))})
-                .to_string(),
+            status(true),
+            with_allowlist(
+                json!({"ok": true, "hash": hex(hash.unwrap_or_else(|| ctx.policy.current().hash()))}),
+            ),
         ),
         Err(e) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!({"ok": false, "error": e.to_string()}).to_string(),
+            status(false),
+            with_allowlist(json!({"ok": false, "error": e.to_string()})),
         ),
     }
 }

@@ -53,6 +53,13 @@ pub(crate) trait PolicyReload: Send + Sync {
         &self,
         trigger: &'static str,
     ) -> Result<Option<u64>, crate::policy::PolicyError>;
+
+    /// Reloads the allowlist file in enforce mode (`None` in other modes); an unreadable or
+    /// invalid file keeps the allowlist in force.
+    fn reload_allowlist(
+        &self,
+        trigger: &'static str,
+    ) -> Option<Result<crate::allowlist::Loaded, crate::allowlist::AllowlistError>>;
 }
 
 type Context = AdminState;

@@ -62,6 +62,10 @@ impl Proxy {
         } else {
             config
         };
+        let allowlist = Arc::new(
+            crate::allowlist::Allowlist::start(&config.allowlist).map_err(ProxyError::Allowlist)?,
+        );
+        warn_when_a001_is_off(&allowlist, &policy);
         let audit = Arc::new(AuditLog::start(&config.audit).map_err(ProxyError::Audit)?);
         let policy = Arc::new(policy);
         let listeners = Listeners::bind(&config).await?;
@@ -82,6 +86,7 @@ impl Proxy {
             server_tls,
             upstream_tls.clone(),
             &background,
+            allowlist,
         )?;
         if let Some(poller) = srv.poller {
             poller.spawn(ctx.topology.clone(), background.clone());
@@ -95,6 +100,7 @@ impl Proxy {
             reloader.clone(),
             reload::hangup_signal(),
         ));
+        let learn = tokio::spawn(reload::save_allowlist(ctx.clone()));
         let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
         let admin_stop = CancellationToken::new();
         let admin = listeners.admin.map(|l| {
@@ -120,6 +126,7 @@ impl Proxy {
             reloader,
             accept,
             reload,
+            learn,
             admin,
             admin_stop,
             background,
@@ -166,6 +173,7 @@ fn proxy_context(
     server_tls: Option<crate::tls::ServerTls>,
     upstream_tls: Option<crate::tls::UpstreamTls>,
     background: &CancellationToken,
+    allowlist: Arc<crate::allowlist::Allowlist>,
 ) -> Result<Arc<Context>, ProxyError> {
     let (topology, pooled) = upstream(config, upstream_tls.clone(), background)?;
     let identity = crate::upstream::Identities::from_config(&config.upstream)
@@ -180,7 +188,7 @@ fn proxy_context(
         upstream_tls.clone(),
         background.clone(),
     );
-    Ok(Arc::new(Context::new(
+    let mut ctx = Context::new(
         config.clone(),
         policy.clone(),
         audit.clone(),
@@ -188,7 +196,22 @@ fn proxy_context(
         pooled,
         (server_tls, upstream_tls),
         plan,
-    )))
+    );
+    ctx.allowlist = allowlist;
+    Ok(Arc::new(ctx))
+}
+
+/// Enforcing an allowlist while the policy turns A001 off everywhere enforces nothing: said
+/// at start (an override may still turn it on for some requests).
+fn warn_when_a001_is_off(allowlist: &crate::allowlist::Allowlist, policy: &PolicyHolder) {
+    let enforce = allowlist.mode() == crate::config::AllowlistMode::Enforce;
+    let off = policy.current().action(crate::policy::RuleId::A001) == crate::policy::Action::Off;
+    if enforce && off {
+        warn!(
+            "allowlist.mode = \"enforce\" but the policy sets A001 (unknown-query-shape) to \
+             \"off\": new shapes are not reported; set A001 = \"warn\" or \"block\" in the policy"
+        );
+    }
 }
 
 /// The backlog of the listening sockets (the kernel caps it at `net.core.somaxconn`).
@@ -250,6 +273,8 @@ pub struct ProxyHandle {
     reloader: Arc<reload::Reloader>,
     accept: JoinHandle<()>,
     reload: JoinHandle<()>,
+    /// Learn mode: writes the allowlist every `save_interval` until the drain.
+    learn: JoinHandle<()>,
     admin: Option<JoinHandle<()>>,
     admin_stop: CancellationToken,
     /// Stops the background tasks (topology monitors) at the end of shutdown.
@@ -305,6 +330,11 @@ impl ProxyHandle {
         self.reloader.everything();
     }
 
+    /// The learned allowlist.
+    pub fn allowlist(&self) -> Arc<crate::allowlist::Allowlist> {
+        self.ctx.allowlist.clone()
+    }
+
     /// The violation log (counters, flush).
     pub fn audit(&self) -> Arc<AuditLog> {
         self.ctx.audit.clone()
@@ -341,6 +371,10 @@ impl ProxyHandle {
             }
         }
         self.reload.abort();
+        let _ = self.learn.await;
+        // Learn mode: what the sessions learned up to their last request.
+        let allowlist = ctx.allowlist.clone();
+        let _ = tokio::task::spawn_blocking(move || allowlist.save()).await;
         self.background.cancel();
         // The admin listener outlives the drain, so /readyz can say 503 while it runs.
         self.admin_stop.cancel();

@@ -23,7 +23,7 @@ impl Reloader {
     }
 
     /// What SIGHUP does: reload the policy file (a built-in profile has nothing to reload:
-    /// said so), the users file in pooled mode, and reopen the audit file sinks (logrotate
+    /// said so), the allowlist file (enforce mode), the users file in pooled mode, and reopen the audit file sinks (logrotate
     /// without `copytruncate`). Each part keeps what it had when it fails.
     pub(crate) fn everything(&self) {
         let ctx = &self.ctx;
@@ -32,6 +32,7 @@ impl Reloader {
         } else {
             info!(policy = %ctx.policy.source(), "SIGHUP: the policy is built in; nothing to reload");
         }
+        let _ = self.allowlist("signal");
         ctx.audit.reopen();
         if let Some(p) = &ctx.pooled {
             if p.has_users_file() {
@@ -79,11 +80,83 @@ impl Reloader {
             }
         }
     }
+
+    /// Enforce mode: reads the allowlist file again and swaps it in, or keeps the allowlist
+    /// in force when the file is unreadable or invalid; counted, logged and recorded like a
+    /// policy reload (the event's source is `allowlist:PATH`). `None` in other modes.
+    pub(crate) fn allowlist(
+        &self,
+        trigger: &'static str,
+    ) -> Option<Result<crate::allowlist::Loaded, crate::allowlist::AllowlistError>> {
+        let ctx = &self.ctx;
+        let list = &ctx.allowlist;
+        if list.mode() != crate::config::AllowlistMode::Enforce {
+            return None;
+        }
+        let source = format!(
+            "allowlist:{}",
+            list.path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
+        let result = list.reload();
+        match &result {
+            Ok(loaded) => {
+                ctx.stats.allowlist_reloads.inc();
+                ctx.audit.event(Event::PolicyReloaded {
+                    source,
+                    hash: None,
+                    trigger,
+                });
+                info!(
+                    apps = loaded.apps,
+                    shapes = loaded.shapes,
+                    left_out = loaded.over_caps,
+                    trigger,
+                    "allowlist reloaded"
+                );
+            }
+            Err(e) => {
+                ctx.stats.allowlist_reload_failures.inc();
+                ctx.audit.event(Event::PolicyReloadFailed {
+                    source,
+                    error: e.to_string(),
+                    trigger,
+                });
+                warn!(error = %e, trigger, "allowlist reload failed; keeping the previous allowlist");
+            }
+        }
+        Some(result)
+    }
 }
 
 impl crate::admin::PolicyReload for Reloader {
     fn reload_policy(&self, trigger: &'static str) -> Result<Option<u64>, PolicyError> {
         self.policy(trigger)
+    }
+
+    fn reload_allowlist(
+        &self,
+        trigger: &'static str,
+    ) -> Option<Result<crate::allowlist::Loaded, crate::allowlist::AllowlistError>> {
+        self.allowlist(trigger)
+    }
+}
+
+/// Learn mode: writes the allowlist file every `save_interval` when shapes were learned
+/// (off the runtime's threads). Ends at drain; shutdown writes it a last time.
+pub(crate) async fn save_allowlist(ctx: Arc<Context>) {
+    if ctx.allowlist.mode() != crate::config::AllowlistMode::Learn {
+        return;
+    }
+    let every = ctx.config.allowlist.save_interval;
+    loop {
+        tokio::select! {
+            _ = ctx.drain.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let list = ctx.allowlist.clone();
+        let _ = tokio::task::spawn_blocking(move || list.save()).await;
     }
 }
 

@@ -10,6 +10,7 @@
 //! to it.
 
 mod admin;
+mod allowlist;
 mod audit;
 mod auth;
 pub mod duration;
@@ -33,6 +34,7 @@ use std::{net::SocketAddr, path::Path};
 use serde::Deserialize;
 
 pub use admin::AdminConfig;
+pub use allowlist::{AllowlistConfig, AllowlistMode, UnknownApp};
 pub use audit::{
     AuditConfig, AuditConfigError, MAX_DEDUP_WINDOW, MAX_FILE_KEEP, MAX_QUEUE_CAPACITY,
     MIN_FILE_MAX_SIZE,
@@ -73,6 +75,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The plan guard (Q006, Q007).
     pub plan: PlanConfig,
+    /// The learned allowlist of query shapes (rule A001).
+    pub allowlist: AllowlistConfig,
 }
 
 impl Config {
@@ -123,6 +127,7 @@ impl Config {
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.admin.validate()?;
         self.upstream.validate()?;
+        self.allowlist.validate()?;
         Ok(())
     }
 

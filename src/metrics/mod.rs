@@ -81,6 +81,10 @@ pub struct Snapshot {
     pub policy_reloads: u64,
     /// Refused policy reloads.
     pub policy_reload_failures: u64,
+    /// Successful allowlist reloads.
+    pub allowlist_reloads: u64,
+    /// Refused allowlist reloads.
+    pub allowlist_reload_failures: u64,
     /// Pooled mode: every pool. `None` in passthrough mode.
     pub pools: Option<Vec<PoolRow>>,
     /// Pinned counts (zeros in passthrough mode).

@@ -259,6 +259,18 @@ fn reloads_and_log(
     )?;
     counter(
         encoder,
+        "mongoguard_allowlist_reloads",
+        "Successful allowlist reloads (allowlist enforce mode)",
+        s.allowlist_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_allowlist_reload_failures",
+        "Allowlist reloads refused (unreadable or invalid file; the old allowlist stayed)",
+        s.allowlist_reload_failures,
+    )?;
+    counter(
+        encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",

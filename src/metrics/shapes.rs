@@ -64,6 +64,13 @@ impl ShapeScratch {
         self.plan = plan;
     }
 
+    /// The current request's command label, namespace and filter shape, when one was
+    /// captured (the learned allowlist reads them).
+    pub fn captured(&self) -> Option<(&'static str, &str, &str)> {
+        self.active
+            .then_some((self.command, self.ns.as_str(), self.shape.as_str()))
+    }
+
     /// Captures the namespace, command and first filter's shape of `view`, when it is one of
     /// the tracked commands.
     pub fn capture(&mut self, view: &CommandView<'_>) {

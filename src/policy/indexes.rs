@@ -101,14 +101,14 @@ fn create_indexes<'a>(
                 RuleId::I002,
                 super::Action::Block,
                 None,
-                Some("this createIndexes would leave the collection with more than 20 indexes; every index slows every write"),
+                Some("this createIndexes would leave more than 20 indexes on the namespace; every index slows every write"),
             );
         } else if total > MANY_INDEXES {
             em.emit_capped(
                 RuleId::I002,
                 super::Action::Warn,
                 None,
-                Some("this createIndexes would leave the collection with more than 10 indexes; every index slows every write"),
+                Some("this createIndexes would leave more than 10 indexes on the namespace; every index slows every write"),
             );
         }
     }

@@ -40,6 +40,8 @@ pub enum RuleId {
     D003,
     D004,
     D005,
+    /// The learned allowlist (`[allowlist] mode = "enforce"`).
+    A001,
     /// Not a standard: the command could not be read, so it is refused (fail closed).
     G001,
 }
@@ -125,6 +127,7 @@ pub static RULES: [RuleInfo; RULE_COUNT] = [
     rule!(D003, "large-array", "very large arrays make updates and indexes expensive", "bound the array, or move its items to their own collection", W, W),
     rule!(D004, "random-id", "string or UUID _id values are random keys that split B-tree pages; prefer ObjectId", "use ObjectId _ids and keep the string or UUID as an indexed field", W, W),
     rule!(D005, "naming-convention", "database names must be db_<lowercase>, collection names t_<lowercase>", "name databases db_name and collections t_name, in lowercase", O, W),
+    rule!(A001, "unknown-query-shape", "this application never sent this query shape while the allowlist was learned: a new deploy, or an injection", "if the shape is intended, learn it again (allowlist.mode = \"learn\") and review the allowlist file", O, O),
     rule!(G001, "unreadable-command", "mongoguard cannot tell what this command does, so it refuses it (fail closed)", "send a well-formed command, as a current driver does", B, B),
 ];
 

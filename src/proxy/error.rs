@@ -27,6 +27,9 @@ pub enum ProxyError {
     /// Pooled mode could not start (users file, identities, pool limits).
     #[error("pooled mode: {0}")]
     Pooled(String),
+    /// The allowlist file could not be loaded (enforce mode), or cannot be learned into.
+    #[error("{0}")]
+    Allowlist(crate::allowlist::AllowlistError),
     /// The violation log could not be started (e.g. its file cannot be opened).
     #[error("audit log: {0}")]
     Audit(crate::audit::AuditError),

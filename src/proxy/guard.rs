@@ -172,7 +172,10 @@ pub(crate) fn judge(
         shard_key: shard_keys.as_ref().and_then(|k| k.get(ns.db, ns.coll)),
     };
     scratch.set_plan(plan);
-    let decision = policy.evaluate(&view, &rctx);
+    let mut decision = policy.evaluate(&view, &rctx);
+    if let Some(v) = ctx.allowlist.check(&policy, &view, &rctx, scratch) {
+        decision.violations.push(v);
+    }
     if !decision.is_block() {
         indexes_created(ctx, &view);
     }

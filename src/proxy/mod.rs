@@ -93,6 +93,10 @@ pub struct ProxyStats {
     pub policy_reloads: Counter,
     /// Policy reloads refused (invalid file): the old policy stayed.
     pub policy_reload_failures: Counter,
+    /// Successful allowlist reloads (enforce mode).
+    pub allowlist_reloads: Counter,
+    /// Allowlist reloads refused (unreadable or invalid file): the old allowlist stayed.
+    pub allowlist_reload_failures: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,
@@ -132,6 +136,8 @@ pub(crate) struct Context {
     pub control: Arc<control::Control>,
     /// The plan guard (Q006, Q007): verdicts of query shapes, explained off the request path.
     pub plan: Arc<crate::plan::PlanGuard>,
+    /// The learned allowlist (rule A001); off unless the composition root sets it.
+    pub allowlist: Arc<crate::allowlist::Allowlist>,
 }
 
 impl Context {
@@ -176,6 +182,7 @@ impl Context {
             upstream_tls,
             control: Arc::new(control::Control::default()),
             plan,
+            allowlist: Arc::new(crate::allowlist::Allowlist::off()),
         }
     }
 }

@@ -62,6 +62,8 @@ impl Scrape for ProxyScrape {
             blocked: s.blocked.get(),
             policy_reloads: s.policy_reloads.get(),
             policy_reload_failures: s.policy_reload_failures.get(),
+            allowlist_reloads: s.allowlist_reloads.get(),
+            allowlist_reload_failures: s.allowlist_reload_failures.get(),
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),

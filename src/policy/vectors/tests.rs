@@ -29,7 +29,12 @@ fn policy_vectors() {
 #[test]
 fn every_implemented_rule_has_vectors_that_fire_and_stay_quiet() {
     let vectors = load_all(&shipped()).unwrap_or_else(|e| panic!("{}", e.join("\n")));
-    for rule in RULES.iter().filter(|r| r.implemented) {
+    // A001 is decided by the learned allowlist, outside the policy engine the vectors run
+    // (its tests: src/allowlist/tests.rs, tests/allowlist.rs).
+    for rule in RULES
+        .iter()
+        .filter(|r| r.implemented && r.id != crate::policy::RuleId::A001)
+    {
         let firing = vectors
             .iter()
             .filter(|(_, v)| v.expect.iter().any(|c| c == rule.code))
