@@ -126,6 +126,7 @@ pub(super) fn clients(ctx: &Context) -> String {
                 "connections": r.connections.max(0),
                 "requests": r.requests,
                 "violations": r.violations,
+                "findings": r.findings,
             })
         })
         .collect();

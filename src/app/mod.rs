@@ -81,6 +81,7 @@ impl Proxy {
             reload::hangup_signal(),
         ));
         let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
+        tokio::spawn(proxy::conn_report::run(ctx.clone(), background.clone()));
         let admin_stop = CancellationToken::new();
         let admin = listeners.admin.map(|l| {
             info!(listen = ?listeners.admin_addr, "admin listener up");
