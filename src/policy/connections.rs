@@ -10,7 +10,7 @@
 //!   application requests count (not hello, isMaster, ping, authentication); a connection
 //!   that sent nothing else (a driver's monitoring connection) counts in neither number.
 //! - C002 missing-app-name: connections whose handshake names no application, per driver,
-//!   while such connections keep arriving.
+//!   while such connections arrive or stay open.
 //! - C003 outdated-driver: a driver whose version is below the configured minimum for its
 //!   name (`min_versions`), while such connections arrive or stay open.
 //!
@@ -351,22 +351,24 @@ pub fn assess(pairs: &[PairCounts<'_>], policy: &Policy) -> Vec<Finding> {
         }
     }
     for p in pairs {
-        if p.app == crate::metrics::labels::NONE && p.counts.arrived > 0 {
+        let present = p.counts.arrived > 0 || p.open > 0;
+        if p.app == crate::metrics::labels::NONE && present {
             if let Some((action, mode)) = verdict(RuleId::C002, p.app) {
                 out.push(Finding {
                     rule: RuleId::C002,
                     app: p.app.to_owned(),
                     driver: Some(p.driver.to_owned()),
                     detail: format!(
-                        "{} connections of driver {:?} named no application since the last report",
-                        p.counts.arrived, p.driver
+                        "connections of driver {:?} name no application ({} open, {} arrived \
+                         since the last report)",
+                        p.driver, p.open, p.counts.arrived
                     ),
                     action,
                     mode,
                 });
             }
         }
-        if p.counts.arrived > 0 || p.open > 0 {
+        if present {
             let Some((action, mode)) = verdict(RuleId::C003, p.app) else {
                 continue;
             };

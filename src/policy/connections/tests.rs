@@ -196,19 +196,21 @@ fn c001_monitoring_connections_do_not_make_a_pooled_app_short_lived() {
 }
 
 #[test]
-fn c002_per_driver_while_unnamed_connections_arrive() {
+fn c002_per_driver_while_unnamed_connections_arrive_or_stay_open() {
     let p = Policy::standard();
     let f = assess(
         &[
             pair("-", "nodejs 6.0.0", counts(0, 0, 0, 3), 3),
             pair("-", "PyMongo 4.0", counts(0, 0, 0, 0), 1),
+            pair("-", "gone 1.0", counts(0, 0, 0, 0), 0),
             pair("billing", "nodejs 6.0.0", counts(0, 0, 0, 5), 5),
         ],
         &p,
     );
-    assert_eq!(rules(&f), [(RuleId::C002, "-")]);
+    assert_eq!(rules(&f), [(RuleId::C002, "-"), (RuleId::C002, "-")]);
     assert_eq!(f[0].driver.as_deref(), Some("nodejs 6.0.0"));
-    assert!(f[0].detail.contains("3 connections"), "{}", f[0].detail);
+    assert!(f[0].detail.contains("3 open, 3 arrived"), "{}", f[0].detail);
+    assert_eq!(f[1].driver.as_deref(), Some("PyMongo 4.0"));
     let off = policy("[rules]\nC002 = \"off\"\n");
     assert!(assess(&[pair("-", "nodejs 6.0.0", counts(0, 0, 0, 3), 3)], &off).is_empty());
 }
