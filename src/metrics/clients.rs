@@ -155,3 +155,83 @@ impl ClientTable {
         rows
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::{connections::assess, Policy, RuleId};
+
+    fn text(f: &crate::policy::connections::Finding) -> (String, Option<String>, String) {
+        (f.app.clone(), f.driver.clone(), f.rule.code().to_owned())
+    }
+
+    /// What a session does: identify itself, send `requests` application requests, close.
+    fn connection(e: &ClientEntry, now: Instant, requests: u64) {
+        e.connections.fetch_add(1, Ordering::Relaxed);
+        e.arrived();
+        if requests > 0 {
+            e.app_connection_opened(now);
+        }
+        e.connections.fetch_sub(1, Ordering::Relaxed);
+        e.connection_closed(now, requests);
+    }
+
+    #[test]
+    fn a_report_sets_findings_on_the_rows_they_concern_and_clears_them_later() {
+        let policy = Policy::from_toml(
+            "extends = \"strict\"\n[rules]\n\
+             C001 = { action = \"warn\", max_connections_per_minute = 3, min_requests_per_connection = 2 }\n",
+            "p.toml",
+        )
+        .unwrap();
+        let table = ClientTable::default();
+        let t0 = Instant::now();
+        let label = |s: &str| Arc::<str>::from(s);
+        let php_a = table.entry(label("php"), label("a 1"));
+        let php_b = table.entry(label("php"), label("b 1"));
+        let steady = table.entry(label("steady"), label("a 1"));
+        let anon = table.entry(label("-"), label("a 1"));
+        for _ in 0..4 {
+            connection(&php_a, t0, 1);
+        }
+        connection(&php_b, t0, 1);
+        // steady: one connection open with work, and many monitoring connections.
+        steady.connections.fetch_add(1, Ordering::Relaxed);
+        steady.arrived();
+        steady.app_connection_opened(t0);
+        for _ in 0..10 {
+            connection(&steady, t0, 0);
+        }
+        anon.connections.fetch_add(1, Ordering::Relaxed);
+        anon.arrived();
+        let report = |now| {
+            table.report(now, |pairs| {
+                let f = assess(pairs, &policy);
+                let shown = f.iter().map(text).collect();
+                (f, shown)
+            })
+        };
+        let found = report(t0 + Duration::from_secs(1));
+        let got: Vec<(RuleId, &str)> = found.iter().map(|f| (f.rule, f.app.as_str())).collect();
+        assert_eq!(got, [(RuleId::C001, "php"), (RuleId::C002, "-")]);
+        let rows = table.rows();
+        let findings = |app: &str, driver: &str| {
+            rows.iter()
+                .find(|r| r.app == app && r.driver == driver)
+                .map(|r| r.findings.clone())
+                .unwrap()
+        };
+        // C001 is per application: on both of php's rows.
+        assert_eq!(findings("php", "a 1"), ["C001"]);
+        assert_eq!(findings("php", "b 1"), ["C001"]);
+        assert!(findings("steady", "a 1").is_empty());
+        assert_eq!(findings("-", "a 1"), ["C002"]);
+        // Two minutes later, php's connections are out of the window and the unnamed one
+        // closed: nothing holds, every list is cleared.
+        anon.connections.fetch_sub(1, Ordering::Relaxed);
+        assert!(report(t0 + Duration::from_secs(121)).is_empty());
+        assert!(table.rows().iter().all(|r| r.findings.is_empty()));
+    }
+}

@@ -91,3 +91,54 @@ pub(crate) fn record(f: &Finding, time: SystemTime) -> ViolationRecord {
         matched: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Action, Mode, RuleId};
+
+    #[test]
+    fn a_finding_record_names_the_application_and_its_evidence_not_a_request() {
+        let f = Finding {
+            rule: RuleId::C002,
+            app: "-".into(),
+            driver: Some("nodejs 6.0.0".into()),
+            detail: "connections of driver \"nodejs 6.0.0\" name no application".into(),
+            action: Action::Warn,
+            mode: Mode::Audit,
+        };
+        let line = audit::render(&record(&f, SystemTime::UNIX_EPOCH));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["rule"], "C002");
+        assert_eq!(v["rule_name"], "missing-app-name");
+        assert_eq!(v["action"], "warn");
+        assert_eq!(v["mode"], "audit");
+        assert_eq!(v["driver"], "nodejs 6.0.0");
+        assert_eq!(v["command"], "(connections)");
+        assert_eq!(v["db"], "");
+        assert!(v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("name no application"));
+        for absent in [
+            "app",
+            "client",
+            "user",
+            "collection",
+            "statement",
+            "filter_shape",
+        ] {
+            assert!(v.get(absent).is_none(), "{absent} in {line}");
+        }
+        let c001 = Finding {
+            rule: RuleId::C001,
+            app: "php-fpm".into(),
+            driver: None,
+            ..f
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&audit::render(&record(&c001, SystemTime::UNIX_EPOCH))).unwrap();
+        assert_eq!(v["app"], "php-fpm");
+        assert!(v.get("driver").is_none());
+    }
+}
