@@ -202,7 +202,15 @@ async fn short_connections_missing_app_names_and_the_standard_profile() {
     // An old driver: C003 is off in standard.
     let _legacy = hello(addr, Some("legacy"), OLD_NODE).await;
 
-    let c001 = g.wait_for("C001", |r| r["app"] == "php-fpm").await;
+    // A report may come while the 20 are still connecting: wait for one that saw them all.
+    let c001 = g
+        .wait_for("C001", |r| {
+            r["app"] == "php-fpm"
+                && r["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("20 closed"))
+        })
+        .await;
     assert_eq!(c001["action"], "warn");
     assert_eq!(c001["mode"], "enforce");
     assert_eq!(c001["rule_name"], "short-lived-connections");
@@ -326,5 +334,62 @@ async fn an_override_turns_a_connection_standard_off_for_an_application() {
     tokio::time::sleep(INTERVAL * 3).await;
     let all = g.records("C003").await;
     assert!(all.iter().all(|r| r["app"] == "web"), "{all:?}");
+    g.shutdown().await;
+}
+
+/// The Rust driver: a client created per request (what C001 is about) against a client kept
+/// for the process, whose monitoring connection and pool must not look short-lived.
+#[tokio::test]
+async fn the_rust_driver_short_lived_clients_against_a_kept_client() {
+    let g = start(
+        "rust",
+        "extends = \"standard\"\n[rules]\n\
+         C001 = { action = \"warn\", max_connections_per_minute = 5, min_requests_per_connection = 5 }\n",
+    )
+    .await;
+    let uri = |app: &str| {
+        format!(
+            "mongodb://{}/?directConnection=true&appName={app}&serverSelectionTimeoutMS=20000",
+            g.addr()
+        )
+    };
+    let kept = support::client(&uri("kept")).await;
+    let coll = kept
+        .database("db_app")
+        .collection::<bson::Document>("t_items");
+    for _ in 0..30 {
+        coll.find_one(bson::doc! {}).await.unwrap();
+    }
+    for _ in 0..8 {
+        let c = support::client(&uri("per-request")).await;
+        c.database("db_app")
+            .collection::<bson::Document>("t_items")
+            .find_one(bson::doc! {})
+            .await
+            .unwrap();
+        c.shutdown().await;
+    }
+    let r = g
+        .wait_for("C001", |r| {
+            r["app"] == "per-request"
+                && r["detail"].as_str().is_some_and(|d| d.contains("8 closed"))
+        })
+        .await;
+    assert!(
+        r["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("8 connections opened"),
+        "one application connection per client (monitoring not counted): {r}"
+    );
+    let kept_rows = client_rows(g.admin(), "kept").await;
+    assert!(!kept_rows.is_empty());
+    assert!(findings(&kept_rows).is_empty(), "{kept_rows:?}");
+    let driver = kept_rows[0]["driver"].as_str().unwrap().to_owned();
+    assert!(driver.starts_with("mongo-rust-driver "), "{driver}");
+    tokio::time::sleep(INTERVAL * 3).await;
+    let all = g.records("C001").await;
+    assert!(all.iter().all(|r| r["app"] == "per-request"), "{all:?}");
+    kept.shutdown().await;
     g.shutdown().await;
 }
