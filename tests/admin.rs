@@ -335,6 +335,10 @@ async fn endpoints_report_the_traffic_they_saw() {
     let w003 = rules.iter().find(|r| r["id"] == "W003").unwrap();
     assert_eq!(w003["name"], "delete-many-without-filter");
     assert_eq!(w003["action"], "block");
+    assert_eq!(w003["scope"], "command");
+    let c001 = rules.iter().find(|r| r["id"] == "C001").unwrap();
+    assert_eq!(c001["scope"], "connection");
+    assert_eq!(c001["action"], "warn");
     let (status, _, body) = http(admin, "POST", "/reload", None).await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["ok"], false);

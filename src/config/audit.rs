@@ -243,6 +243,18 @@ mod tests {
             ..AuditConfig::default()
         };
         assert!(long.validate().is_err());
+        for (text, ok) in [("\"50ms\"", false), ("\"100ms\"", true), ("\"25h\"", false)] {
+            let c = parse(&format!("connection_report_interval = {text}")).unwrap();
+            assert_eq!(c.validate().is_ok(), ok, "{text}");
+            if !ok {
+                let err = c.validate().unwrap_err().to_string();
+                assert!(err.contains("connection_report_interval"), "{err}");
+            }
+        }
+        assert_eq!(
+            parse("").unwrap().connection_report_interval,
+            Duration::from_secs(60)
+        );
     }
 
     #[test]
