@@ -224,7 +224,7 @@ fn refuse_connection_block(id: RuleId, action: Action) -> Result<(), String> {
     if id.is_connection() && action == Action::Block {
         let info = id.info();
         return Err(format!(
-            "{} ({}) is a connection standard, reported per application and never per              command, so it cannot block: use \"warn\" or \"off\"",
+            "{} ({}) is a connection standard, reported per application and never per command, so it cannot block: use \"warn\" or \"off\"",
             info.code, info.name
         ));
     }

@@ -326,6 +326,7 @@ fn the_policy_refuses_block_and_bad_parameters_for_connection_standards() {
     for (text, want) in cases {
         let err = Policy::from_toml(text, "p.toml").unwrap_err().to_string();
         assert!(err.contains(want), "{text:?}: {err}");
+        assert!(!err.contains("  "), "one line, no runs of spaces: {err}");
     }
     for profile in ["standard", "strict", "audit"] {
         let p = Policy::profile(profile).unwrap();
