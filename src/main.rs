@@ -359,7 +359,9 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
 fn print_rules(policy: &Policy) {
     println!("mode: {}", policy.mode().as_str());
     for rule in RULES.iter() {
-        let note = if rule.implemented {
+        let note = if rule.scope == mongoguard::policy::Scope::Connection {
+            "  (per application: reported periodically, never blocks)"
+        } else if rule.implemented {
             ""
         } else {
             "  (not implemented yet: never fires)"

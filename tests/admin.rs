@@ -335,6 +335,10 @@ async fn endpoints_report_the_traffic_they_saw() {
     let w003 = rules.iter().find(|r| r["id"] == "W003").unwrap();
     assert_eq!(w003["name"], "delete-many-without-filter");
     assert_eq!(w003["action"], "block");
+    assert_eq!(w003["scope"], "command");
+    let c001 = rules.iter().find(|r| r["id"] == "C001").unwrap();
+    assert_eq!(c001["scope"], "connection");
+    assert_eq!(c001["action"], "warn");
     let (status, _, body) = http(admin, "POST", "/reload", None).await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["ok"], false);
@@ -728,7 +732,19 @@ async fn connections_can_be_listed_and_killed_one_by_one() {
     let ping = doc! {"ping": 1, "$db": "admin"};
     assert_eq!(a.command(ping.clone()).await.get_f64("ok").unwrap(), 1.0);
 
-    let list = get_json(admin, "/connections").await;
+    // A session marks itself idle once it has looped back for the next request, just after
+    // the client got its reply: wait (bounded) for both to be back.
+    let mut list = get_json(admin, "/connections").await;
+    for _ in 0..250 {
+        let all_idle = list["connections"]
+            .as_array()
+            .is_some_and(|rows| rows.iter().all(|r| r["state"] == "idle"));
+        if all_idle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        list = get_json(admin, "/connections").await;
+    }
     assert_eq!(list["paused"], false);
     let rows = list["connections"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{list}");

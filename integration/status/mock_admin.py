@@ -170,7 +170,10 @@ class State:
             {"app": "billing", "driver": "PyMongo 4.8.0", "connections": 3, "requests": 1200 + 7 * up,
              "violations": 5},
             {"app": "reports", "driver": "nodejs 6.8.0", "connections": 2, "requests": 310 + 2 * up,
-             "violations": 6},
+             "violations": 6,
+             "findings": ["C001 short-lived-connections: 75 connections opened in the last minute "
+                          "(more than 60), 1.0 requests per closed connection (fewer than 5; 75 closed, "
+                          "monitoring and authentication not counted)"]},
         ]
         if self.args.hostile:
             out.append({"app": HOSTILE, "driver": HOSTILE, "connections": 1, "requests": 1, "violations": 1})

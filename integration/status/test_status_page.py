@@ -214,6 +214,9 @@ def test_status_page_renders_and_refreshes(page, target, request):
     if not target.get("real"):
         expect(page.locator('#top-apps tr[data-app="billing"]')).to_have_attribute("data-violations", "5")
         expect(page.locator('#top-apps tr[data-app="reports"]')).to_have_attribute("data-violations", "4")
+        # connection standards found for an application (/clients "findings")
+        expect(page.locator('#top-apps tr[data-app="reports"] td.findings')).to_have_attribute("data-findings", "C001")
+        expect(page.locator('#top-apps tr[data-app="reports"] td.findings')).to_have_text("C001 short-lived-connections")
 
     # Pool.
     pool = page.locator("#pool")

@@ -33,7 +33,13 @@ pub(super) fn policy(ctx: &Context) -> String {
     };
     let rules: Vec<Value> = RULES
         .iter()
-        .map(|r| json!({"id": r.code, "name": r.name, "action": policy.action(r.id).as_str()}))
+        .map(|r| {
+            let scope = match r.scope {
+                crate::policy::Scope::Command => "command",
+                crate::policy::Scope::Connection => "connection",
+            };
+            json!({"id": r.code, "name": r.name, "action": policy.action(r.id).as_str(), "scope": scope})
+        })
         .collect();
     json!({
         "source": source,
@@ -157,6 +163,7 @@ pub(super) fn clients(ctx: &Context) -> String {
                 "connections": r.connections.max(0),
                 "requests": r.requests,
                 "violations": r.violations,
+                "findings": r.findings,
             })
         })
         .collect();

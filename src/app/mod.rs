@@ -102,6 +102,7 @@ impl Proxy {
         ));
         let learn = tokio::spawn(reload::save_allowlist(ctx.clone()));
         let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
+        tokio::spawn(proxy::conn_report::run(ctx.clone(), background.clone()));
         let admin_stop = CancellationToken::new();
         let admin = listeners.admin.map(|l| {
             info!(listen = ?listeners.admin_addr, "admin listener up");

@@ -193,12 +193,23 @@ impl AuditLog {
     /// finds the queue full is dropped and counted in [`AuditCounters::dropped`], with a
     /// warning logged at most once a second.
     pub fn record(&self, rec: ViolationRecord) {
+        self.record_with(rec, true);
+    }
+
+    /// [`record`](Self::record) without dedup: for records that are already at most one per
+    /// (application, rule) per period (the connection standards' reports), which dedup would
+    /// otherwise fold into summaries when the period is not longer than `dedup_window`.
+    pub fn record_periodic(&self, rec: ViolationRecord) {
+        self.record_with(rec, false);
+    }
+
+    fn record_with(&self, rec: ViolationRecord, dedup: bool) {
         let shared = &*self.shared;
         shared.counters.count(rec.rule_id, rec.action, rec.mode);
         let Some(tx) = &self.tx else {
             return;
         };
-        if let Some(dedup) = &shared.dedup {
+        if let Some(dedup) = shared.dedup.as_ref().filter(|_| dedup) {
             // Vec::new does not allocate; summaries are rare.
             let mut summaries = Vec::new();
             let verdict = lock(dedup).observe(&rec, Instant::now(), &mut summaries);

@@ -134,6 +134,30 @@ async fn full_queue_drops_and_counts() {
 }
 
 #[tokio::test]
+async fn periodic_records_skip_dedup() {
+    let dir = TempDir::new("periodic");
+    let log = AuditLog::start(&file_config(&dir.file(), "60s", 100)).unwrap();
+    for id in 0..3 {
+        log.record_periodic(with_id(id));
+    }
+    log.record(with_id(3));
+    log.record(with_id(4));
+    log.flush().await;
+    let ids: Vec<i64> = lines(&dir.file())
+        .iter()
+        .map(|l| l["request_id"].as_i64().unwrap())
+        .collect();
+    // The three periodic ones, then the first deduplicated one (the window is open).
+    assert_eq!(ids, [0, 1, 2, 3]);
+    assert_eq!(log.counters().suppressed(), 1);
+    assert_eq!(
+        log.counters()
+            .rule_count("W001", Action::Block, Mode::Enforce),
+        5
+    );
+}
+
+#[tokio::test]
 async fn dedup_writes_first_then_a_summary_once_the_window_passes() {
     let dir = TempDir::new("dedup");
     let log = AuditLog::start(&file_config(&dir.file(), "100ms", 100)).unwrap();

@@ -17,6 +17,9 @@ pub const MAX_QUEUE_CAPACITY: usize = 1_000_000;
 /// Longest accepted `dedup_window`.
 pub const MAX_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
+/// Shortest accepted `connection_report_interval`.
+pub const MIN_CONNECTION_REPORT_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Most rotated files kept.
 pub const MAX_FILE_KEEP: usize = 1000;
 
@@ -75,6 +78,13 @@ pub struct AuditConfig {
         serialize_with = "super::duration::serialize"
     )]
     pub dedup_window: Duration,
+    /// How often the connection standards (C001–C003) are assessed and their findings
+    /// written, one record per (application, rule) while a finding holds (`"60s"`).
+    #[serde(
+        deserialize_with = "super::duration::deserialize",
+        serialize_with = "super::duration::serialize"
+    )]
+    pub connection_report_interval: Duration,
     /// Lines waiting for the writer, per stream; beyond this they are dropped and counted.
     pub queue_capacity: usize,
 }
@@ -92,6 +102,7 @@ impl Default for AuditConfig {
             syslog_socket: PathBuf::from("/dev/log"),
             syslog_format: None,
             dedup_window: Duration::from_secs(60),
+            connection_report_interval: Duration::from_secs(60),
             queue_capacity: 10_000,
         }
     }
@@ -110,6 +121,14 @@ impl AuditConfig {
             return Err(AuditConfigError::Invalid(format!(
                 "dedup_window must be at most 24h, got {:?}",
                 self.dedup_window
+            )));
+        }
+        if self.connection_report_interval < MIN_CONNECTION_REPORT_INTERVAL
+            || self.connection_report_interval > MAX_DEDUP_WINDOW
+        {
+            return Err(AuditConfigError::Invalid(format!(
+                "connection_report_interval must be between 100ms and 24h, got {:?}",
+                self.connection_report_interval
             )));
         }
         for (key, size) in [
@@ -224,6 +243,18 @@ mod tests {
             ..AuditConfig::default()
         };
         assert!(long.validate().is_err());
+        for (text, ok) in [("\"50ms\"", false), ("\"100ms\"", true), ("\"25h\"", false)] {
+            let c = parse(&format!("connection_report_interval = {text}")).unwrap();
+            assert_eq!(c.validate().is_ok(), ok, "{text}");
+            if !ok {
+                let err = c.validate().unwrap_err().to_string();
+                assert!(err.contains("connection_report_interval"), "{err}");
+            }
+        }
+        assert_eq!(
+            parse("").unwrap().connection_report_interval,
+            Duration::from_secs(60)
+        );
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Params {
     pub max_docs: u64,
     /// How multi-document writes not proved selective are measured.
     pub measure: MeasureParams,
+    /// The connection standards' thresholds (C001, C003).
+    pub connections: super::connections::ConnectionParams,
 }
 
 /// The `[measure]` table: blast-radius measurement of multi-document writes whose filter is
@@ -59,6 +61,7 @@ impl Default for Params {
             regex_case_insensitive: true,
             max_docs: 10_000,
             measure: MeasureParams::default(),
+            connections: super::connections::ConnectionParams::default(),
         }
     }
 }
@@ -336,6 +339,40 @@ impl Policy {
                 )
             })
             .collect()
+    }
+
+    /// The action and mode of a connection standard (C001–C003) for an application (`None`:
+    /// the handshake named none), or `None` when it is off. Overrides apply when their only
+    /// matcher is `app` (findings are per application, so namespace, user and client
+    /// matchers never match them); audit mode turns a block into a warning, though the
+    /// policy refuses `block` for these rules.
+    pub fn connection_action(
+        &self,
+        rule: super::RuleId,
+        app: Option<&str>,
+    ) -> Option<(Action, Mode)> {
+        let mut action = self.action(rule);
+        let mut mode = self.mode;
+        for o in &self.overrides {
+            let app_only = o.namespace.is_none() && o.user.is_none() && o.client.is_none();
+            let matches = o
+                .app
+                .as_ref()
+                .is_some_and(|g| app.is_some_and(|a| g.matches(a)));
+            if !(app_only && matches) {
+                continue;
+            }
+            if let Some(m) = o.mode {
+                mode = m;
+            }
+            if let Some(a) = o.actions.get(rule as usize).copied().flatten() {
+                action = a;
+            }
+        }
+        match action {
+            Action::Off => None,
+            _ => Some((Action::Warn, mode)),
+        }
     }
 
     /// Resolves the actions for a request: overrides in order (the last one that sets a rule

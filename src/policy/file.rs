@@ -83,6 +83,9 @@ struct RuleTable {
     max_elements: Option<usize>,
     case_insensitive: Option<bool>,
     max_docs: Option<u64>,
+    max_connections_per_minute: Option<u64>,
+    min_requests_per_connection: Option<u64>,
+    min_versions: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -204,12 +207,26 @@ fn apply_rules(policy: &mut Policy, rules: &BTreeMap<String, RuleSetting>) -> Re
                 t.action
             }
         };
+        refuse_connection_block(id, action)?;
         super::compiled::set_action(&mut policy.actions, id, action);
     }
     if super::compiled::action_in(&policy.actions, RuleId::G001) != Action::Block {
         return Err(
             "G001 (unreadable-command) is always \"block\": mongoguard fails closed".into(),
         );
+    }
+    Ok(())
+}
+
+/// The connection standards (C001–C003) are assessed per application from its connections,
+/// after the fact: there is no command to refuse, so `block` means nothing for them.
+fn refuse_connection_block(id: RuleId, action: Action) -> Result<(), String> {
+    if id.is_connection() && action == Action::Block {
+        let info = id.info();
+        return Err(format!(
+            "{} ({}) is a connection standard, reported per application and never per command, so it cannot block: use \"warn\" or \"off\"",
+            info.code, info.name
+        ));
     }
     Ok(())
 }
@@ -222,6 +239,7 @@ fn compile_override(o: &OverrideFile) -> Result<Override, String> {
         if id == RuleId::G001 {
             return Err("G001 cannot be overridden".into());
         }
+        refuse_connection_block(id, *action)?;
         super::compiled::set_action(&mut actions, id, Some(*action));
     }
     if o.namespace.is_none() && o.app.is_none() && o.user.is_none() && o.client.is_none() {
@@ -297,6 +315,8 @@ fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String>
         RuleId::D003 => &["max_elements"],
         RuleId::Q003 => &["case_insensitive"],
         RuleId::W012 => &["max_docs"],
+        RuleId::C001 => &["max_connections_per_minute", "min_requests_per_connection"],
+        RuleId::C003 => &["min_versions"],
         _ => &[],
     };
     let given = [
@@ -307,6 +327,15 @@ fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String>
         ("max_elements", t.max_elements.is_some()),
         ("case_insensitive", t.case_insensitive.is_some()),
         ("max_docs", t.max_docs.is_some()),
+        (
+            "max_connections_per_minute",
+            t.max_connections_per_minute.is_some(),
+        ),
+        (
+            "min_requests_per_connection",
+            t.min_requests_per_connection.is_some(),
+        ),
+        ("min_versions", t.min_versions.is_some()),
     ];
     for (name, set) in given {
         if set && !allowed.contains(&name) {
@@ -348,7 +377,46 @@ fn apply_params(p: &mut Params, id: RuleId, t: &RuleTable) -> Result<(), String>
     if let Some(v) = t.case_insensitive {
         p.regex_case_insensitive = v;
     }
+    if let Some(v) = t.max_connections_per_minute {
+        p.connections.max_connections_per_minute = v;
+    }
+    if let Some(v) = t.min_requests_per_connection {
+        p.connections.min_requests_per_connection = positive(
+            "min_requests_per_connection",
+            usize::try_from(v).unwrap_or(usize::MAX),
+        )? as u64;
+    }
+    if let Some(versions) = &t.min_versions {
+        p.connections.min_versions = min_versions(versions)?;
+    }
     Ok(())
+}
+
+/// C003's `min_versions`: driver name to minimum version. It replaces the base profile's
+/// list as a whole.
+fn min_versions(
+    versions: &BTreeMap<String, String>,
+) -> Result<Vec<(String, String, super::connections::Version)>, String> {
+    use super::connections::{Version, MAX_MIN_VERSIONS};
+    if versions.len() > MAX_MIN_VERSIONS {
+        return Err(format!("min_versions: at most {MAX_MIN_VERSIONS} drivers"));
+    }
+    let mut out = Vec::with_capacity(versions.len());
+    for (name, text) in versions {
+        if name.is_empty() || name.contains(['|', ' ']) || name.chars().any(char::is_control) {
+            return Err(format!(
+                "min_versions: bad driver name {name:?} (one name, as the driver reports it in \
+                 client.driver.name; no spaces or '|')"
+            ));
+        }
+        let version = Version::parse(text).ok_or_else(|| {
+            format!(
+                "min_versions.{name}: {text:?} is not a version (dotted numbers, like \"4.0.0\")"
+            )
+        })?;
+        out.push((name.clone(), text.clone(), version));
+    }
+    Ok(out)
 }
 
 /// FNV-1a 64: a stable content hash for `GET /policy` and logs.

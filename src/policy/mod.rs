@@ -7,6 +7,7 @@
 
 mod admin_rules;
 mod compiled;
+pub mod connections;
 mod documents;
 mod error;
 mod evaluate;
@@ -31,7 +32,7 @@ pub use compiled::{MeasureParams, Params, Policy};
 pub use error::PolicyError;
 pub use file::{MAX_OVERRIDES, PROFILES};
 pub use holder::{PolicyHolder, PolicySource};
-pub use rules::{RuleId, RuleInfo, RULES, RULE_COUNT};
+pub use rules::{RuleId, RuleInfo, Scope, RULES, RULE_COUNT};
 
 use crate::command::{CommandView, Namespace};
 

@@ -42,6 +42,9 @@ pub enum RuleId {
     D005,
     /// The learned allowlist (`[allowlist] mode = "enforce"`).
     A001,
+    C001,
+    C002,
+    C003,
     /// Not a standard: the command could not be read, so it is refused (fail closed).
     G001,
 }
@@ -70,6 +73,18 @@ pub struct RuleInfo {
     /// False for rules that need facts from the upstream or the shard config (not built yet):
     /// they can be configured but never fire.
     pub implemented: bool,
+    /// What the rule judges: one command, or how an application connects.
+    pub scope: Scope,
+}
+
+/// What a rule judges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// One command: evaluated per request; may block.
+    Command,
+    /// How an application connects (connection standards): assessed per application from
+    /// its connections, reported periodically, never per command; `off` or `warn` only.
+    Connection,
 }
 
 use Action::{Block as B, Off as O, Warn as W};
@@ -88,6 +103,24 @@ macro_rules! rule {
             standard: $std,
             strict: $strict,
             implemented: $impl,
+            scope: Scope::Command,
+        }
+    };
+}
+
+/// A connection standard: reported per application, never evaluated per command.
+macro_rules! conn_rule {
+    ($id:ident, $name:literal, $reason:literal, $remedy:literal, $std:expr, $strict:expr) => {
+        RuleInfo {
+            id: RuleId::$id,
+            code: stringify!($id),
+            name: $name,
+            reason: $reason,
+            remedy: $remedy,
+            standard: $std,
+            strict: $strict,
+            implemented: true,
+            scope: Scope::Connection,
         }
     };
 }
@@ -128,6 +161,9 @@ pub static RULES: [RuleInfo; RULE_COUNT] = [
     rule!(D004, "random-id", "string or UUID _id values are random keys that split B-tree pages; prefer ObjectId", "use ObjectId _ids and keep the string or UUID as an indexed field", W, W),
     rule!(D005, "naming-convention", "database names must be db_<lowercase>, collection names t_<lowercase>", "name databases db_name and collections t_name, in lowercase", O, W),
     rule!(A001, "unknown-query-shape", "this application never sent this query shape while the allowlist was learned: a new deploy, or an injection", "if the shape is intended, learn it again (allowlist.mode = \"learn\") and review the allowlist file", O, O),
+    conn_rule!(C001, "short-lived-connections", "an application opening many connections a minute with few requests each keeps no connection pool: every request pays a TCP, TLS and authentication handshake", "create one client per process and reuse it (a connection pool), or enable persistent connections", W, W),
+    conn_rule!(C002, "missing-app-name", "a client whose handshake names no application (appName): nothing it does can be attributed", "set appName in the connection string (appName=my-service)", W, W),
+    conn_rule!(C003, "outdated-driver", "the driver is older than the minimum version configured for its name", "upgrade the driver to the configured minimum version or later", O, W),
     rule!(G001, "unreadable-command", "mongoguard cannot tell what this command does, so it refuses it (fail closed)", "send a well-formed command, as a current driver does", B, B),
 ];
 
@@ -141,6 +177,7 @@ static UNKNOWN_RULE: RuleInfo = RuleInfo {
     standard: Action::Block,
     strict: Action::Block,
     implemented: true,
+    scope: Scope::Command,
 };
 
 impl RuleId {
@@ -157,6 +194,12 @@ impl RuleId {
     /// `"W001"`.
     pub fn code(self) -> &'static str {
         self.info().code
+    }
+
+    /// True for the connection standards (C001–C003), which are assessed per application,
+    /// never per command.
+    pub fn is_connection(self) -> bool {
+        self.info().scope == Scope::Connection
     }
 
     /// Looks a rule up by its code.

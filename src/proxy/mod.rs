@@ -8,6 +8,7 @@
 
 mod budget;
 mod client_io;
+pub(crate) mod conn_report;
 pub mod control;
 mod error;
 pub mod guard;

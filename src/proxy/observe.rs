@@ -93,6 +93,9 @@ pub(crate) struct SessionObs {
     /// The current request is a hello: monitoring hellos wait upstream on purpose
     /// (awaitable and streaming hello), so they are neither activity nor latency.
     hello: bool,
+    /// Application requests of this connection (not hello, ping or authentication), for
+    /// the connection standards (C001).
+    app_requests_sent: u64,
 }
 
 impl SessionObs {
@@ -107,6 +110,7 @@ impl SessionObs {
             processing: Duration::ZERO,
             reply_error: false,
             hello: false,
+            app_requests_sent: 0,
         }
     }
 
@@ -169,7 +173,20 @@ impl SessionObs {
             self.app_requests = Some(self.metrics.app_counter(&app));
             let entry = self.metrics.clients.entry(app, driver);
             entry.connections.fetch_add(1, Ordering::Relaxed);
+            entry.arrived();
             self.client = Some(entry);
+        }
+        let housekeeping = request.is_hello
+            || commands::COMMANDS
+                .get(request.command)
+                .is_some_and(|name| crate::policy::connections::is_housekeeping(name));
+        if !housekeeping {
+            if self.app_requests_sent == 0 {
+                if let Some(e) = &self.client {
+                    e.app_connection_opened(Instant::now());
+                }
+            }
+            self.app_requests_sent += 1;
         }
         if let Some(c) = &self.app_requests {
             c.inc();
@@ -228,6 +245,7 @@ impl Drop for SessionObs {
         self.end();
         if let Some(e) = &self.client {
             e.connections.fetch_sub(1, Ordering::Relaxed);
+            e.connection_closed(Instant::now(), self.app_requests_sent);
         }
         if self.upstream_open {
             self.metrics
