@@ -106,5 +106,38 @@ fn large_batches(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, workloads, large_batches);
+/// The plan guard on the request path (the find workload): capturing the query shape (done
+/// for `/shapes` anyway) and the verdict lookup of a known shape, against the capture alone.
+fn plan_guard(c: &mut Criterion) {
+    use mongoguard::metrics::ShapeScratch;
+    use mongoguard::plan::{PlanFacts, PlanGuard, Verdict};
+    let frame = find();
+    let msg = Message::parse(&frame, DEFAULT_MAX_MESSAGE_SIZE).expect("a valid frame");
+    let view = CommandView::from_message(&msg).expect("a readable command");
+    let mut scratch = ShapeScratch::default();
+    scratch.capture(&view);
+    let verdict = Verdict {
+        facts: PlanFacts::default(),
+        summary: "FETCH + IXSCAN email_1".into(),
+        failed: false,
+    };
+    let guard = PlanGuard::seeded(&[(scratch.plan_key(), "app.users", verdict)]);
+    assert!(guard.verdict(scratch.plan_key(), &view).is_some());
+    let mut group = c.benchmark_group("plan_guard/find");
+    group.bench_function("capture", |b| {
+        b.iter(|| {
+            scratch.capture(black_box(&view));
+            black_box(scratch.plan_key())
+        })
+    });
+    group.bench_function("capture_and_verdict", |b| {
+        b.iter(|| {
+            scratch.capture(black_box(&view));
+            black_box(guard.verdict(scratch.plan_key(), &view).is_some())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, workloads, large_batches, plan_guard);
 criterion_main!(benches);

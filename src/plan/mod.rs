@@ -166,6 +166,23 @@ impl PlanGuard {
         }
     }
 
+    /// A plan guard holding these verdicts and running no explain (benchmarks, tests).
+    #[doc(hidden)]
+    pub fn seeded(verdicts: &[(u64, &str, Verdict)]) -> PlanGuard {
+        let g = PlanGuard::new(true, &PlanConfig::default(), None);
+        for (key, ns, v) in verdicts {
+            g.verdicts.insert(
+                *key,
+                Slot::Known {
+                    verdict: v.clone(),
+                    at: Instant::now(),
+                    ns: (*ns).into(),
+                },
+            );
+        }
+        g
+    }
+
     /// The shard keys, for one request's lookups; `None` when none is known (no lock taken).
     pub fn shard_keys(&self) -> Option<ShardKeysRead<'_>> {
         if !self.any_shard_key.load(Ordering::Relaxed) {
