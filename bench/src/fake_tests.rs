@@ -122,7 +122,7 @@ async fn mix_against_healthy_server() {
     let s = settings();
     workload::setup(&addr, &s).await.expect("setup");
     let next_id = Arc::new(AtomicI64::new(s.docs));
-    let r = workload::run(&addr, Op::Mix, 4, &s, next_id)
+    let r = workload::run(&addr, Op::Mix, 4, &s, next_id, None)
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
@@ -140,12 +140,21 @@ async fn mix_against_healthy_server() {
 async fn command_errors_are_counted_not_fatal() {
     let (addr, _) = serve(Mode::FailEvery(5)).await;
     let s = settings();
-    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)))
-        .await
-        .expect("run");
+    // Measures its own process (the fake server runs in it): a CPU time is read.
+    let r = workload::run(
+        &addr,
+        Op::Ping,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        Some(std::process::id()),
+    )
+    .await
+    .expect("run");
     assert!(r.errors > 0);
     assert!(r.hist.len() > 3 * r.errors, "successes keep going");
     assert!(r.first_error.unwrap_or_default().contains("injected"));
+    assert!(r.cpu.is_some(), "the process's CPU time was read");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,7 +162,7 @@ async fn dropped_connections_are_counted_and_run_ends() {
     let (addr, _) = serve(Mode::CloseAfterHello).await;
     let s = settings();
     let started = std::time::Instant::now();
-    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(0)))
+    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(0)), None)
         .await
         .expect("run");
     assert!(r.errors > 0);
@@ -204,7 +213,7 @@ async fn serverless_speculative_against_standin() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("apppw", true, true));
-    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)))
+    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)), None)
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
@@ -232,7 +241,7 @@ async fn serverless_sasl_start_with_empty_exchange() {
     let addr = standin.addr().to_string();
     let s = serverless(auth("apppw", false, false));
     workload::setup(&addr, &s).await.expect("setup with auth");
-    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(100)))
+    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(100)), None)
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
@@ -252,7 +261,7 @@ async fn serverless_wrong_password_is_an_error() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("wrong", true, true));
-    let r = workload::run(&addr, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)))
+    let r = workload::run(&addr, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)), None)
         .await
         .expect("run");
     assert_eq!(r.hist.len(), 0);
@@ -272,7 +281,7 @@ async fn steady_authenticates_each_connection_once() {
         ..settings()
     };
     workload::setup(&addr, &s).await.expect("setup with auth");
-    let r = workload::run(&addr, Op::Mix, 3, &s, Arc::new(AtomicI64::new(100)))
+    let r = workload::run(&addr, Op::Mix, 3, &s, Arc::new(AtomicI64::new(100)), None)
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);

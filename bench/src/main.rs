@@ -30,6 +30,19 @@ struct Target {
     addr: String,
 }
 
+fn parse_cpu_pid(s: &str) -> Result<(String, u32), String> {
+    let (name, pid) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=PID, got {s:?}"))?;
+    let pid = pid
+        .parse::<u32>()
+        .map_err(|_| format!("expected NAME=PID, got {s:?}"))?;
+    if name.is_empty() {
+        return Err(format!("expected NAME=PID, got {s:?}"));
+    }
+    Ok((name.to_string(), pid))
+}
+
 fn parse_target(s: &str) -> Result<Target, String> {
     let (name, addr) = s
         .split_once('=')
@@ -54,6 +67,11 @@ struct Cli {
     /// same settings. A target named `direct` is the baseline for "added latency".
     #[arg(long = "target", value_name = "NAME=HOST:PORT", required = true, value_parser = parse_target)]
     targets: Vec<Target>,
+
+    /// NAME=PID: the process behind target NAME, whose CPU time (utime + stime from
+    /// /proc/PID/stat over the measured window) is reported per request; repeatable.
+    #[arg(long = "cpu-pid", value_name = "NAME=PID", value_parser = parse_cpu_pid)]
+    cpu_pids: Vec<(String, u32)>,
 
     /// Concurrent connections (one request in flight each); repeatable or comma list.
     #[arg(long, value_delimiter = ',', default_value = "1")]
@@ -273,7 +291,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             settings.warmup,
             settings.duration
         );
-        let r = workload::run(&t.addr, op, c, &settings, next_id.clone())
+        let cpu_pid = cli
+            .cpu_pids
+            .iter()
+            .find(|(name, _)| *name == t.name)
+            .map(|(_, pid)| *pid);
+        let r = workload::run(&t.addr, op, c, &settings, next_id.clone(), cpu_pid)
             .await
             .with_context(|| format!("target {} ({})", t.name, t.addr))?;
         let row = Row::new(&t.name, &t.addr, settings.scenario, op.name(), c, &r);

@@ -36,6 +36,10 @@ pub struct Row {
     /// Share of operations authenticated speculatively (inside hello).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative_share: Option<f64>,
+    /// CPU time (user + system) of the target's process per measured request, µs
+    /// (`--cpu-pid`): what the process behind the port spent per request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us_per_req: Option<f64>,
 }
 
 impl Row {
@@ -85,8 +89,87 @@ impl Row {
             max_us: if ops > 0 { h.max() } else { 0 },
             errors: r.errors,
             first_error: r.first_error.clone(),
+            cpu_us_per_req: r
+                .cpu
+                .filter(|_| ops > 0)
+                .map(|c| c.as_secs_f64() * 1e6 / ops as f64),
         }
     }
+}
+
+/// The L4 relay CPU per request is compared against.
+pub const RELAY: &str = "haproxy";
+
+/// CPU per request of each target against the relay's, for the same (op, concurrency).
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuVsRelay {
+    pub target: String,
+    pub op: String,
+    pub concurrency: usize,
+    pub cpu_us_per_req: f64,
+    pub relay_cpu_us_per_req: f64,
+    /// `cpu_us_per_req / relay_cpu_us_per_req` (at most 1.0 is the target).
+    pub cpu_ratio: f64,
+    /// ops/s of the target over the relay's.
+    pub ops_ratio: f64,
+}
+
+pub fn cpu_vs_relay(rows: &[Row]) -> Vec<CpuVsRelay> {
+    let mut out = Vec::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.target != RELAY && r.target != BASELINE)
+    {
+        let relay = rows
+            .iter()
+            .find(|b| b.target == RELAY && b.op == r.op && b.concurrency == r.concurrency);
+        let (Some(b), Some(mine)) = (relay, r.cpu_us_per_req) else {
+            continue;
+        };
+        let Some(theirs) = b.cpu_us_per_req.filter(|v| *v > 0.0) else {
+            continue;
+        };
+        out.push(CpuVsRelay {
+            target: r.target.clone(),
+            op: r.op.clone(),
+            concurrency: r.concurrency,
+            cpu_us_per_req: mine,
+            relay_cpu_us_per_req: theirs,
+            cpu_ratio: mine / theirs,
+            ops_ratio: if b.ops_per_sec > 0.0 {
+                r.ops_per_sec / b.ops_per_sec
+            } else {
+                0.0
+            },
+        });
+    }
+    out
+}
+
+const CPU_HEADERS: [&str; 7] = [
+    "target",
+    "op",
+    "conc",
+    "CPU µs/req",
+    "haproxy CPU µs/req",
+    "CPU vs haproxy",
+    "ops/s vs haproxy",
+];
+
+fn cpu_cells(c: &CpuVsRelay) -> Vec<String> {
+    vec![
+        c.target.clone(),
+        c.op.clone(),
+        c.concurrency.to_string(),
+        format!("{:.1}", c.cpu_us_per_req),
+        format!("{:.1}", c.relay_cpu_us_per_req),
+        format!("{:.2}x", c.cpu_ratio),
+        format!("{:.2}x", c.ops_ratio),
+    ]
+}
+
+fn has_cpu(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.cpu_us_per_req.is_some())
 }
 
 /// p50 / p99 of a target minus those of `direct` for the same (op, concurrency).
@@ -154,6 +237,9 @@ fn has_scram(rows: &[Row]) -> bool {
 
 fn headers(rows: &[Row]) -> Vec<&'static str> {
     let mut h = HEADERS.to_vec();
+    if has_cpu(rows) {
+        h.push("CPU µs/req");
+    }
     if has_scram(rows) {
         h.extend(SCRAM_HEADERS);
     }
@@ -162,9 +248,16 @@ fn headers(rows: &[Row]) -> Vec<&'static str> {
 
 fn row_cells(rows: &[Row]) -> Vec<Vec<String>> {
     let scram = has_scram(rows);
+    let cpu = has_cpu(rows);
     rows.iter()
         .map(|r| {
             let mut c = cells(r);
+            if cpu {
+                c.push(
+                    r.cpu_us_per_req
+                        .map_or_else(|| "-".into(), |v| format!("{v:.1}")),
+                );
+            }
             if scram {
                 let na = || "-".to_string();
                 c.push(r.client_scram_p50_us.map_or_else(na, |v| v.to_string()));
@@ -264,6 +357,12 @@ pub fn human(rows: &[Row]) -> String {
         let body: Vec<Vec<String>> = added.iter().map(added_cells).collect();
         out.push_str(&text_table(&ADDED_HEADERS, &body));
     }
+    let cpu = cpu_vs_relay(rows);
+    if !cpu.is_empty() {
+        out.push_str(&format!("\nCPU per request vs `{RELAY}`:\n"));
+        let body: Vec<Vec<String>> = cpu.iter().map(cpu_cells).collect();
+        out.push_str(&text_table(&CPU_HEADERS, &body));
+    }
     let errs: Vec<&Row> = rows.iter().filter(|r| r.first_error.is_some()).collect();
     if !errs.is_empty() {
         out.push_str("\nfirst error per run:\n");
@@ -290,6 +389,15 @@ pub fn markdown(rows: &[Row]) -> String {
         let body: Vec<Vec<String>> = added.iter().map(added_cells).collect();
         out.push_str(&md_table(&ADDED_HEADERS, &body));
     }
+    let cpu = cpu_vs_relay(rows);
+    if !cpu.is_empty() {
+        out.push_str(&format!(
+            "\nCPU time of each process per request (utime + stime from /proc/PID/stat over \
+             the measured window, divided by its requests) vs `{RELAY}`:\n\n"
+        ));
+        let body: Vec<Vec<String>> = cpu.iter().map(cpu_cells).collect();
+        out.push_str(&md_table(&CPU_HEADERS, &body));
+    }
     out
 }
 
@@ -299,11 +407,13 @@ pub fn json(rows: &[Row], settings: serde_json::Value) -> anyhow::Result<String>
         settings: serde_json::Value,
         results: &'a [Row],
         added_latency: Vec<Added>,
+        cpu_vs_relay: Vec<CpuVsRelay>,
     }
     let out = Output {
         settings,
         results: rows,
         added_latency: added_latency(rows),
+        cpu_vs_relay: cpu_vs_relay(rows),
     };
     Ok(serde_json::to_string_pretty(&out)?)
 }

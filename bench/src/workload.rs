@@ -93,6 +93,24 @@ pub struct RunResult {
     /// Successful operations including the warmup's (to relate server-side counters, which
     /// cover the whole run, to operations).
     pub completed: u64,
+    /// CPU time (user + system) the measured process spent during the measured window.
+    pub cpu: Option<Duration>,
+}
+
+/// Clock ticks per second of `/proc/PID/stat` times (USER_HZ: 100 on every mainstream Linux
+/// architecture; the kernel ABI fixes it regardless of CONFIG_HZ).
+const USER_HZ: u64 = 100;
+
+/// utime + stime of process `pid` so far, from `/proc/PID/stat` (fields 14 and 15, counted
+/// after the parenthesised command name, which may hold spaces).
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After ")": state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_micros((utime + stime) * 1_000_000 / USER_HZ))
 }
 
 /// Open a connection the way the settings say: plain `hello`, or the driver-style
@@ -281,6 +299,7 @@ pub async fn run(
     concurrency: usize,
     s: &Settings,
     next_id: Arc<AtomicI64>,
+    cpu_pid: Option<u32>,
 ) -> anyhow::Result<RunResult> {
     if s.scenario == Scenario::Serverless {
         return run_serverless(addr, op, concurrency, s, next_id).await;
@@ -308,6 +327,16 @@ pub async fn run(
     let start = Instant::now() + Duration::from_millis(20);
     let measure_from = start + s.warmup;
     let end = measure_from + s.duration;
+    // The measured process's CPU over exactly the measured window.
+    let cpu = cpu_pid.map(|pid| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from).await;
+            let before = process_cpu(pid);
+            tokio::time::sleep_until(end).await;
+            let after = process_cpu(pid);
+            after.zip(before).map(|(a, b)| a.saturating_sub(b))
+        })
+    });
     let mut tasks = Vec::with_capacity(concurrency);
     for (i, conn) in conns.into_iter().enumerate() {
         let reqs =
@@ -335,6 +364,7 @@ pub async fn run(
         scram_iterations: 0,
         speculative: 0,
         completed: 0,
+        cpu: None,
     };
     for t in tasks {
         let st = t.await.context("connection task panicked")?;
@@ -344,6 +374,9 @@ pub async fn run(
         if total.first_error.is_none() {
             total.first_error = st.first_error;
         }
+    }
+    if let Some(cpu) = cpu {
+        total.cpu = cpu.await.context("cpu sampler panicked")?;
     }
     Ok(total)
 }
@@ -464,6 +497,7 @@ async fn run_serverless(
         scram_iterations: 0,
         speculative: 0,
         completed: 0,
+        cpu: None,
     };
     for t in tasks {
         let st = t.await.context("connection task panicked")?;
