@@ -229,7 +229,9 @@ async fn a_load_balancer_without_load_balanced_in_the_uri_is_refused_clearly() {
         .run_command(doc! {"ping": 1})
         .await
         .expect_err("the load balancer refuses a hello without loadBalanced");
-    let _ = err;
+    assert!(!err.to_string().is_empty());
+    // Nothing got past the refused handshakes.
+    assert_eq!(a.stats().command_count("ping"), 0, "{err}");
     proxy.shutdown().await;
 }
 

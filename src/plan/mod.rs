@@ -498,9 +498,6 @@ impl Worker {
         tokio::spawn(async move { discover.discover_shard_keys().await });
         while let Some(job) = rx.recv().await {
             tick.tick().await;
-            let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                return;
-            };
             let w = this.clone();
             let (key, ns, command) = match job {
                 Job::Explain { key, ns, command } => (key, ns, command),
@@ -509,13 +506,20 @@ impl Worker {
                     coll,
                     not_before,
                 } => {
+                    // The wait for the DDL to run holds no in-flight place.
+                    let in_flight = in_flight.clone();
                     tokio::spawn(async move {
-                        let _permit = permit;
                         tokio::time::sleep_until(not_before).await;
+                        let Ok(_permit) = in_flight.acquire_owned().await else {
+                            return;
+                        };
                         w.count(db, coll).await;
                     });
                     continue;
                 }
+            };
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
             };
             let job = Explained { key, ns, command };
             tokio::spawn(async move {
