@@ -347,7 +347,7 @@ impl ProxyHandle {
         let ctx = &self.ctx;
         let deadline = ctx.config.proxy.drain_timeout;
         info!(active = ctx.stats.active.get(), ?deadline, "draining");
-        ctx.drain.cancel();
+        ctx.start_drain();
         let _ = self.accept.await;
         ctx.tracker.close();
         if tokio::time::timeout(deadline, ctx.tracker.wait())
@@ -358,7 +358,7 @@ impl ProxyHandle {
                 left = ctx.stats.active.get(),
                 "drain deadline passed; closing remaining connections"
             );
-            ctx.kill.cancel();
+            ctx.kill_all();
             // Every await of a session watches the kill token; the bound is a safety net so
             // that shutdown ends whatever a session is stuck in.
             if tokio::time::timeout(KILL_GRACE, ctx.tracker.wait())

@@ -5,7 +5,6 @@
 use std::{sync::Arc, time::Duration};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::CancellationToken;
 
 /// The process-wide budget of client message bytes in flight (buffered large messages and
 /// decompressed messages), in KiB permits.
@@ -46,7 +45,7 @@ impl MemoryBudget {
         &self,
         bytes: usize,
         wait: Duration,
-        kill: &CancellationToken,
+        kill: &super::stop::Stop,
     ) -> Option<BudgetPermit> {
         let n = kib(bytes);
         if n > self.total_kib {
@@ -58,7 +57,7 @@ impl MemoryBudget {
         }
         tokio::select! {
             biased;
-            _ = kill.cancelled() => None,
+            _ = kill.killed() => None,
             p = self.permits.clone().acquire_many_owned(n) => p.ok().map(BudgetPermit),
             _ = tokio::time::sleep(wait) => None,
         }
@@ -67,11 +66,11 @@ impl MemoryBudget {
     /// A slot to decompress on the blocking pool (`None`: shutting down).
     pub(crate) async fn decompressor(
         &self,
-        kill: &CancellationToken,
+        kill: &super::stop::Stop,
     ) -> Option<tokio::sync::SemaphorePermit<'_>> {
         tokio::select! {
             biased;
-            _ = kill.cancelled() => None,
+            _ = kill.killed() => None,
             p = self.decompressors.acquire() => p.ok(),
         }
     }

@@ -12,13 +12,13 @@
 
 use std::{
     future::Future,
+    pin::Pin,
     task::Poll,
     time::{Duration, Instant},
 };
 
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 pub(crate) use super::budget::{BudgetPermit, MemoryBudget};
@@ -90,12 +90,12 @@ pub(crate) enum Incoming {
 pub(crate) async fn bounded_write(
     write: impl Future<Output = std::io::Result<()>>,
     limit: Duration,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
     side: Side,
 ) -> Result<(), SessionError> {
     tokio::select! {
         biased;
-        _ = kill.cancelled() => Err(SessionError::Killed),
+        _ = kill.killed() => Err(SessionError::Killed),
         r = write => r.map_err(|e| match side {
             Side::Client => SessionError::ClientIo(e),
             Side::Upstream => SessionError::UpstreamIo(e),
@@ -120,7 +120,7 @@ pub(crate) async fn send_to_client<W: tokio::io::AsyncWrite + Unpin>(
     out: &mut W,
     bytes: &[u8],
     limit: Duration,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
 ) -> Result<(), SessionError> {
     bounded_write(crate::net::send(out, bytes), limit, kill, Side::Client).await
 }
@@ -136,9 +136,9 @@ enum Step {
 /// Polls `reader` for its next message; arms the `client_read_timeout` timer as soon as any
 /// byte of a message is buffered, and stops early when a large message needs budget.
 async fn poll_message(reader: &mut Reader, read: Duration, paid: bool) -> Step {
-    let started = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(started);
-    let mut armed = false;
+    // Built only when a message is partly in (a sleep costs a runtime handle lookup even
+    // unpolled, and most messages arrive whole).
+    let mut started: Option<Pin<Box<tokio::time::Sleep>>> = None;
     std::future::poll_fn(|cx| {
         if let Poll::Ready(next) = reader.poll_next_unpin(cx) {
             return Poll::Ready(Step::Next(next));
@@ -151,12 +151,13 @@ async fn poll_message(reader: &mut Reader, read: Duration, paid: bool) -> Step {
                 }
             }
         }
-        if !armed && !read.is_zero() && !buffered.is_empty() {
-            started.as_mut().reset(tokio::time::Instant::now() + read);
-            armed = true;
+        if started.is_none() && !read.is_zero() && !buffered.is_empty() {
+            started = Some(Box::pin(tokio::time::sleep(read)));
         }
-        if armed && started.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Step::ReadTimeout);
+        if let Some(timer) = started.as_mut() {
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Step::ReadTimeout);
+            }
         }
         Poll::Pending
     })
@@ -171,8 +172,8 @@ pub(crate) const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_mi
 
 /// Completes [`DRAIN_GRACE`] after the drain started (`grace` keeps the deadline across the
 /// loop's turns).
-async fn drain_grace(drain: &CancellationToken, grace: &mut Option<tokio::time::Instant>) {
-    drain.cancelled().await;
+async fn drain_grace(stop: &super::stop::Stop, grace: &mut Option<tokio::time::Instant>) {
+    stop.draining().await;
     let deadline = *grace.get_or_insert_with(|| tokio::time::Instant::now() + DRAIN_GRACE);
     tokio::time::sleep_until(deadline).await;
 }
@@ -184,15 +185,14 @@ async fn drain_grace(drain: &CancellationToken, grace: &mut Option<tokio::time::
 /// upstream) completes first.
 pub(crate) async fn wait_for_request(
     client_in: &mut Reader,
-    drain: &CancellationToken,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
+    idle_timer: &mut super::timer::LazyTimer,
     limits: Limits,
     budget: &MemoryBudget,
     failure: impl Future<Output = SessionError>,
 ) -> Result<Incoming, SessionError> {
     tokio::pin!(failure);
-    let idle_timer = sleep_unless_zero(limits.idle);
-    tokio::pin!(idle_timer);
+    idle_timer.arm(limits.idle);
     let mut permit = None;
     let mut grace = None;
     loop {
@@ -202,9 +202,9 @@ pub(crate) async fn wait_for_request(
         // could not tell whether it ran). Only a connection with nothing sent ends here.
         let step = tokio::select! {
             biased;
-            _ = kill.cancelled() => return Err(SessionError::Killed),
+            _ = kill.killed() => return Err(SessionError::Killed),
             step = poll_message(client_in, limits.read, permit.is_some()) => step,
-            _ = drain_grace(drain, &mut grace), if !message_started => {
+            _ = drain_grace(kill, &mut grace), if !message_started => {
                 if client_in.read_buffer().is_empty() {
                     return Ok(Incoming::End(End::Drained));
                 }
@@ -212,7 +212,7 @@ pub(crate) async fn wait_for_request(
                 continue;
             }
             e = &mut failure => return Err(e),
-            _ = &mut idle_timer, if !message_started => {
+            _ = idle_timer.expired(), if !message_started => {
                 debug!(timeout = ?limits.idle, "closing idle client connection");
                 return Ok(Incoming::End(End::Idle));
             }
@@ -227,7 +227,7 @@ pub(crate) async fn wait_for_request(
             }
             Step::NeedsBudget(len) => match budget.take(len, limits.budget_wait, kill).await {
                 Some(p) => permit = Some(p),
-                None if kill.is_cancelled() => return Err(SessionError::Killed),
+                None if kill.is_killed() => return Err(SessionError::Killed),
                 None => return discard_over_budget(client_in, len, limits.read).await,
             },
         }
@@ -335,7 +335,7 @@ pub(crate) async fn receive(
     out: &mut crate::net::ClientWrite,
     incoming: Incoming,
     limits: Limits,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
 ) -> Result<Next, SessionError> {
     let (frame, permit) = match incoming {
         // A large message that arrived whole in one read (or was pipelined during a relay)
@@ -347,7 +347,7 @@ pub(crate) async fn receive(
                 .await
             {
                 Some(p) => (f, Some(p)),
-                None if kill.is_cancelled() => return Err(SessionError::Killed),
+                None if kill.is_killed() => return Err(SessionError::Killed),
                 None => {
                     refuse_unpaid(ctx, out, &f, limits, kill).await?;
                     return Ok(Next::Refused);
@@ -396,7 +396,7 @@ async fn refuse_unpaid(
     out: &mut crate::net::ClientWrite,
     f: &Frame,
     limits: Limits,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
 ) -> Result<(), SessionError> {
     let header = f.header();
     let op = OpCode::from_i32(header.op_code).unwrap_or(OpCode::Msg);
@@ -447,7 +447,7 @@ async fn refuse_over_budget(
     op: OpCode,
     request_id: i32,
     limits: Limits,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
 ) -> Result<(), SessionError> {
     let doc = over_budget_document();
     send_own_reply(ctx, out, op, request_id, &doc, limits.write, kill).await
@@ -462,7 +462,7 @@ pub(crate) async fn send_own_reply(
     request_id: i32,
     doc: &bson::RawDocument,
     limit: Duration,
-    kill: &CancellationToken,
+    kill: &super::stop::Stop,
 ) -> Result<(), SessionError> {
     let our_id = ctx.request_ids.next();
     match crate::wire::builder::reply_for(op, request_id, our_id, doc) {

@@ -6,7 +6,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
         Arc, Mutex, PoisonError,
     },
     time::{Duration, SystemTime},
@@ -24,6 +24,9 @@ pub struct Control {
     per_app: Mutex<HashMap<String, usize>>,
     per_user: Mutex<HashMap<String, usize>>,
     per_network: Mutex<HashMap<String, usize>>,
+    /// What [`Control::fire_all`] fired (drain, kill): a connection registered later starts
+    /// with it.
+    fired: AtomicU8,
 }
 
 /// Which limit a connection counts against.
@@ -44,7 +47,11 @@ pub struct Connection {
     /// When it was accepted.
     pub opened: SystemTime,
     /// Cancelled to close it (the operator's kill, or the proxy's own at the drain deadline).
+    /// Waited on off the session task; the session itself waits on `stop`. Both are set by
+    /// [`Connection::kill`] and [`Control::fire_all`].
     pub kill: CancellationToken,
+    /// The session task's lock-free view of the kill and of the proxy's drain.
+    pub(crate) stop: super::stop::Stop,
     /// Requests read from it.
     pub requests: AtomicU64,
     /// A request of it is being served now.
@@ -166,6 +173,7 @@ impl Default for Control {
             per_app: Mutex::default(),
             per_user: Mutex::default(),
             per_network: Mutex::default(),
+            fired: AtomicU8::new(0),
         }
     }
 }
@@ -178,15 +186,25 @@ impl Control {
             peer,
             opened: SystemTime::now(),
             kill: parent.child_token(),
+            stop: super::stop::Stop::default(),
             requests: AtomicU64::new(0),
             active: AtomicBool::new(false),
             who: Mutex::default(),
             claims: Mutex::default(),
         });
-        self.connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(connection.id, connection.clone());
+        {
+            let mut all = self
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            // Under the lock `fire_all` holds: either it sees this connection or this sees
+            // what it fired.
+            let fired = self.fired.load(Ordering::SeqCst);
+            if fired != 0 {
+                connection.stop.fire(fired);
+            }
+            all.insert(connection.id, connection.clone());
+        }
         Registered {
             control: self.clone(),
             connection,
@@ -205,10 +223,24 @@ impl Control {
             .cloned();
         match found {
             Some(c) => {
-                c.kill.cancel();
+                c.kill();
                 true
             }
             None => false,
+        }
+    }
+
+    /// Fires `bits` ([`super::stop::DRAIN`], [`super::stop::KILL`]) on every live connection
+    /// and on every one registered from now on (the proxy's drain and its drain deadline; the
+    /// caller cancels the proxy's own tokens too).
+    pub(crate) fn fire_all(&self, bits: u8) {
+        let all = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.fired.fetch_or(bits, Ordering::SeqCst);
+        for c in all.values() {
+            c.stop.fire(bits);
         }
     }
 
@@ -338,6 +370,12 @@ impl Control {
 }
 
 impl Connection {
+    /// Closes this connection: its session ends at its next await.
+    pub fn kill(&self) {
+        self.kill.cancel();
+        self.stop.fire(super::stop::KILL);
+    }
+
     /// Records the handshake's application and driver.
     pub fn set_client(&self, app: Option<&str>, driver: Option<&str>) {
         let mut who = self.who.lock().unwrap_or_else(PoisonError::into_inner);

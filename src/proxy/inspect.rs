@@ -100,7 +100,7 @@ pub(crate) async fn decompress_off_thread(
     max_message_size: usize,
     budget: &super::client_io::MemoryBudget,
     wait: std::time::Duration,
-    kill: &tokio_util::sync::CancellationToken,
+    kill: &super::stop::Stop,
 ) -> Result<Decompressed, WireError> {
     if frame.op_code() != Some(OpCode::Compressed) {
         return Ok(Decompressed::Plain);

@@ -23,8 +23,10 @@ mod pooled;
 pub(crate) mod refuse;
 pub(crate) mod routing;
 pub(crate) mod session;
+mod stop;
 mod strategy;
 pub(crate) mod time_limit;
+mod timer;
 
 use std::{
     net::SocketAddr,
@@ -185,6 +187,21 @@ impl Context {
             plan,
             allowlist: Arc::new(crate::allowlist::Allowlist::off()),
         }
+    }
+}
+
+impl Context {
+    /// Starts the drain: the listener stops accepting, idle sessions end, in-flight requests
+    /// finish.
+    pub(crate) fn start_drain(&self) {
+        self.drain.cancel();
+        self.control.fire_all(stop::DRAIN);
+    }
+
+    /// The drain deadline: every session ends at its next await.
+    pub(crate) fn kill_all(&self) {
+        self.kill.cancel();
+        self.control.fire_all(stop::KILL | stop::DRAIN);
     }
 }
 

@@ -49,7 +49,7 @@ impl PooledSide {
                 client.reply(request, &doc).await?;
                 if refused.is_some() {
                     // Answered, then closed at the session's next wait; never bound.
-                    client.conn.kill.cancel();
+                    client.conn.kill();
                     return Ok(true);
                 }
                 self.after_auth_step(client, &doc, class);

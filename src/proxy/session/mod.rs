@@ -58,12 +58,16 @@ pub(crate) struct Client {
     pub out: ClientWrite,
     pub peer: SocketAddr,
     pub limits: Limits,
-    /// Per-session children of the proxy's shutdown tokens: waiting on the shared tokens
-    /// would take their one mutex twice per request in every session.
-    pub drain: CancellationToken,
-    /// The connection's own kill token (a child of the proxy's: an operator's kill of this
-    /// one connection, or the drain deadline).
+    /// The connection's kill and the proxy's drain, as this session task waits on them at
+    /// every await (lock-free; see [`super::stop`]).
+    pub stop: super::stop::Stop,
+    /// The connection's kill token (a child of the proxy's: an operator's kill of this one
+    /// connection, or the drain deadline), for waits that take a `CancellationToken`.
     pub kill: CancellationToken,
+    /// The idle timeout between requests and the reply timeout, re-armed per request
+    /// without a timer registration each (see [`super::timer`]).
+    pub idle_timer: super::timer::LazyTimer,
+    pub reply_timer: super::timer::LazyTimer,
     /// The connection as the operator sees it (`/connections`).
     pub conn: Arc<crate::proxy::control::Connection>,
     /// A request the client sent while its previous one was still in flight.
@@ -84,7 +88,7 @@ impl Client {
             return Ok(());
         }
         let (op, id, limit) = (request.op, request.request_id, self.limits.write);
-        send_own_reply(&self.ctx, &mut self.out, op, id, doc, limit, &self.kill).await
+        send_own_reply(&self.ctx, &mut self.out, op, id, doc, limit, &self.stop).await
     }
 }
 
@@ -159,8 +163,10 @@ pub(crate) async fn run<S: Strategy>(
             out: write,
             peer,
             limits: Limits::from_config(&ctx.config.proxy),
-            drain: ctx.drain.child_token(),
+            stop: conn.stop.clone(),
             kill: conn.kill.clone(),
+            idle_timer: super::timer::LazyTimer::new(),
+            reply_timer: super::timer::LazyTimer::new(),
             conn,
             pending: None,
             gone: false,
@@ -191,7 +197,7 @@ impl<S: Strategy> Session<S> {
             };
             let started = self.obs.begin();
             let c = &mut self.client;
-            let received = match receive(&self.ctx, &mut c.out, incoming, c.limits, &c.kill).await?
+            let received = match receive(&self.ctx, &mut c.out, incoming, c.limits, &c.stop).await?
             {
                 Next::Request(r) => r,
                 Next::Refused => continue,
@@ -211,7 +217,7 @@ impl<S: Strategy> Session<S> {
                     // Answered, then closed: the connection's own kill ends the session at
                     // its next wait.
                     self.client.reply(&request, &refusal).await?;
-                    self.client.conn.kill.cancel();
+                    self.client.conn.kill();
                     continue;
                 }
             }
@@ -300,8 +306,8 @@ impl<S: Strategy> Session<S> {
         let watch = self.strategy.idle_watch();
         wait_for_request(
             &mut c.input,
-            &c.drain,
-            &c.kill,
+            &c.stop,
+            &mut c.idle_timer,
             c.limits,
             &self.ctx.budget,
             watch,
@@ -430,7 +436,7 @@ impl<S: Strategy> Session<S> {
             };
             if request.expects_reply {
                 let c = &mut self.client;
-                send_to_client(&mut c.out, reply.bytes(), c.limits.write, &c.kill).await?;
+                send_to_client(&mut c.out, reply.bytes(), c.limits.write, &c.stop).await?;
             }
             return end.map_or(Ok(None), Err);
         }
