@@ -15,6 +15,7 @@
 pub mod clients;
 pub mod commands;
 pub mod labels;
+pub mod latency;
 mod scrape;
 pub mod shapes;
 pub mod violations;
@@ -120,8 +121,8 @@ pub struct Metrics {
     requests: Vec<Counter>,
     requests_by_app: Family<AppLabel, Counter>,
     violations_total: Family<ViolationLabels, Counter>,
-    roundtrip: Histogram,
-    processing: Histogram,
+    roundtrip: latency::LatencyHistogram,
+    processing: latency::LatencyHistogram,
     tls_handshake_failures: Counter,
     /// Blast-radius measurements: `[answered, failed]`.
     measurements: [Counter; 2],
@@ -201,13 +202,13 @@ impl Metrics {
             "Policy violations by rule, action and mode",
             violations_total.clone(),
         );
-        let roundtrip = Histogram::new(latency_buckets());
+        let roundtrip = latency::LatencyHistogram::default();
         registry.register(
             "mongoguard_upstream_roundtrip_seconds",
             "Time from sending a request upstream to relaying its last reply",
             roundtrip.clone(),
         );
-        let processing = Histogram::new(latency_buckets());
+        let processing = latency::LatencyHistogram::default();
         registry.register(
             "mongoguard_processing_seconds",
             "mongoguard's own time per request: parse, policy and bookkeeping",
@@ -327,12 +328,12 @@ impl Metrics {
 
     /// Records mongoguard's own time for one request.
     pub fn observe_processing(&self, d: Duration) {
-        self.processing.observe(d.as_secs_f64());
+        self.processing.observe(d);
     }
 
     /// Records one upstream round trip.
     pub fn observe_roundtrip(&self, d: Duration) {
-        self.roundtrip.observe(d.as_secs_f64());
+        self.roundtrip.observe(d);
     }
 
     /// Counts a violation and keeps it for `/violations`.
