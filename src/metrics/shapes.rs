@@ -8,6 +8,7 @@
 //! distinct, update, delete, findAndModify, aggregate's first filtering stage), and only
 //! their first filter.
 
+use crate::wire::GetFast;
 use std::{
     collections::HashMap,
     ops::ControlFlow,
@@ -149,14 +150,14 @@ fn sort_and_projection<'a>(
         Kind::FindAndModify => (doc("sort"), doc("fields")),
         Kind::Aggregate => {
             let (mut sort, mut project) = (None, None);
-            if let Ok(Some(RawBsonRef::Array(stages))) = body.get("pipeline") {
+            if let Ok(Some(RawBsonRef::Array(stages))) = body.get_fast("pipeline") {
                 for stage in stages.into_iter().flatten() {
                     if let RawBsonRef::Document(st) = stage {
-                        match st.get("$sort") {
+                        match st.get_fast("$sort") {
                             Ok(Some(RawBsonRef::Document(d))) if sort.is_none() => sort = Some(d),
                             _ => {}
                         }
-                        match st.get("$project") {
+                        match st.get_fast("$project") {
                             Ok(Some(RawBsonRef::Document(d))) if project.is_none() => {
                                 project = Some(d)
                             }
@@ -239,26 +240,49 @@ struct Inner {
     tick: u64,
 }
 
-/// The LRU-capped table.
+/// The LRU-capped table, in shards: every forwarded request records into it, and one mutex
+/// for the whole table was taken by every request of every session (contended across the
+/// runtime's worker threads), with a full scan of the table to evict. A request takes only
+/// its shape's shard, and an eviction scans one shard. The LRU is per shard (an
+/// approximation of a global one: a shard evicts its least recently used shape while
+/// another may hold an older one); the total stays within the capacity.
 #[derive(Debug)]
 pub struct ShapeTable {
-    capacity: usize,
-    inner: Mutex<Inner>,
+    /// Shapes per shard (the capacity divided among the shards).
+    shard_capacity: usize,
+    shards: Box<[Mutex<Inner>]>,
 }
+
+/// Shards of a table of at least [`SHARD_FROM`] shapes (a power of two).
+const SHARDS: usize = 16;
+/// Smaller tables keep one shard (an exact LRU).
+const SHARD_FROM: usize = 16 * SHARDS;
 
 impl ShapeTable {
     /// Keeps at most `capacity` shapes.
     pub fn new(capacity: usize) -> Self {
+        let n = if capacity >= SHARD_FROM { SHARDS } else { 1 };
         ShapeTable {
-            capacity,
-            inner: Mutex::new(Inner::default()),
+            shard_capacity: capacity / n,
+            shards: (0..n).map(|_| Mutex::new(Inner::default())).collect(),
         }
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<Inner> {
+        // FNV's low bits are weak alone: fold the high ones in.
+        let i = ((key ^ (key >> 29) ^ (key >> 47)) as usize) & (self.shards.len() - 1);
+        &self.shards[i]
+    }
+
+    fn locked(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+        m.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Forgets every shape (`POST /stats/reset`).
     pub fn clear(&self) {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.map.clear();
+        for m in self.shards.iter() {
+            Self::locked(m).map.clear();
+        }
     }
 
     /// Counts one request of the shape captured in `s` (nothing when none was captured).
@@ -266,11 +290,11 @@ impl ShapeTable {
         if !s.active {
             return;
         }
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = Self::locked(self.shard(s.key));
         inner.tick += 1;
         let tick = inner.tick;
-        if !inner.map.contains_key(&s.key) && inner.map.len() >= self.capacity {
-            // O(capacity), only when a new shape arrives at a full table.
+        if !inner.map.contains_key(&s.key) && inner.map.len() >= self.shard_capacity {
+            // O(shard capacity), only when a new shape arrives at a full shard.
             if let Some(old) = inner
                 .map
                 .iter()
@@ -279,6 +303,9 @@ impl ShapeTable {
             {
                 inner.map.remove(&old);
             }
+        }
+        if self.shard_capacity == 0 {
+            return;
         }
         let e = inner.map.entry(s.key).or_insert_with(|| Entry {
             namespace: s.ns.clone(),
@@ -310,8 +337,10 @@ impl ShapeTable {
 
     /// The top `limit` rows by `sort`.
     pub fn rows(&self, sort: ShapeSort, limit: usize) -> Vec<ShapeRow> {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut entries: Vec<&Entry> = inner.map.values().collect();
+        // All shards at once, as the single table was: a consistent view, and only the
+        // rows returned are built.
+        let guards: Vec<_> = self.shards.iter().map(|m| Self::locked(m)).collect();
+        let mut entries: Vec<&Entry> = guards.iter().flat_map(|g| g.map.values()).collect();
         match sort {
             ShapeSort::Time => entries.sort_by_key(|e| std::cmp::Reverse(e.total_time_us)),
             ShapeSort::Count => entries.sort_by_key(|e| std::cmp::Reverse(e.count)),
@@ -342,11 +371,7 @@ impl ShapeTable {
 
     /// Shapes held now.
     pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .map
-            .len()
+        self.shards.iter().map(|m| Self::locked(m).map.len()).sum()
     }
 
     /// True when no shape is held.
@@ -392,6 +417,29 @@ mod tests {
             .map(|r| r.namespace)
             .collect();
         assert_eq!(names, ["db.a", "db.c"], "b was least recently used");
+    }
+
+    #[test]
+    fn a_sharded_table_stays_within_its_capacity_and_keeps_hot_shapes() {
+        let t = ShapeTable::new(SHARD_FROM);
+        assert_eq!(t.shards.len(), SHARDS);
+        let hot = scratch("hot", rawdoc! {});
+        for i in 0..(SHARD_FROM * 4) {
+            t.record(&scratch(&format!("c{i}"), rawdoc! {}), 1, false);
+            // Recorded between every new shape: never its shard's least recently used.
+            t.record(&hot, 1, false);
+        }
+        assert!(t.len() <= SHARD_FROM, "{} shapes", t.len());
+        assert!(
+            t.len() >= SHARD_FROM / 2,
+            "shards fill up: {} shapes",
+            t.len()
+        );
+        let rows = t.rows(ShapeSort::Count, 1);
+        assert_eq!(rows[0].namespace, "db.hot");
+        assert_eq!(rows[0].count, (SHARD_FROM * 4) as u64);
+        t.clear();
+        assert!(t.is_empty());
     }
 
     #[test]
