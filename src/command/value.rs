@@ -20,7 +20,7 @@ pub(crate) fn get<'a>(
     doc: &'a RawDocument,
     key: &str,
 ) -> Result<Option<RawBsonRef<'a>>, CommandError> {
-    doc.get(key).map_err(|_| CommandError::Malformed)
+    crate::wire::GetFast::get_fast(doc, key).map_err(|_| CommandError::Malformed)
 }
 
 /// A document field; wrong type is an error.

@@ -263,10 +263,12 @@ impl<'a> CommandView<'a> {
                 coll: Some(coll),
             };
         }
-        let coll = self.body().and_then(|b| match b.get(self.name) {
-            Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
-            _ => None,
-        });
+        let coll = self
+            .body()
+            .and_then(|b| match crate::wire::GetFast::get_fast(b, self.name) {
+                Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
+                _ => None,
+            });
         match (self.kind, coll) {
             // These name a full "db.coll" namespace and run on admin.
             (Kind::RenameCollection | Kind::ShardCollection, Some(full)) => {

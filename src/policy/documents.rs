@@ -30,6 +30,7 @@
 //!   `local`, `config` and `system.*` are skipped; a database-level target is judged on the
 //!   database name alone.
 
+use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
 use bson::{
@@ -134,7 +135,7 @@ fn judge(doc: &RawDocument, limits: Limits) -> Result<Found, CommandError> {
         ..Found::default()
     };
     if limits.random_id {
-        found.random_id = match doc.get("_id").map_err(|_| CommandError::Malformed)? {
+        found.random_id = match doc.get_fast("_id").map_err(|_| CommandError::Malformed)? {
             Some(RawBsonRef::String(_)) => true,
             Some(RawBsonRef::Binary(b)) => {
                 matches!(b.subtype, BinarySubtype::Uuid | BinarySubtype::UuidOld)

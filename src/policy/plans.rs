@@ -10,6 +10,7 @@
 //! does not pin the shard key's first field with equality or `$in` (mongos then asks every
 //! shard). Each statement of a write is judged; an aggregation by its first `$match`.
 
+use crate::wire::GetFast;
 use bson::{RawBsonRef, RawDocument};
 
 use super::{
@@ -109,12 +110,12 @@ fn targets(filter: &RawDocument, field: &str, depth: usize) -> bool {
             if !operators {
                 return true;
             }
-            matches!(d.get("$eq"), Ok(Some(_)))
-                || matches!(d.get("$in"), Ok(Some(RawBsonRef::Array(_))))
+            matches!(d.get_fast("$eq"), Ok(Some(_)))
+                || matches!(d.get_fast("$in"), Ok(Some(RawBsonRef::Array(_))))
         }
         Ok(Some(RawBsonRef::RegularExpression(_))) => false,
         Ok(Some(_)) => true,
-        _ => match filter.get("$and") {
+        _ => match filter.get_fast("$and") {
             Ok(Some(RawBsonRef::Array(branches))) => branches
                 .into_iter()
                 .flatten()

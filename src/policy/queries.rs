@@ -28,6 +28,7 @@
 //! - A walk that reports nesting beyond what the walker follows, or an element it cannot
 //!   read, is an error: the engine refuses the command (G001).
 
+use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
 use bson::{RawBsonRef, RawDocument};
@@ -251,7 +252,7 @@ fn projection_has_javascript(projection: RawBsonRef<'_>) -> Result<bool, Command
         let elem = elem.map_err(|_| CommandError::Malformed)?;
         let value = elem.value().map_err(|_| CommandError::Malformed)?;
         let hit = match value {
-            RawBsonRef::Document(spec) => match spec.get("$elemMatch") {
+            RawBsonRef::Document(spec) => match spec.get_fast("$elemMatch") {
                 Ok(Some(RawBsonRef::Document(filter))) => {
                     has_javascript(|v| walk_filter(filter, v))?
                 }

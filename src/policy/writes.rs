@@ -1,5 +1,6 @@
 //! W001–W012: what writes do.
 
+use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
 use bson::{RawBsonRef, RawDocument};
@@ -179,7 +180,7 @@ fn verdict_of<'a>(
 
 /// `$push: {field: v}` where `v` is not `{$each: [...], $slice: n}`.
 fn unbounded_push(ops: &RawDocument) -> Result<bool, CommandError> {
-    let push = match ops.get("$push") {
+    let push = match ops.get_fast("$push") {
         Ok(Some(RawBsonRef::Document(d))) => d,
         Ok(_) => return Ok(false),
         Err(_) => return Err(CommandError::Malformed),
@@ -187,7 +188,7 @@ fn unbounded_push(ops: &RawDocument) -> Result<bool, CommandError> {
     for field in push.iter_elements() {
         let field = field.map_err(|_| CommandError::Malformed)?;
         let bounded = match field.value().map_err(|_| CommandError::Malformed)? {
-            RawBsonRef::Document(spec) => spec.get("$slice").ok().flatten().is_some(),
+            RawBsonRef::Document(spec) => spec.get_fast("$slice").ok().flatten().is_some(),
             _ => false,
         };
         if !bounded {
@@ -231,7 +232,7 @@ fn write_concern<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result
     if journal_off(wc)? {
         em.emit(RuleId::W006, None, None);
     }
-    if let Ok(Some(w)) = wc.get("w") {
+    if let Ok(Some(w)) = wc.get_fast("w") {
         if number(w) == Some(0.0) && !NO_USER_DATA.contains(&view.name()) {
             em.emit(RuleId::W007, None, None);
         }
@@ -244,7 +245,7 @@ const NO_USER_DATA: &[&str] = &["endSessions"];
 
 /// `j` given and falsy (false, any numeric zero); null and undefined are absent.
 fn journal_off(wc: &RawDocument) -> Result<bool, CommandError> {
-    match wc.get("j") {
+    match wc.get_fast("j") {
         Ok(Some(RawBsonRef::Null | RawBsonRef::Undefined)) | Ok(None) => Ok(false),
         Ok(Some(j)) => Ok(truthy(j) == Some(false)),
         Err(_) => Err(CommandError::Malformed),

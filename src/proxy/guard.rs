@@ -1,6 +1,7 @@
 //! Enforcement: evaluate each client command against the policy in force, record every
 //! violation, and decide whether the command is forwarded or answered by mongoguard.
 
+use crate::wire::GetFast;
 use std::{net::SocketAddr, time::SystemTime};
 
 use bson::RawDocumentBuf;
@@ -227,7 +228,7 @@ fn indexes_created(ctx: &Context, view: &CommandView<'_>) {
     if view.kind() != crate::command::Kind::CreateIndexes || view.is_explain() {
         return;
     }
-    let specs = match view.body().map(|b| b.get("indexes")) {
+    let specs = match view.body().map(|b| b.get_fast("indexes")) {
         Some(Ok(Some(bson::RawBsonRef::Array(a)))) => a.into_iter().count(),
         _ => return,
     };
@@ -239,12 +240,15 @@ fn indexes_created(ctx: &Context, view: &CommandView<'_>) {
 /// that is part of a multi-document transaction (`autocommit: false`), else `None`.
 fn abort_transaction(body: &bson::RawDocument) -> Option<RawDocumentBuf> {
     use bson::RawBsonRef;
-    let in_txn = matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false))));
+    let in_txn = matches!(
+        body.get_fast("autocommit"),
+        Ok(Some(RawBsonRef::Boolean(false)))
+    );
     if !in_txn {
         return None;
     }
-    let lsid = body.get("lsid").ok()??;
-    let txn = body.get("txnNumber").ok()??;
+    let lsid = body.get_fast("lsid").ok()??;
+    let txn = body.get_fast("txnNumber").ok()??;
     let mut cmd = RawDocumentBuf::new();
     cmd.append(bson::cstr!("abortTransaction"), 1);
     cmd.append(bson::cstr!("lsid"), lsid);

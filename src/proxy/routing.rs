@@ -1,6 +1,7 @@
 //! Pooled mode: what decides where a client request goes, read off the (decompressed)
 //! message: the command's class, its read preference, its transaction and its cursor.
 
+use crate::wire::GetFast;
 use bson::{RawBsonRef, RawDocument};
 
 use crate::{
@@ -103,7 +104,7 @@ type ParsedPref = Result<(ReadPref, Option<Box<ReadFilter>>), ReadPrefError>;
 
 /// The `$readPreference` of `doc`, parsed as mongod does; `None` when absent.
 fn read_pref(doc: &RawDocument) -> Option<ParsedPref> {
-    match doc.get("$readPreference") {
+    match doc.get_fast("$readPreference") {
         Ok(None) => None,
         Ok(Some(RawBsonRef::Document(rp))) => Some(parse_read_preference(rp)),
         Ok(Some(_)) | Err(_) => Some(Err(ReadPrefError {
@@ -129,9 +130,9 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
         }
         Some(Err(e)) => r.read_pref_error = Some(Box::new(e)),
     }
-    let lsid = match body.get("lsid") {
+    let lsid = match body.get_fast("lsid") {
         Ok(None) => None,
-        Ok(Some(RawBsonRef::Document(l))) => match l.get("id") {
+        Ok(Some(RawBsonRef::Document(l))) => match l.get_fast("id") {
             Ok(Some(RawBsonRef::Binary(b)))
                 if b.subtype == bson::spec::BinarySubtype::Uuid && b.bytes.len() == 16 =>
             {
@@ -147,13 +148,16 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
             None
         }
     };
-    if matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false)))) {
+    if matches!(
+        body.get_fast("autocommit"),
+        Ok(Some(RawBsonRef::Boolean(false)))
+    ) {
         let lsid = lsid.map(<[u8]>::to_vec);
-        let txn_number = body.get("txnNumber").ok().flatten().and_then(int64);
+        let txn_number = body.get_fast("txnNumber").ok().flatten().and_then(int64);
         if let (Some(lsid), Some(txn_number)) = (lsid, txn_number) {
             r.txn = Some(TxnKey { lsid, txn_number });
             r.starts_txn = matches!(
-                body.get("startTransaction"),
+                body.get_fast("startTransaction"),
                 Ok(Some(RawBsonRef::Boolean(true)))
             );
         }
@@ -161,11 +165,11 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
     r.ends_txn = matches!(name, "commitTransaction" | "abortTransaction");
     match name {
         "getMore" => {
-            let id = body.get("getMore").ok().flatten().and_then(int64);
+            let id = body.get_fast("getMore").ok().flatten().and_then(int64);
             r.cursor = id;
         }
         "killCursors" => {
-            let first = match body.get("cursors") {
+            let first = match body.get_fast("cursors") {
                 Ok(Some(RawBsonRef::Array(a))) => a.into_iter().flatten().find_map(int64),
                 _ => None,
             };
@@ -268,8 +272,14 @@ impl ReplyFacts {
             },
             _ => return unknown,
         };
+        ReplyFacts::from_body(body, legacy_cursor)
+    }
+
+    /// The facts of a reply whose (first) document is `body`; `legacy_cursor`: an OP_REPLY's
+    /// cursor id.
+    pub(crate) fn from_body(body: &RawDocument, legacy_cursor: Option<i64>) -> ReplyFacts {
         let error = says_not_ok(body);
-        let code = match body.get("code") {
+        let code = match body.get_fast("code") {
             Ok(Some(RawBsonRef::Int32(c))) if error => Some(c),
             _ => None,
         };
@@ -288,10 +298,10 @@ impl ReplyFacts {
 
 /// `cursor: {id, ns}` of a command reply.
 fn command_cursor(body: &RawDocument) -> CursorReply {
-    let Ok(Some(RawBsonRef::Document(c))) = body.get("cursor") else {
+    let Ok(Some(RawBsonRef::Document(c))) = body.get_fast("cursor") else {
         return CursorReply::None;
     };
-    match c.get("id").ok().flatten().and_then(int64) {
+    match c.get_fast("id").ok().flatten().and_then(int64) {
         Some(0) => CursorReply::Closed,
         Some(id) => CursorReply::Open(id),
         None => CursorReply::None,
@@ -300,7 +310,7 @@ fn command_cursor(body: &RawDocument) -> CursorReply {
 
 /// `ok` is 0 (or false).
 fn says_not_ok(doc: &RawDocument) -> bool {
-    match doc.get("ok") {
+    match doc.get_fast("ok") {
         Ok(Some(RawBsonRef::Double(v))) => v == 0.0,
         Ok(Some(RawBsonRef::Int32(v))) => v == 0,
         Ok(Some(RawBsonRef::Int64(v))) => v == 0,

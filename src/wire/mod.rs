@@ -21,6 +21,7 @@ macro_rules! debug_fields {
 }
 pub(crate) use debug_fields;
 
+mod bson_scan;
 mod bson_util;
 pub mod builder;
 pub mod codec;
@@ -35,6 +36,7 @@ mod op_reply;
 mod prop_tests;
 mod reader;
 
+pub(crate) use bson_scan::GetFast;
 pub use bson_util::{check_duplicate_keys, first_key};
 pub use codec::MessageCodec;
 pub use compression::{Compressor, OpCompressed};

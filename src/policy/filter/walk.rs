@@ -16,6 +16,7 @@
 //! aggregation expressions they are the `$field` argument without its `$` when there is one,
 //! else `""`.
 
+use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
 use bson::{RawArray, RawBsonRef, RawDocument, RawRegexRef};
@@ -188,7 +189,7 @@ fn operators<'a>(
     if depth > MAX_DEPTH {
         return v.visit(Event::TooDeep);
     }
-    let options = match ops.get("$options") {
+    let options = match ops.get_fast("$options") {
         Ok(Some(RawBsonRef::String(s))) => s,
         Ok(None) => "",
         _ => {

@@ -1,0 +1,241 @@
+//! A key lookup over a borrowed BSON document that costs what it must.
+//!
+//! `RawDocument::get` walks the document from its start through `RawIter`, which checks every
+//! key it passes as UTF-8 and builds each element; a command is looked up a dozen times per
+//! request (the command name, `$db`, `writeConcern`, the filter, `ok` and `cursor` of the
+//! reply...), so that walk was the largest part of mongoguard's own CPU per request
+//! (docs/performance.md). [`get`] walks the same bytes comparing key bytes, checks a key it
+//! passes as UTF-8 only when it is not ASCII, and builds only the value it returns.
+//!
+//! It answers exactly what `RawDocument::get` answers. Whatever it does not handle itself —
+//! a malformed document, a non-UTF-8 key, a value type other than the common ones below — it
+//! hands to `RawDocument::get`, which then gives its own answer (the value or the error).
+//! `tests::agrees_with_the_bson_crate` checks this on generated and corrupted documents.
+
+use bson::{RawBsonRef, RawDocument};
+
+/// The length of the value of element type `tag` that starts at `v`; `None` when it does not
+/// fit or the type is not one this scan skips (then the caller falls back).
+fn value_len(tag: u8, v: &[u8]) -> Option<usize> {
+    let i32_at = |b: &[u8]| -> Option<usize> {
+        let n = i32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+        usize::try_from(n).ok()
+    };
+    let len = match tag {
+        0x01 | 0x09 | 0x11 | 0x12 => 8, // double, datetime, timestamp, int64
+        0x02 | 0x0D | 0x0E => 4 + i32_at(v)?, // string, code, symbol
+        0x03 | 0x04 => i32_at(v)?,      // document, array
+        0x05 => 4 + 1 + i32_at(v)?,     // binary
+        0x06 | 0x0A | 0x7F | 0xFF => 0, // undefined, null, maxkey, minkey
+        0x07 => 12,                     // ObjectId
+        0x08 => 1,                      // bool
+        0x10 => 4,                      // int32
+        0x13 => 16,                     // decimal128
+        _ => return None,               // regex, dbpointer, code with scope, unknown
+    };
+    if len > v.len() {
+        return None;
+    }
+    // A string-like value is checked for its terminating NUL even when only crossed, as
+    // the bson crate's walk does.
+    if matches!(tag, 0x02 | 0x0D | 0x0E) && (len < 5 || v[len - 1] != 0) {
+        return None;
+    }
+    // So is an embedded document's or array's length and terminator.
+    if matches!(tag, 0x03 | 0x04) && (len < 5 || v[len - 1] != 0) {
+        return None;
+    }
+    Some(len)
+}
+
+/// The value of an element the fast path builds itself; `None` for anything else.
+fn decode(tag: u8, v: &[u8]) -> Option<RawBsonRef<'_>> {
+    Some(match tag {
+        0x01 => RawBsonRef::Double(f64::from_le_bytes(v.try_into().ok()?)),
+        0x02 => {
+            // int32 length (counting the NUL), the bytes, NUL.
+            let (nul, body) = v.get(4..)?.split_last()?;
+            if *nul != 0 || v.len() < 5 {
+                return None;
+            }
+            RawBsonRef::String(std::str::from_utf8(body).ok()?)
+        }
+        0x03 => RawBsonRef::Document(RawDocument::from_bytes(v).ok()?),
+        0x08 => match v {
+            [0] => RawBsonRef::Boolean(false),
+            [1] => RawBsonRef::Boolean(true),
+            _ => return None,
+        },
+        0x0A => RawBsonRef::Null,
+        0x10 => RawBsonRef::Int32(i32::from_le_bytes(v.try_into().ok()?)),
+        0x12 => RawBsonRef::Int64(i64::from_le_bytes(v.try_into().ok()?)),
+        _ => return None,
+    })
+}
+
+/// Where the fast walk ended.
+enum Found<'a> {
+    Value(RawBsonRef<'a>),
+    Absent,
+    /// Not decided here: ask the bson crate.
+    Defer,
+}
+
+fn scan<'a>(doc: &'a RawDocument, key: &str) -> Found<'a> {
+    let bytes = doc.as_bytes();
+    let want = key.as_bytes();
+    // A RawDocument is at least 5 bytes with its length prefix checked.
+    let end = bytes.len() - 1;
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let Some(rest) = bytes.get(at + 1..end) else {
+            return Found::Defer;
+        };
+        let Some(nul) = rest.iter().position(|&b| b == 0) else {
+            return Found::Defer;
+        };
+        let k = &rest[..nul];
+        let v = &rest[nul + 1..];
+        let Some(len) = value_len(tag, v) else {
+            return Found::Defer;
+        };
+        if k == want {
+            return match decode(tag, &v[..len]) {
+                Some(value) => Found::Value(value),
+                None => Found::Defer,
+            };
+        }
+        if !k.is_ascii() && std::str::from_utf8(k).is_err() {
+            return Found::Defer;
+        }
+        at += 1 + nul + 1 + len;
+    }
+    if at == end && bytes[end] == 0 {
+        Found::Absent
+    } else {
+        Found::Defer
+    }
+}
+
+/// `doc.get(key)`, the same answer at a fraction of the cost (see the module docs).
+pub(crate) fn get<'a>(
+    doc: &'a RawDocument,
+    key: &str,
+) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+    match scan(doc, key) {
+        Found::Value(v) => Ok(Some(v)),
+        Found::Absent => Ok(None),
+        Found::Defer => doc.get(key),
+    }
+}
+
+/// [`get`] as a method of borrowed documents (and, through `Deref`, of owned ones).
+pub(crate) trait GetFast {
+    /// `self.get(key)`, the same answer at a fraction of the cost.
+    fn get_fast(&self, key: &str) -> bson::error::Result<Option<RawBsonRef<'_>>>;
+}
+
+impl GetFast for RawDocument {
+    fn get_fast(&self, key: &str) -> bson::error::Result<Option<RawBsonRef<'_>>> {
+        get(self, key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{rawdoc, RawDocumentBuf};
+
+    fn same(
+        a: &bson::error::Result<Option<RawBsonRef<'_>>>,
+        b: &bson::error::Result<Option<RawBsonRef<'_>>>,
+    ) -> bool {
+        match (a, b) {
+            (Ok(x), Ok(y)) => x == y,
+            (Err(_), Err(_)) => true,
+            _ => false,
+        }
+    }
+
+    fn sample() -> RawDocumentBuf {
+        rawdoc! {
+            "find": "coll", "filter": {"_id": 5, "a": {"$gt": 1.5}}, "limit": 1i64,
+            "singleBatch": true, "comment": bson::RawBson::Null, "arr": [1, "x"],
+            "oid": bson::oid::ObjectId::from_bytes([7; 12]), "ts": bson::Timestamp { time: 1, increment: 2 },
+            "bin": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1, 2, 3] },
+            "re": bson::Regex { pattern: "a.*".to_owned().try_into().unwrap(), options: "i".to_owned().try_into().unwrap() },
+            "dec": bson::Decimal128::from_bytes([0; 16]), "dt": bson::DateTime::from_millis(5),
+            "ünï": "ok", "$db": "test", "lsid": {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![0; 16] }},
+        }
+    }
+
+    const KEYS: [&str; 19] = [
+        "find",
+        "filter",
+        "limit",
+        "singleBatch",
+        "comment",
+        "arr",
+        "oid",
+        "ts",
+        "bin",
+        "re",
+        "dec",
+        "dt",
+        "ünï",
+        "$db",
+        "lsid",
+        "absent",
+        "",
+        "fin",
+        "finds",
+    ];
+
+    #[test]
+    fn finds_every_type_as_the_bson_crate_does() {
+        let doc = sample();
+        for k in KEYS {
+            let (ours, theirs) = (get(&doc, k), doc.get(k));
+            assert!(same(&ours, &theirs), "{k}: {ours:?} vs {theirs:?}");
+        }
+        assert_eq!(get(&doc, "find").unwrap(), Some(RawBsonRef::String("coll")));
+        assert_eq!(get(&doc, "absent").unwrap(), None);
+    }
+
+    /// Corrupted copies of the sample (every single byte set to a few values, and every
+    /// truncation with a fixed-up length prefix): the same answer as `RawDocument::get` for
+    /// every key, or both an error.
+    #[test]
+    fn agrees_with_the_bson_crate() {
+        let good = sample().into_bytes();
+        let mut checked = 0usize;
+        let mut try_bytes = |bytes: Vec<u8>| {
+            let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                return;
+            };
+            for k in KEYS {
+                let (ours, theirs) = (get(doc, k), doc.get(k));
+                assert!(
+                    same(&ours, &theirs),
+                    "{k} in {bytes:?}: {ours:?} vs {theirs:?}"
+                );
+                checked += 1;
+            }
+        };
+        for i in 4..good.len() {
+            for v in [0u8, 1, 2, 3, 4, 0x10, 0x7f, 0x80, 0xff] {
+                let mut b = good.clone();
+                b[i] = v;
+                try_bytes(b);
+            }
+        }
+        for cut in 5..good.len() {
+            let mut b = good[..cut].to_vec();
+            b[cut - 1] = 0;
+            b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+            try_bytes(b);
+        }
+        assert!(checked > 10_000, "{checked}");
+    }
+}
