@@ -8,7 +8,7 @@ use bson::RawDocumentBuf;
 use super::Session;
 use crate::{
     proxy::{
-        client_io::{bounded_write, send_to_client, sleep_unless_zero, watch_client, Side},
+        client_io::{bounded_write, send_to_client, watch_client, Side},
         error::{upstream_error, SessionError},
         hello,
         inspect::Request,
@@ -62,7 +62,7 @@ impl<S: Strategy> Session<S> {
     ) -> Result<Trip, SessionError> {
         let sent = Instant::now();
         let reply_timeout = self.ctx.config.upstream.reply_timeout;
-        let kill = &self.client.kill;
+        let kill = &self.client.stop;
         let written = bounded_write(
             link.send(frame.bytes()),
             reply_timeout,
@@ -142,7 +142,7 @@ impl<S: Strategy> Session<S> {
                 None => out,
             };
             let c = &mut self.client;
-            send_to_client(&mut c.out, &out, c.limits.write, &c.kill).await?;
+            send_to_client(&mut c.out, &out, c.limits.write, &c.stop).await?;
             if !more {
                 return Ok(Trip::Done);
             }
@@ -168,6 +168,7 @@ impl<S: Strategy> Session<S> {
             (true, false) => reply_timeout.min(ABANDONED_REPLY_BUDGET),
             (false, _) => reply_timeout,
         };
+        client.reply_timer.arm(budget);
         let watch_client_now = client.pending.is_none() && !client.gone && !stream.client_paused;
         // Only a streaming hello watches its server (and pays for a copy of its name).
         let host = streaming_hello.then(|| link.host().clone());
@@ -180,10 +181,10 @@ impl<S: Strategy> Session<S> {
         };
         tokio::select! {
             biased;
-            _ = client.kill.cancelled() => Err(SessionError::Killed),
+            _ = client.stop.killed() => Err(SessionError::Killed),
             // A streaming hello (monitoring) never ends by itself: cut it at drain, and when
             // its server stops being the primary.
-            _ = client.drain.cancelled(), if streaming_hello => Err(SessionError::Killed),
+            _ = client.stop.draining(), if streaming_hello => Err(SessionError::Killed),
             e = server_moved, if streaming_hello => Err(e),
             next = link.next() => match next {
                 None => Err(SessionError::UpstreamClosed),
@@ -201,7 +202,7 @@ impl<S: Strategy> Session<S> {
                 }
                 Ok(None)
             }
-            _ = sleep_unless_zero(budget) => Err(if client.gone {
+            _ = client.reply_timer.expired() => Err(if client.gone {
                 SessionError::ClientGone
             } else {
                 SessionError::ReplyTimeout(reply_timeout)
@@ -231,8 +232,18 @@ impl<S: Strategy> Session<S> {
             )));
         }
         stream.expected = header.request_id;
-        let more =
-            reply_more_to_come(reply, request, self.max).map_err(SessionError::UpstreamProtocol)?;
+        // An OP_MSG reply (nearly all) is parsed once, for moreToCome and for its facts.
+        let msg = match reply.op_code() {
+            Some(OpCode::Msg) => Some(
+                crate::wire::OpMsg::parse(reply.bytes()).map_err(SessionError::UpstreamProtocol)?,
+            ),
+            _ => None,
+        };
+        let more = match &msg {
+            Some(m) => request.exhaust_allowed && m.flags().more_to_come(),
+            None => reply_more_to_come(reply, request, self.max)
+                .map_err(SessionError::UpstreamProtocol)?,
+        };
         let first = std::mem::replace(&mut stream.first, false);
         // One parse of the reply serves every reader: the not-primary check (first and only
         // reply of a replica-set request), the metrics and the strategy.
@@ -241,7 +252,11 @@ impl<S: Strategy> Session<S> {
         let wants_facts = check_primary
             || self.strategy.wants_reply_facts()
             || (first && self.obs.wants_first_reply());
-        if let Some(facts) = wants_facts.then(|| ReplyFacts::read(reply)) {
+        let facts = wants_facts.then(|| match &msg {
+            Some(m) => ReplyFacts::from_body(m.body(), None),
+            None => ReplyFacts::read(reply),
+        });
+        if let Some(facts) = facts {
             if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
                 return Ok(None);
             }
