@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use bson::{doc, spec::BinarySubtype, Binary, Bson, Document, RawBsonRef, RawDocument};
 use mongoguard::auth::scram::{ClientConversation, Mechanism};
 
-use crate::wire::{Body, Conn, WireError};
+use mongoguard::wire::Compressor;
+
+use crate::wire::{hello_agrees, not_agreed, Body, Conn, WireError};
 
 /// Who to authenticate as, and how.
 #[derive(Clone)]
@@ -123,18 +125,29 @@ fn timed_out(what: &str) -> WireError {
 }
 
 /// Connect, send the handshake `hello` and, with `auth`, authenticate with SCRAM-SHA-256.
+/// With `compress`, hello offers that compressor, its reply must agree, and the connection
+/// compresses every request after the handshake (hello and SASL are never compressed).
 /// Every request is bounded by `timeout`.
 pub async fn handshake(
     addr: &str,
     timeout: Duration,
     auth: Option<&AuthOptions>,
+    compress: Option<Compressor>,
 ) -> Result<(Conn, HandshakeInfo), WireError> {
     let mut conn = Conn::open(addr, timeout).await?;
     let mut info = HandshakeInfo::default();
     let mut hello = doc! { "hello": 1, "helloOk": true, "client": client_metadata() };
+    if let Some(c) = compress {
+        hello.insert("compression", vec![c.name()]);
+    }
+    let agreed = |reply: &RawDocument| match compress {
+        Some(c) if !hello_agrees(reply, c) => Err(not_agreed(c)),
+        _ => Ok(()),
+    };
     let Some(auth) = auth else {
         hello.insert("$db", "admin");
-        request(&mut conn, &hello, timeout, &mut info).await?;
+        agreed(request(&mut conn, &hello, timeout, &mut info).await?)?;
+        conn.set_compressor(compress);
         return Ok((conn, info));
     };
     let started = Instant::now();
@@ -157,6 +170,7 @@ pub async fn handshake(
     }
     hello.insert("$db", "admin");
     let reply = request(&mut conn, &hello, timeout, &mut info).await?;
+    agreed(reply)?;
     let first = match reply.get("speculativeAuthenticate") {
         Ok(Some(RawBsonRef::Document(d))) if auth.speculative => Some(sasl_reply(d)?),
         _ => None,
@@ -209,6 +223,7 @@ pub async fn handshake(
             return Err(proto("SASL conversation not done after the empty exchange"));
         }
     }
+    conn.set_compressor(compress);
     Ok((conn, info))
 }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use mongoguard::wire::Compressor;
 
 use crate::auth::AuthOptions;
 use crate::report::Row;
@@ -85,9 +86,23 @@ struct Cli {
     #[arg(long, default_value_t = 2.0)]
     warmup: f64,
 
-    /// Operation(s); repeatable or comma list. mix = 80% find by _id, 10% insert, 10% ping.
+    /// Operation(s); repeatable or comma list. mix = 80% find by _id, 10% insert, 10% ping;
+    /// find101 = 101 documents of 1 KiB by _id range; insertmany = 1,000 documents in one
+    /// insert; drain = find (batchSize 100) + getMore until the cursor is exhausted, 1,000
+    /// documents of 1 KiB, counted as one request; update1000 = one update of 1,000
+    /// statements by _id.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ping")]
     op: Vec<Op>,
+
+    /// Negotiate this compressor in hello (the server must agree) and send every request
+    /// after the handshake as OP_COMPRESSED; compressed replies are accepted.
+    #[arg(long, value_enum)]
+    compress: Option<CompressArg>,
+
+    /// 1 KiB documents (`_id` 0..N) set up in `<coll>_1k` for find101 and drain (drain reads
+    /// 1,000 of them, so at least 1000).
+    #[arg(long = "docs-1k", default_value_t = workload::DEFAULT_DOCS_1K)]
+    docs_1k: i64,
 
     /// Database for find/insert.
     #[arg(long, default_value = "loadgen")]
@@ -172,6 +187,23 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CompressArg {
+    Snappy,
+    Zlib,
+    Zstd,
+}
+
+impl CompressArg {
+    fn compressor(self) -> Compressor {
+        match self {
+            CompressArg::Snappy => Compressor::Snappy,
+            CompressArg::Zlib => Compressor::Zlib,
+            CompressArg::Zstd => Compressor::Zstd,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Order {
     Interleave,
     Target,
@@ -182,6 +214,15 @@ async fn setup(t: &Target, settings: &Settings) {
         "[{}] setup: drop {}.{} and insert {} docs",
         t.name, settings.db, settings.coll, settings.docs
     );
+    if settings.docs_1k > 0 {
+        eprintln!(
+            "[{}] setup: drop {}.{} and insert {} docs of 1 KiB",
+            t.name,
+            settings.db,
+            workload::coll_1k(&settings.coll),
+            settings.docs_1k
+        );
+    }
     if let Err(e) = workload::setup(&t.addr, settings).await {
         eprintln!(
             "[{}] setup failed (runs go on, expect errors or misses): {e:#}",
@@ -235,7 +276,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }),
             _ => None,
         },
+        // Only when an op reads them (with --setup-only: an op given with --op).
+        docs_1k: if cli.op.iter().any(|o| o.needs_1k() > 0) {
+            cli.docs_1k
+        } else {
+            0
+        },
+        compress: cli.compress.map(CompressArg::compressor),
     };
+    if let Some(op) = cli.op.iter().find(|o| o.needs_1k() > cli.docs_1k) {
+        anyhow::bail!(
+            "--op {} reads {} documents of 1 KiB: --docs-1k must be at least that",
+            op.name(),
+            op.needs_1k()
+        );
+    }
     if settings.duration.is_zero() {
         anyhow::bail!("--duration must be > 0");
     }
@@ -299,7 +354,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let r = workload::run(&t.addr, op, c, &settings, next_id.clone(), cpu_pid)
             .await
             .with_context(|| format!("target {} ({})", t.name, t.addr))?;
-        let row = Row::new(&t.name, &t.addr, settings.scenario, op.name(), c, &r);
+        let label = match settings.compress {
+            Some(z) => format!("{}+{}", op.name(), z.name()),
+            None => op.name().to_string(),
+        };
+        let row = Row::new(
+            &t.name,
+            &t.addr,
+            settings.scenario,
+            &label,
+            c,
+            &r,
+            settings.compress.is_some(),
+        );
         if row.errors > 0 {
             eprintln!(
                 "[{}]   {} errors; first: {}",
@@ -320,6 +387,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             "db": settings.db,
             "coll": settings.coll,
             "docs": settings.docs,
+            "docs_1k": settings.docs_1k,
+            "compress": settings.compress.map(|c| c.name()),
             "scenario": settings.scenario,
             "auth": settings.auth.as_ref().map(|a| serde_json::json!({
                 "user": a.user,

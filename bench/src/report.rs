@@ -40,6 +40,11 @@ pub struct Row {
     /// (`--cpu-pid`): what the process behind the port spent per request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_us_per_req: Option<f64>,
+    /// Round trips per measured request (1, except a drain: its find and every getMore).
+    pub round_trips_per_req: f64,
+    /// Share of the run's replies that came as OP_COMPRESSED (runs with `--compress`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compressed_reply_share: Option<f64>,
 }
 
 impl Row {
@@ -50,12 +55,20 @@ impl Row {
         op: &str,
         concurrency: usize,
         r: &RunResult,
+        compressed: bool,
     ) -> Row {
         let h = &r.hist;
         let ops = h.len();
         let secs = r.measured.as_secs_f64();
         let scram = r.client_scram.as_ref().filter(|h| !h.is_empty());
         Row {
+            round_trips_per_req: if ops > 0 {
+                r.round_trips as f64 / ops as f64
+            } else {
+                0.0
+            },
+            compressed_reply_share: (compressed && r.replies > 0)
+                .then(|| r.compressed_replies as f64 / r.replies as f64),
             scenario: scenario.name().to_string(),
             ops_total: r.completed,
             client_scram_p50_us: scram.map(|h| h.value_at_quantile(0.5)),
@@ -172,6 +185,25 @@ fn has_cpu(rows: &[Row]) -> bool {
     rows.iter().any(|r| r.cpu_us_per_req.is_some())
 }
 
+/// Some request took several round trips (a drain).
+fn has_multi_trip(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.round_trips_per_req > 1.0)
+}
+
+fn has_compressed(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.compressed_reply_share.is_some())
+}
+
+/// What a "request" is when one took several round trips.
+fn multi_trip_note(rows: &[Row]) -> Option<String> {
+    has_multi_trip(rows).then(|| {
+        "round trips/req > 1: one request is a whole drain (find, then getMore until the \
+         cursor id is 0); its ops/s, latencies and CPU µs/req are per drain, not per round \
+         trip."
+            .to_string()
+    })
+}
+
 /// p50 / p99 of a target minus those of `direct` for the same (op, concurrency).
 #[derive(Clone, Debug, Serialize)]
 pub struct Added {
@@ -240,6 +272,12 @@ fn headers(rows: &[Row]) -> Vec<&'static str> {
     if has_cpu(rows) {
         h.push("CPU µs/req");
     }
+    if has_multi_trip(rows) {
+        h.push("round trips/req");
+    }
+    if has_compressed(rows) {
+        h.push("compressed replies");
+    }
     if has_scram(rows) {
         h.extend(SCRAM_HEADERS);
     }
@@ -249,6 +287,8 @@ fn headers(rows: &[Row]) -> Vec<&'static str> {
 fn row_cells(rows: &[Row]) -> Vec<Vec<String>> {
     let scram = has_scram(rows);
     let cpu = has_cpu(rows);
+    let trips = has_multi_trip(rows);
+    let compressed = has_compressed(rows);
     rows.iter()
         .map(|r| {
             let mut c = cells(r);
@@ -256,6 +296,15 @@ fn row_cells(rows: &[Row]) -> Vec<Vec<String>> {
                 c.push(
                     r.cpu_us_per_req
                         .map_or_else(|| "-".into(), |v| format!("{v:.1}")),
+                );
+            }
+            if trips {
+                c.push(format!("{:.1}", r.round_trips_per_req));
+            }
+            if compressed {
+                c.push(
+                    r.compressed_reply_share
+                        .map_or_else(|| "-".into(), |v| format!("{:.0}%", v * 100.0)),
                 );
             }
             if scram {
@@ -351,6 +400,9 @@ pub fn human(rows: &[Row]) -> String {
     if has_scram(rows) {
         out.push_str(&format!("{SCRAM_NOTE}\n"));
     }
+    if let Some(note) = multi_trip_note(rows) {
+        out.push_str(&format!("{note}\n"));
+    }
     let added = added_latency(rows);
     if !added.is_empty() {
         out.push_str(&format!("\nadded latency vs `{BASELINE}`:\n"));
@@ -359,7 +411,14 @@ pub fn human(rows: &[Row]) -> String {
     }
     let cpu = cpu_vs_relay(rows);
     if !cpu.is_empty() {
-        out.push_str(&format!("\nCPU per request vs `{RELAY}`:\n"));
+        out.push_str(&format!(
+            "\nCPU per request{} vs `{RELAY}`:\n",
+            if has_multi_trip(rows) {
+                " (drain: per whole drain)"
+            } else {
+                ""
+            }
+        ));
         let body: Vec<Vec<String>> = cpu.iter().map(cpu_cells).collect();
         out.push_str(&text_table(&CPU_HEADERS, &body));
     }
@@ -383,6 +442,9 @@ pub fn markdown(rows: &[Row]) -> String {
     if has_scram(rows) {
         out.push_str(&format!("\n{SCRAM_NOTE}\n"));
     }
+    if let Some(note) = multi_trip_note(rows) {
+        out.push_str(&format!("\n{note}\n"));
+    }
     let added = added_latency(rows);
     if !added.is_empty() {
         out.push_str(&format!("\nAdded latency vs `{BASELINE}`:\n\n"));
@@ -393,7 +455,12 @@ pub fn markdown(rows: &[Row]) -> String {
     if !cpu.is_empty() {
         out.push_str(&format!(
             "\nCPU time of each process per request (utime + stime from /proc/PID/stat over \
-             the measured window, divided by its requests) vs `{RELAY}`:\n\n"
+             the measured window, divided by its requests{}) vs `{RELAY}`:\n\n",
+            if has_multi_trip(rows) {
+                "; drain: per whole drain"
+            } else {
+                ""
+            }
         ));
         let body: Vec<Vec<String>> = cpu.iter().map(cpu_cells).collect();
         out.push_str(&md_table(&CPU_HEADERS, &body));

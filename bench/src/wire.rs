@@ -1,16 +1,20 @@
 //! Minimal MongoDB wire protocol client: OP_MSG framing over one TCP stream.
 //!
 //! Only what the load generator needs: encode a command as an OP_MSG with a
-//! single kind-0 section, read exactly one reply frame, and inspect `ok`.
+//! kind-0 section (and at most one kind-1 document sequence, as drivers send
+//! bulk writes), optionally wrap it in OP_COMPRESSED, read exactly one reply
+//! frame (OP_MSG or OP_COMPRESSED), and inspect `ok`.
 
 use std::fmt;
 use std::time::Duration;
 
 use bson::{Document, RawDocument};
+use mongoguard::wire::compression::{self, Compressor, OpCompressed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 pub const OP_MSG: i32 = 2013;
+pub const OP_COMPRESSED: i32 = 2012;
 const HEADER_LEN: usize = 16;
 /// The server's default maxMessageSizeBytes; larger frames are rejected.
 const MAX_MESSAGE_LEN: usize = 48_000_000;
@@ -67,6 +71,47 @@ impl Body {
         Ok(Body(out))
     }
 
+    /// Encode a command with one kind-1 document sequence `ident` holding `docs` (as drivers
+    /// send `insert` / `update` / `delete` batches): flags 0, the kind-0 body, then the
+    /// sequence. The command must not hold a field named `ident` itself.
+    pub fn encode_with_sequence(
+        cmd: &Document,
+        ident: &str,
+        docs: &[Document],
+    ) -> Result<Body, WireError> {
+        let mut out = Body::encode(cmd)?.0;
+        out.push(1);
+        let size_at = out.len();
+        out.extend_from_slice(&0i32.to_le_bytes());
+        out.extend_from_slice(ident.as_bytes());
+        out.push(0);
+        for d in docs {
+            d.to_writer(&mut out)
+                .map_err(|e| WireError::Protocol(format!("encode: {e}")))?;
+        }
+        let size = i32::try_from(out.len() - size_at)
+            .map_err(|_| WireError::Protocol("document sequence too large".into()))?;
+        out[size_at..size_at + 4].copy_from_slice(&size.to_le_bytes());
+        Ok(Body(out))
+    }
+
+    /// Offsets of every occurrence of the int64 `marker` (little endian) in the payload,
+    /// for [`Body::patch_i64`].
+    pub fn marker_offsets(&self, marker: i64) -> Vec<usize> {
+        let needle = marker.to_le_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + needle.len() <= self.0.len() {
+            if self.0[i..i + needle.len()] == needle {
+                out.push(i);
+                i += needle.len();
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
     /// A body whose command has an int64 field holding `marker`, which can be
     /// overwritten in place later (see [`Body::patch_i64`]). Returns the offset.
     pub fn encode_patchable(cmd: &Document, marker: i64) -> Result<(Body, usize), WireError> {
@@ -96,14 +141,53 @@ pub struct Conn {
     next_id: i32,
     out: Vec<u8>,
     inbuf: Vec<u8>,
+    /// Requests go out as OP_COMPRESSED with this compressor (set once hello agreed to it).
+    compressor: Option<Compressor>,
+    /// Replies to compressed requests, and how many of them came as OP_COMPRESSED.
+    replies: u64,
+    compressed_replies: u64,
+}
+
+/// Whether a hello reply's `compression` array agrees to `c`.
+pub fn hello_agrees(reply: &RawDocument, c: Compressor) -> bool {
+    match reply.get_array("compression") {
+        Ok(a) => a
+            .into_iter()
+            .flatten()
+            .any(|v| v.as_str() == Some(c.name())),
+        Err(_) => false,
+    }
+}
+
+/// The error of a server whose hello did not agree to the requested compressor.
+pub fn not_agreed(c: Compressor) -> WireError {
+    WireError::Protocol(format!(
+        "--compress {}: the server's hello did not agree to it",
+        c.name()
+    ))
 }
 
 impl Conn {
     /// Connect with TCP_NODELAY and send `hello` (whose reply must be ok).
     pub async fn connect(addr: &str, timeout: Duration) -> Result<Conn, WireError> {
+        Conn::connect_with(addr, timeout, None).await
+    }
+
+    /// Like [`Conn::connect`]; with `compress`, hello offers `compression: [name]`, the reply
+    /// must agree, and every later request is sent compressed.
+    pub async fn connect_with(
+        addr: &str,
+        timeout: Duration,
+        compress: Option<Compressor>,
+    ) -> Result<Conn, WireError> {
         let mut conn = Conn::open(addr, timeout).await?;
-        let hello = Body::encode(&bson::doc! { "hello": 1, "$db": "admin" })?;
-        tokio::time::timeout(timeout, conn.request(&hello))
+        let mut hello = bson::doc! { "hello": 1 };
+        if let Some(c) = compress {
+            hello.insert("compression", vec![c.name()]);
+        }
+        hello.insert("$db", "admin");
+        let hello = Body::encode(&hello)?;
+        let reply = tokio::time::timeout(timeout, conn.request_doc(&hello))
             .await
             .map_err(|_| {
                 WireError::Io(std::io::Error::new(
@@ -111,7 +195,24 @@ impl Conn {
                     "hello timed out",
                 ))
             })??;
+        if let Some(c) = compress {
+            if !hello_agrees(reply, c) {
+                return Err(not_agreed(c));
+            }
+            conn.set_compressor(Some(c));
+        }
         Ok(conn)
+    }
+
+    /// Compress every later request with `c` (after hello agreed to it; hello and the SASL
+    /// commands themselves are never compressed).
+    pub fn set_compressor(&mut self, c: Option<Compressor>) {
+        self.compressor = c;
+    }
+
+    /// (replies to compressed requests, those of them that came as OP_COMPRESSED) so far.
+    pub fn reply_counts(&self) -> (u64, u64) {
+        (self.replies, self.compressed_replies)
     }
 
     /// Open the TCP connection (TCP_NODELAY) without sending anything.
@@ -130,6 +231,9 @@ impl Conn {
             next_id: 1,
             out: Vec::with_capacity(4096),
             inbuf: Vec::with_capacity(64 * 1024),
+            compressor: None,
+            replies: 0,
+            compressed_replies: 0,
         })
     }
 
@@ -155,7 +259,14 @@ impl Conn {
         self.out.extend_from_slice(&0i32.to_le_bytes());
         self.out.extend_from_slice(&OP_MSG.to_le_bytes());
         self.out.extend_from_slice(body.payload());
-        self.stream.get_mut().write_all(&self.out).await?;
+        match self.compressor {
+            None => self.stream.get_mut().write_all(&self.out).await?,
+            Some(c) => {
+                let packed = compression::compress(&self.out, c)
+                    .map_err(|e| WireError::Protocol(format!("compress: {e}")))?;
+                self.stream.get_mut().write_all(&packed).await?;
+            }
+        }
         self.read_reply(id).await
     }
 
@@ -169,9 +280,31 @@ impl Conn {
         if !(HEADER_LEN + 5..=MAX_MESSAGE_LEN).contains(&msg_len) {
             return Err(WireError::Protocol(format!("bad messageLength {msg_len}")));
         }
-        self.inbuf.resize(msg_len - HEADER_LEN, 0);
-        self.stream.read_exact(&mut self.inbuf).await?;
-        if op_code != OP_MSG {
+        // The whole message (header included) in `inbuf`: OP_COMPRESSED is parsed whole.
+        self.inbuf.clear();
+        self.inbuf.extend_from_slice(&header);
+        self.inbuf.resize(msg_len, 0);
+        self.stream
+            .read_exact(&mut self.inbuf[HEADER_LEN..])
+            .await?;
+        if self.compressor.is_some() {
+            // Only replies to compressed requests are counted.
+            self.replies += 1;
+        }
+        if op_code == OP_COMPRESSED {
+            let frame = OpCompressed::parse(&self.inbuf, MAX_MESSAGE_LEN)
+                .and_then(|c| c.decompress())
+                .map_err(|e| WireError::Protocol(format!("OP_COMPRESSED reply: {e}")))?;
+            if frame.header().op_code != OP_MSG {
+                return Err(WireError::Protocol(format!(
+                    "compressed reply wraps opCode {}",
+                    frame.header().op_code
+                )));
+            }
+            self.compressed_replies += 1;
+            self.inbuf.clear();
+            self.inbuf.extend_from_slice(frame.bytes());
+        } else if op_code != OP_MSG {
             return Err(WireError::Protocol(format!("unexpected opCode {op_code}")));
         }
         if response_to != request_id {
@@ -179,7 +312,7 @@ impl Conn {
                 "responseTo {response_to} != requestID {request_id}"
             )));
         }
-        let body = parse_op_msg_body(&self.inbuf)?;
+        let body = parse_op_msg_body(&self.inbuf[HEADER_LEN..])?;
         check_ok(body)?;
         Ok(body)
     }
@@ -301,5 +434,35 @@ mod tests {
         let doc = RawDocument::from_bytes(&body.0[5..]).expect("doc");
         let filter = doc.get_document("filter").expect("filter");
         assert_eq!(filter.get_i64("_id").expect("_id"), 42);
+    }
+
+    #[test]
+    fn sequence_body_layout() {
+        let marker = 0x73a1_b2c3_d4e5_f6e3_u64 as i64;
+        let docs: Vec<Document> = (0..3).map(|_| bson::doc! { "_id": marker }).collect();
+        let body = Body::encode_with_sequence(
+            &bson::doc! { "insert": "c", "$db": "d" },
+            "documents",
+            &docs,
+        )
+        .expect("encode");
+        let p = &body.0;
+        let cmd_len = i32::from_le_bytes(p[5..9].try_into().expect("len")) as usize;
+        assert_eq!(p[4], 0);
+        let seq = 5 + cmd_len;
+        assert_eq!(p[seq], 1, "a kind-1 section follows the body");
+        let size = i32::from_le_bytes(p[seq + 1..seq + 5].try_into().expect("size")) as usize;
+        assert_eq!(seq + 1 + size, p.len(), "the section size covers the rest");
+        assert_eq!(&p[seq + 5..seq + 15], b"documents\0");
+        let one = docs[0].to_vec().expect("doc").len();
+        assert_eq!(size, 4 + 10 + 3 * one);
+        let offs = body.marker_offsets(marker);
+        assert_eq!(offs.len(), 3);
+        let mut body = body;
+        body.patch_i64(offs[2], 7);
+        assert_eq!(body.marker_offsets(marker).len(), 2);
+        // The reply parser skips the sequence and finds the body.
+        let doc = parse_op_msg_body(&body.0).expect("parse");
+        assert_eq!(doc.get_str("insert").expect("insert"), "c");
     }
 }

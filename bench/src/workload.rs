@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use bson::doc;
+use bson::{doc, Document, RawDocument};
 use hdrhistogram::Histogram;
+use mongoguard::wire::Compressor;
 use tokio::time::Instant;
 
 use crate::auth::{self, AuthOptions};
@@ -19,6 +20,25 @@ const GRACE: Duration = Duration::from_secs(5);
 const FIND_MARKER: i64 = 0x5a5a_5a5a_5a5a_5a5a;
 const SETUP_BATCH: i64 = 1000;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Template markers for values rewritten in place per request. Bytes >= 0x80 (not ASCII), so
+/// that no alphanumeric padding can contain them; every marker is counted when a template is
+/// built.
+const LO_MARKER: i64 = 0x71a1_b2c3_d4e5_f6e1_u64 as i64;
+const HI_MARKER: i64 = 0x72a1_b2c3_d4e5_f6e2_u64 as i64;
+const ID_MARKER: i64 = 0x73a1_b2c3_d4e5_f6e3_u64 as i64;
+const V_MARKER: i64 = 0x74a1_b2c3_d4e5_f6e4_u64 as i64;
+const CURSOR_MARKER: i64 = 0x75a1_b2c3_d4e5_f6e5_u64 as i64;
+/// Size of each document of the `<coll>_1k` collection (find101, drain), BSON bytes.
+pub const DOC_1K_BYTES: usize = 1024;
+/// Documents one find101 returns.
+pub const FIND101_DOCS: i64 = 101;
+/// Documents one drain reads (`_id` 0..DRAIN_DOCS of `<coll>_1k`), DRAIN_BATCH per batch.
+pub const DRAIN_DOCS: i64 = 1000;
+pub const DRAIN_BATCH: i32 = 100;
+/// Documents per insertmany, statements per update1000.
+pub const BULK: usize = 1000;
+/// Default number of 1 KiB documents set up in `<coll>_1k`.
+pub const DEFAULT_DOCS_1K: i64 = 1100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -27,6 +47,19 @@ pub enum Op {
     Find,
     Insert,
     Mix,
+    /// A find returning 101 documents of 1 KiB (`_id` range over `<coll>_1k`), one batch.
+    #[value(name = "find101")]
+    Find101,
+    /// One `insert` of 1,000 documents in a kind-1 document sequence, `ordered: true`.
+    #[value(name = "insertmany")]
+    InsertMany,
+    /// A find with `batchSize: 100` over 1,000 documents of 1 KiB, then getMore until the
+    /// cursor id is 0: one request is the whole drain.
+    #[value(name = "drain")]
+    Drain,
+    /// One `update` of 1,000 statements `{q: {_id}, u: {$set: {v}}}` in a kind-1 sequence.
+    #[value(name = "update1000")]
+    Update1000,
 }
 
 impl Op {
@@ -36,12 +69,37 @@ impl Op {
             Op::Find => "find",
             Op::Insert => "insert",
             Op::Mix => "mix",
+            Op::Find101 => "find101",
+            Op::InsertMany => "insertmany",
+            Op::Drain => "drain",
+            Op::Update1000 => "update1000",
         }
     }
 
     pub fn needs_data(self) -> bool {
         self != Op::Ping
     }
+
+    /// How many 1 KiB documents (`_id` 0..n of `<coll>_1k`) the op reads at least.
+    pub fn needs_1k(self) -> i64 {
+        match self {
+            Op::Find101 => FIND101_DOCS,
+            Op::Drain => DRAIN_DOCS,
+            _ => 0,
+        }
+    }
+}
+
+/// The collection of 1 KiB documents that find101 and drain read.
+pub fn coll_1k(coll: &str) -> String {
+    format!("{coll}_1k")
+}
+
+/// A document of exactly [`DOC_1K_BYTES`] BSON bytes: `{_id, v, pad}`.
+pub fn doc_1k(id: i64, rng: &mut fastrand::Rng) -> Document {
+    // 4 (length) + _id (1 + 4 + 8) + v (1 + 2 + 8) + pad (1 + 4 + 4 + len + 1) + 1 (end).
+    const PAD: usize = DOC_1K_BYTES - 39;
+    doc! { "_id": id, "v": rng.i64(..), "pad": random_string(rng, PAD) }
 }
 
 /// How connections are used.
@@ -76,6 +134,11 @@ pub struct Settings {
     pub scenario: Scenario,
     /// Authenticate every connection (SCRAM-SHA-256) when set.
     pub auth: Option<AuthOptions>,
+    /// Documents of 1 KiB (`_id` 0..n) in `<coll>_1k`, which setup creates; 0: no op reads
+    /// them and setup leaves that collection alone.
+    pub docs_1k: i64,
+    /// Negotiate this compressor in hello and send every later request compressed.
+    pub compress: Option<Compressor>,
 }
 
 /// Outcome of one (target, op, concurrency) run.
@@ -95,6 +158,12 @@ pub struct RunResult {
     pub completed: u64,
     /// CPU time (user + system) the measured process spent during the measured window.
     pub cpu: Option<Duration>,
+    /// Round trips of the measured successful operations (a drain is several).
+    pub round_trips: u64,
+    /// Replies to compressed requests over the whole run (warmup included), and how many
+    /// of them were OP_COMPRESSED.
+    pub replies: u64,
+    pub compressed_replies: u64,
 }
 
 /// Clock ticks per second of `/proc/PID/stat` times (USER_HZ: 100 on every mainstream Linux
@@ -117,8 +186,8 @@ pub fn process_cpu(pid: u32) -> Option<Duration> {
 /// handshake with authentication.
 async fn connect(addr: &str, timeout: Duration, s: &Settings) -> Result<Conn, WireError> {
     match &s.auth {
-        None => Conn::connect(addr, timeout).await,
-        Some(a) => auth::handshake(addr, timeout, Some(a))
+        None => Conn::connect_with(addr, timeout, s.compress).await,
+        Some(a) => auth::handshake(addr, timeout, Some(a), s.compress)
             .await
             .map(|(c, _)| c),
     }
@@ -133,21 +202,93 @@ fn random_string(rng: &mut fastrand::Rng, len: usize) -> String {
     (0..len).map(|_| rng.alphanumeric()).collect()
 }
 
+/// A body with int64 slots rewritten per request.
+struct Template {
+    body: Body,
+    /// Offsets of the slots, per marker, in the order the markers were given.
+    slots: Vec<Vec<usize>>,
+}
+
+impl Template {
+    /// `body` must hold each marker exactly `count` times.
+    fn new(body: Body, markers: &[i64], count: usize) -> Result<Template, WireError> {
+        let mut slots = Vec::with_capacity(markers.len());
+        for &m in markers {
+            let offs = body.marker_offsets(m);
+            if offs.len() != count {
+                return Err(WireError::Protocol(format!(
+                    "template holds marker {m:#x} {} times, expected {count}",
+                    offs.len()
+                )));
+            }
+            slots.push(offs);
+        }
+        Ok(Template { body, slots })
+    }
+}
+
+/// The request templates of one connection: only those its op uses are built.
+#[derive(Default)]
+struct Templates {
+    find101: Option<Template>,
+    insert_many: Option<Template>,
+    drain: Option<(Body, Template)>,
+    update: Option<Template>,
+}
+
 /// Builds request bodies for one connection.
 struct Requests {
     ping: Body,
     find: Body,
     find_off: usize,
     insert: Body,
+    t: Templates,
     db: String,
     coll: String,
     docs: i64,
+    docs_1k: i64,
     next_id: Arc<AtomicI64>,
     rng: fastrand::Rng,
 }
 
+fn command_error(msg: String) -> WireError {
+    WireError::Command(msg)
+}
+
+/// `cursor.id` and the length of `cursor.<batch>` of a find / getMore reply.
+fn cursor_batch(reply: &RawDocument, batch: &str) -> Result<(i64, usize), WireError> {
+    let bad = |what: &str| WireError::Protocol(format!("cursor reply: {what}"));
+    let cursor = reply
+        .get_document("cursor")
+        .map_err(|_| bad("no cursor document"))?;
+    let id = cursor
+        .get_i64("id")
+        .map_err(|_| bad("no int64 cursor.id"))?;
+    let docs = cursor
+        .get_array(batch)
+        .map_err(|_| bad(&format!("no cursor.{batch}")))?;
+    let mut n = 0;
+    for d in docs {
+        d.map_err(|e| bad(&e.to_string()))?;
+        n += 1;
+    }
+    Ok((id, n))
+}
+
+/// A write reply's `n` must be `want` (every document inserted / every statement matched).
+fn expect_n(reply: &RawDocument, want: usize, what: &str) -> Result<(), WireError> {
+    let n = match reply.get("n") {
+        Ok(Some(v)) => v.as_i32().map(i64::from).or_else(|| v.as_i64()),
+        _ => None,
+    };
+    if n != Some(want as i64) {
+        return Err(command_error(format!("{what}: n = {n:?}, expected {want}")));
+    }
+    Ok(())
+}
+
 impl Requests {
-    fn new(s: &Settings, next_id: Arc<AtomicI64>, seed: u64) -> Result<Self, WireError> {
+    fn new(s: &Settings, op: Op, next_id: Arc<AtomicI64>, seed: u64) -> Result<Self, WireError> {
         let ping = Body::encode(&doc! { "ping": 1, "$db": "admin" })?;
         let find_cmd = doc! {
             "find": &s.coll,
@@ -157,21 +298,78 @@ impl Requests {
             "$db": &s.db,
         };
         let (find, find_off) = Body::encode_patchable(&find_cmd, FIND_MARKER)?;
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let wide = coll_1k(&s.coll);
+        let mut t = Templates::default();
+        match op {
+            Op::Find101 => {
+                // As a driver sends find(range).limit(101): the default first batch (101)
+                // holds all of it and the server closes the cursor.
+                let cmd = doc! {
+                    "find": &wide,
+                    "filter": { "_id": { "$gte": LO_MARKER, "$lt": HI_MARKER } },
+                    "limit": FIND101_DOCS,
+                    "$db": &s.db,
+                };
+                t.find101 = Some(Template::new(
+                    Body::encode(&cmd)?,
+                    &[LO_MARKER, HI_MARKER],
+                    1,
+                )?);
+            }
+            Op::InsertMany => {
+                let docs: Vec<Document> = (0..BULK)
+                    .map(|_| {
+                        doc! { "_id": ID_MARKER, "v": rng.i64(..), "s": random_string(&mut rng, 32) }
+                    })
+                    .collect();
+                let cmd = doc! { "insert": &s.coll, "ordered": true, "$db": &s.db };
+                let body = Body::encode_with_sequence(&cmd, "documents", &docs)?;
+                t.insert_many = Some(Template::new(body, &[ID_MARKER], BULK)?);
+            }
+            Op::Drain => {
+                let find = Body::encode(&doc! {
+                    "find": &wide,
+                    "filter": { "_id": { "$gte": 0_i64, "$lt": DRAIN_DOCS } },
+                    "batchSize": DRAIN_BATCH,
+                    "$db": &s.db,
+                })?;
+                let get_more = doc! {
+                    "getMore": CURSOR_MARKER,
+                    "collection": &wide,
+                    "batchSize": DRAIN_BATCH,
+                    "$db": &s.db,
+                };
+                let get_more = Template::new(Body::encode(&get_more)?, &[CURSOR_MARKER], 1)?;
+                t.drain = Some((find, get_more));
+            }
+            Op::Update1000 => {
+                let stmt = doc! { "q": { "_id": ID_MARKER }, "u": { "$set": { "v": V_MARKER } } };
+                let stmts = vec![stmt; BULK];
+                let cmd = doc! { "update": &s.coll, "ordered": true, "$db": &s.db };
+                let body = Body::encode_with_sequence(&cmd, "updates", &stmts)?;
+                t.update = Some(Template::new(body, &[ID_MARKER, V_MARKER], BULK)?);
+            }
+            Op::Ping | Op::Find | Op::Insert | Op::Mix => {}
+        }
         Ok(Requests {
             ping,
             find,
             find_off,
             insert: Body::encode(&doc! {})?,
+            t,
             db: s.db.clone(),
             coll: s.coll.clone(),
             docs: s.docs.max(1),
+            docs_1k: s.docs_1k,
             next_id,
-            rng: fastrand::Rng::with_seed(seed),
+            rng,
         })
     }
 
-    /// The body for the next request of `op` (mix draws 80/10/10 find/insert/ping).
-    fn next(&mut self, op: Op) -> Result<&Body, WireError> {
+    /// Runs one request of `op` on `conn` (mix draws 80/10/10 find/insert/ping); returns the
+    /// round trips it took (a drain: the find and every getMore).
+    async fn execute(&mut self, conn: &mut Conn, op: Op) -> Result<u64, WireError> {
         let op = match op {
             Op::Mix => match self.rng.u32(0..100) {
                 0..80 => Op::Find,
@@ -180,12 +378,13 @@ impl Requests {
             },
             other => other,
         };
+        let missing = || WireError::Protocol(format!("no {} template", op.name()));
         match op {
-            Op::Ping | Op::Mix => Ok(&self.ping),
+            Op::Ping | Op::Mix => conn.request(&self.ping).await.map(|_| 1),
             Op::Find => {
                 let id = self.rng.i64(0..self.docs);
                 self.find.patch_i64(self.find_off, id);
-                Ok(&self.find)
+                conn.request(&self.find).await.map(|_| 1)
             }
             Op::Insert => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -196,35 +395,117 @@ impl Requests {
                     "documents": [{ "_id": id, "v": v, "s": s }],
                     "$db": &self.db,
                 })?;
-                Ok(&self.insert)
+                conn.request(&self.insert).await.map(|_| 1)
+            }
+            Op::Find101 => {
+                let t = self.t.find101.as_mut().ok_or_else(missing)?;
+                let lo = self.rng.i64(0..=(self.docs_1k - FIND101_DOCS).max(0));
+                t.body.patch_i64(t.slots[0][0], lo);
+                t.body.patch_i64(t.slots[1][0], lo + FIND101_DOCS);
+                let reply = conn.request_doc(&t.body).await?;
+                let (id, n) = cursor_batch(reply, "firstBatch")?;
+                if id != 0 || n as i64 != FIND101_DOCS {
+                    return Err(command_error(format!(
+                        "find101 from _id {lo}: {n} documents, cursor id {id} (expected \
+                         {FIND101_DOCS} and 0)"
+                    )));
+                }
+                Ok(1)
+            }
+            Op::InsertMany => {
+                let t = self.t.insert_many.as_mut().ok_or_else(missing)?;
+                let first = self.next_id.fetch_add(BULK as i64, Ordering::Relaxed);
+                for (i, &off) in t.slots[0].iter().enumerate() {
+                    t.body.patch_i64(off, first + i as i64);
+                }
+                expect_n(conn.request_doc(&t.body).await?, BULK, "insertmany")?;
+                Ok(1)
+            }
+            Op::Update1000 => {
+                let t = self.t.update.as_mut().ok_or_else(missing)?;
+                for (&id_off, &v_off) in t.slots[0].iter().zip(&t.slots[1]) {
+                    t.body.patch_i64(id_off, self.rng.i64(0..self.docs));
+                    t.body.patch_i64(v_off, self.rng.i64(..));
+                }
+                expect_n(conn.request_doc(&t.body).await?, BULK, "update1000")?;
+                Ok(1)
+            }
+            Op::Drain => {
+                let (find, get_more) = self.t.drain.as_mut().ok_or_else(missing)?;
+                let (mut id, mut total) =
+                    cursor_batch(conn.request_doc(find).await?, "firstBatch")?;
+                let mut trips = 1u64;
+                // Every batch but the last is full; one more getMore is allowed for a server
+                // that only notices the end when asked again (an empty last batch).
+                let max_trips = (DRAIN_DOCS as u64).div_ceil(DRAIN_BATCH as u64) + 1;
+                while id != 0 {
+                    if trips >= max_trips {
+                        return Err(command_error(format!(
+                            "drain: cursor still open after {trips} round trips ({total} documents)"
+                        )));
+                    }
+                    get_more.body.patch_i64(get_more.slots[0][0], id);
+                    let (next, n) =
+                        cursor_batch(conn.request_doc(&get_more.body).await?, "nextBatch")?;
+                    id = next;
+                    total += n;
+                    trips += 1;
+                }
+                if total as i64 != DRAIN_DOCS {
+                    return Err(command_error(format!(
+                        "drain: {total} documents, expected {DRAIN_DOCS}"
+                    )));
+                }
+                Ok(trips)
             }
         }
     }
 }
 
-/// Drop the collection and insert `docs` small documents with `_id` 0..docs.
+/// Drop the collection and insert `docs` small documents with `_id` 0..docs; with
+/// `docs_1k` > 0, the same for `<coll>_1k` with documents of 1 KiB.
 pub async fn setup(addr: &str, s: &Settings) -> anyhow::Result<()> {
     let mut conn = connect(addr, CONNECT_TIMEOUT, s)
         .await
         .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
-    let drop = Body::encode(&doc! { "drop": &s.coll, "$db": &s.db }).map_err(anyhow_wire)?;
-    match timed_request(&mut conn, &drop).await {
+    let mut rng = fastrand::Rng::with_seed(0x6d67);
+    fill(&mut conn, s, &s.coll, s.docs, |id| {
+        doc! { "_id": id, "v": rng.i64(..), "s": random_string(&mut rng, 32) }
+    })
+    .await?;
+    if s.docs_1k > 0 {
+        let mut rng = fastrand::Rng::with_seed(0x316b);
+        fill(&mut conn, s, &coll_1k(&s.coll), s.docs_1k, |id| {
+            doc_1k(id, &mut rng)
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Drop `coll` and insert `n` documents `make(0..n)` in batches.
+async fn fill(
+    conn: &mut Conn,
+    s: &Settings,
+    coll: &str,
+    n: i64,
+    mut make: impl FnMut(i64) -> Document,
+) -> anyhow::Result<()> {
+    let drop = Body::encode(&doc! { "drop": coll, "$db": &s.db }).map_err(anyhow_wire)?;
+    match timed_request(conn, &drop).await {
         // NamespaceNotFound and friends: nothing to drop is fine.
         Ok(()) | Err(WireError::Command(_)) => {}
-        Err(e) => bail!("drop: {e}"),
+        Err(e) => bail!("drop {coll}: {e}"),
     }
-    let mut rng = fastrand::Rng::with_seed(0x6d67);
     let mut start = 0;
-    while start < s.docs {
-        let end = (start + SETUP_BATCH).min(s.docs);
-        let docs: Vec<bson::Document> = (start..end)
-            .map(|id| doc! { "_id": id, "v": rng.i64(..), "s": random_string(&mut rng, 32) })
-            .collect();
-        let cmd = doc! { "insert": &s.coll, "documents": docs, "ordered": true, "$db": &s.db };
+    while start < n {
+        let end = (start + SETUP_BATCH).min(n);
+        let docs: Vec<Document> = (start..end).map(&mut make).collect();
+        let cmd = doc! { "insert": coll, "documents": docs, "ordered": true, "$db": &s.db };
         let body = Body::encode(&cmd).map_err(anyhow_wire)?;
-        timed_request(&mut conn, &body)
+        timed_request(conn, &body)
             .await
-            .map_err(|e| anyhow::anyhow!("insert _id {start}..{end}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("insert into {coll} _id {start}..{end}: {e}"))?;
         start = end;
     }
     Ok(())
@@ -281,9 +562,33 @@ struct ConnStats {
     completed: u64,
     errors: u64,
     first_error: Option<String>,
+    /// Round trips of the measured successful operations.
+    round_trips: u64,
+    /// Replies read on this task's connections (all of them, warmup included).
+    replies: u64,
+    compressed_replies: u64,
 }
 
 impl ConnStats {
+    fn new() -> ConnStats {
+        ConnStats {
+            hist: new_hist(),
+            completed: 0,
+            errors: 0,
+            first_error: None,
+            round_trips: 0,
+            replies: 0,
+            compressed_replies: 0,
+        }
+    }
+
+    /// Adds the reply counts of a connection that is done.
+    fn count_replies(&mut self, conn: &Conn) {
+        let (all, compressed) = conn.reply_counts();
+        self.replies += all;
+        self.compressed_replies += compressed;
+    }
+
     fn error(&mut self, e: &WireError) {
         self.errors += 1;
         if self.first_error.is_none() {
@@ -340,7 +645,7 @@ pub async fn run(
     let mut tasks = Vec::with_capacity(concurrency);
     for (i, conn) in conns.into_iter().enumerate() {
         let reqs =
-            Requests::new(s, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
+            Requests::new(s, op, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
         let addr = addr.to_string();
         tasks.push(tokio::spawn(conn_loop(
             conn,
@@ -365,10 +670,16 @@ pub async fn run(
         speculative: 0,
         completed: 0,
         cpu: None,
+        round_trips: 0,
+        replies: 0,
+        compressed_replies: 0,
     };
     for t in tasks {
         let st = t.await.context("connection task panicked")?;
         total.completed += st.completed;
+        total.round_trips += st.round_trips;
+        total.replies += st.replies;
+        total.compressed_replies += st.compressed_replies;
         total.hist.add(&st.hist).context("merging histograms")?;
         total.errors += st.errors;
         if total.first_error.is_none() {
@@ -394,12 +705,7 @@ async fn conn_loop(
         measure_from,
         end,
     } = w;
-    let mut st = ConnStats {
-        hist: new_hist(),
-        completed: 0,
-        errors: 0,
-        first_error: None,
-    };
+    let mut st = ConnStats::new();
     tokio::time::sleep_until(start).await;
     loop {
         if Instant::now() >= end {
@@ -420,34 +726,36 @@ async fn conn_loop(
             }
         }
         let Some(c) = conn.as_mut() else { continue };
-        let body = reqs.next(op);
         let sent = Instant::now();
-        let outcome = match body {
-            Ok(body) => match tokio::time::timeout_at(end + GRACE, c.request(body)).await {
-                Ok(r) => r,
-                Err(_) => Err(timed_out("reply not received before the end of the run")),
-            },
-            Err(e) => Err(e),
+        let outcome = match tokio::time::timeout_at(end + GRACE, reqs.execute(c, op)).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out("reply not received before the end of the run")),
         };
         let measured = sent >= measure_from;
         if outcome.is_ok() {
             st.completed += 1;
         }
         match outcome {
-            Ok(()) if measured => {
+            Ok(trips) if measured => {
                 let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
                 st.hist.saturating_record(us.max(1));
+                st.round_trips += trips;
             }
-            Ok(()) => {}
+            Ok(_) => {}
             Err(e) => {
                 if measured {
                     st.error(&e);
                 }
                 if e.is_fatal() {
-                    conn = None;
+                    if let Some(c) = conn.take() {
+                        st.count_replies(&c);
+                    }
                 }
             }
         }
+    }
+    if let Some(c) = &conn {
+        st.count_replies(c);
     }
     st
 }
@@ -475,10 +783,11 @@ async fn run_serverless(
     let mut tasks = Vec::with_capacity(concurrency);
     for i in 0..concurrency {
         let reqs =
-            Requests::new(s, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
+            Requests::new(s, op, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
         tasks.push(tokio::spawn(serverless_loop(
             addr.to_string(),
             s.auth.clone(),
+            s.compress,
             reqs,
             op,
             Window {
@@ -498,10 +807,16 @@ async fn run_serverless(
         speculative: 0,
         completed: 0,
         cpu: None,
+        round_trips: 0,
+        replies: 0,
+        compressed_replies: 0,
     };
     for t in tasks {
         let st = t.await.context("connection task panicked")?;
         total.completed += st.conn.completed;
+        total.round_trips += st.conn.round_trips;
+        total.replies += st.conn.replies;
+        total.compressed_replies += st.conn.compressed_replies;
         total
             .hist
             .add(&st.conn.hist)
@@ -519,23 +834,27 @@ async fn run_serverless(
     Ok(total)
 }
 
-/// One serverless operation: connect, handshake, one request, close.
+/// One serverless operation: connect, handshake, one request (a drain: all of it), close.
+/// Returns the handshake's information and the operation's round trips (handshake excluded).
 async fn serverless_op(
     addr: &str,
     auth: Option<&AuthOptions>,
+    compress: Option<Compressor>,
     reqs: &mut Requests,
     op: Op,
-) -> Result<auth::HandshakeInfo, WireError> {
-    let (mut conn, info) = auth::handshake(addr, CONNECT_TIMEOUT, auth).await?;
-    let body = reqs.next(op)?;
-    conn.request(body).await?;
+    st: &mut ConnStats,
+) -> Result<(auth::HandshakeInfo, u64), WireError> {
+    let (mut conn, info) = auth::handshake(addr, CONNECT_TIMEOUT, auth, compress).await?;
+    let trips = reqs.execute(&mut conn, op).await;
+    st.count_replies(&conn);
     drop(conn); // close: a serverless invocation keeps nothing
-    Ok(info)
+    Ok((info, trips?))
 }
 
 async fn serverless_loop(
     addr: String,
     auth: Option<AuthOptions>,
+    compress: Option<Compressor>,
     mut reqs: Requests,
     op: Op,
     w: Window,
@@ -546,12 +865,7 @@ async fn serverless_loop(
         end,
     } = w;
     let mut st = ServerlessStats {
-        conn: ConnStats {
-            hist: new_hist(),
-            completed: 0,
-            errors: 0,
-            first_error: None,
-        },
+        conn: ConnStats::new(),
         client_scram: new_hist(),
         iterations: 0,
         speculative: 0,
@@ -561,7 +875,7 @@ async fn serverless_loop(
         let sent = Instant::now();
         let outcome = match tokio::time::timeout_at(
             end + GRACE,
-            serverless_op(&addr, auth.as_ref(), &mut reqs, op),
+            serverless_op(&addr, auth.as_ref(), compress, &mut reqs, op, &mut st.conn),
         )
         .await
         {
@@ -573,9 +887,10 @@ async fn serverless_loop(
             st.conn.completed += 1;
         }
         match outcome {
-            Ok(info) if measured => {
+            Ok((info, trips)) if measured => {
                 let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
                 st.conn.hist.saturating_record(us.max(1));
+                st.conn.round_trips += trips;
                 if auth.is_some() {
                     let scram = u64::try_from(info.client_scram.as_micros()).unwrap_or(u64::MAX);
                     st.client_scram.saturating_record(scram.max(1));
