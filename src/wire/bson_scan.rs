@@ -81,41 +81,107 @@ enum Found<'a> {
     Defer,
 }
 
-fn scan<'a>(doc: &'a RawDocument, key: &str) -> Found<'a> {
+/// One element met by [`walk`]: its type, key bytes and value bytes.
+struct Element<'a> {
+    tag: u8,
+    key: &'a [u8],
+    value: &'a [u8],
+}
+
+/// Walks the elements of `doc` in order, checking what the bson crate's iteration checks
+/// (each value's length, string and document terminators; a key that is not ASCII is checked
+/// as UTF-8), until `visit` says stop (`Some`). `Err(())`: something the walk does not decide
+/// (malformed, or a type it does not skip): the caller asks the bson crate.
+fn walk<'a, T>(
+    doc: &'a RawDocument,
+    mut visit: impl FnMut(Element<'a>) -> Option<T>,
+) -> Result<Option<T>, ()> {
     let bytes = doc.as_bytes();
-    let want = key.as_bytes();
     // A RawDocument is at least 5 bytes with its length prefix checked.
     let end = bytes.len() - 1;
     let mut at = 4;
     while at < end {
         let tag = bytes[at];
-        let Some(rest) = bytes.get(at + 1..end) else {
-            return Found::Defer;
-        };
-        let Some(nul) = rest.iter().position(|&b| b == 0) else {
-            return Found::Defer;
-        };
-        let k = &rest[..nul];
+        let rest = bytes.get(at + 1..end).ok_or(())?;
+        let nul = rest.iter().position(|&b| b == 0).ok_or(())?;
+        let key = &rest[..nul];
         let v = &rest[nul + 1..];
-        let Some(len) = value_len(tag, v) else {
-            return Found::Defer;
-        };
-        if k == want {
-            return match decode(tag, &v[..len]) {
-                Some(value) => Found::Value(value),
-                None => Found::Defer,
-            };
+        let len = value_len(tag, v).ok_or(())?;
+        if !key.is_ascii() && std::str::from_utf8(key).is_err() {
+            return Err(());
         }
-        if !k.is_ascii() && std::str::from_utf8(k).is_err() {
-            return Found::Defer;
+        if let Some(t) = visit(Element {
+            tag,
+            key,
+            value: &v[..len],
+        }) {
+            return Ok(Some(t));
         }
         at += 1 + nul + 1 + len;
     }
     if at == end && bytes[end] == 0 {
-        Found::Absent
+        Ok(None)
     } else {
-        Found::Defer
+        Err(())
     }
+}
+
+fn scan<'a>(doc: &'a RawDocument, key: &str) -> Found<'a> {
+    let want = key.as_bytes();
+    let found = walk(doc, |e| {
+        (e.key == want).then(|| match decode(e.tag, e.value) {
+            Some(value) => Found::Value(value),
+            None => Found::Defer,
+        })
+    });
+    match found {
+        Ok(Some(f)) => f,
+        Ok(None) => Found::Absent,
+        Err(()) => Found::Defer,
+    }
+}
+
+/// The first key of `doc` when the walk decides it (`None`: ask the bson crate).
+pub(crate) fn first_key(doc: &RawDocument) -> Option<Option<&str>> {
+    match walk(doc, |e| Some(e.key)) {
+        // Keys met by the walk are valid UTF-8.
+        Ok(Some(k)) => std::str::from_utf8(k).ok().map(Some),
+        Ok(None) => Some(None),
+        Err(()) => None,
+    }
+}
+
+/// Whether every top-level key of `doc` is distinct, for a document of at most `N` keys
+/// that the walk decides; `None` otherwise (then the caller uses the bson crate's iteration).
+pub(crate) fn keys_distinct<const N: usize>(doc: &RawDocument) -> Option<Result<(), &str>> {
+    let mut seen: [&[u8]; N] = [&[]; N];
+    let mut count = 0usize;
+    let mut too_many = false;
+    let dup = walk(doc, |e| {
+        if seen[..count].contains(&e.key) {
+            return Some(e.key);
+        }
+        match seen.get_mut(count) {
+            Some(slot) => {
+                *slot = e.key;
+                count += 1;
+                None
+            }
+            None => {
+                too_many = true;
+                Some(e.key)
+            }
+        }
+    })
+    .ok()?;
+    if too_many {
+        return None;
+    }
+    Some(match dup {
+        // Keys met by the walk are valid UTF-8.
+        Some(k) => Err(std::str::from_utf8(k).ok()?),
+        None => Ok(()),
+    })
 }
 
 /// `doc.get(key)`, the same answer at a fraction of the cost (see the module docs).

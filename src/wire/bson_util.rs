@@ -13,6 +13,16 @@ const INLINE_KEYS: usize = 32;
 /// different values of a repeated key (`$db`, the command name, `writeConcern`...), so such
 /// a command is never forwarded. Allocation-free for documents of up to 32 keys.
 pub fn check_duplicate_keys(doc: &RawDocument) -> Result<(), WireError> {
+    // The common case, without the bson crate building every element (see bson_scan).
+    match super::bson_scan::keys_distinct::<INLINE_KEYS>(doc) {
+        Some(Ok(())) => Ok(()),
+        Some(Err(key)) => Err(WireError::DuplicateKey(crate::text::client(key))),
+        None => check_duplicate_keys_iter(doc),
+    }
+}
+
+/// [`check_duplicate_keys`] through the bson crate's iteration: any document.
+fn check_duplicate_keys_iter(doc: &RawDocument) -> Result<(), WireError> {
     let mut inline: [&str; INLINE_KEYS] = [""; INLINE_KEYS];
     let mut count = 0usize;
     let mut spill: Option<HashSet<&str>> = None;
@@ -42,6 +52,9 @@ pub fn check_duplicate_keys(doc: &RawDocument) -> Result<(), WireError> {
 
 /// The first key of a document: the command name of a command body.
 pub fn first_key(doc: &RawDocument) -> Option<&str> {
+    if let Some(k) = super::bson_scan::first_key(doc) {
+        return k;
+    }
     doc.iter_elements()
         .next()
         .and_then(|e| e.ok())
@@ -66,6 +79,38 @@ mod tests {
         doc.extend_from_slice(&body);
         doc.push(0);
         RawDocumentBuf::from_bytes(doc).unwrap()
+    }
+
+    /// The fast path and the bson crate's iteration agree on corrupted documents: both pass,
+    /// or both fail with the same error.
+    #[test]
+    fn fast_path_agrees_with_the_iteration() {
+        let good = bson::rawdoc! {"find": "c", "filter": {"a": 1}, "k1": 1, "k2": "x", "$db": "d"}
+            .into_bytes();
+        let mut dup = with_keys(&["find", "$db", "x", "$db"]).into_bytes();
+        let mut checked = 0;
+        for base in [good, std::mem::take(&mut dup)] {
+            for i in 4..base.len() {
+                for v in [0u8, 1, 2, 3, 0x10, 0x24, 0x64, 0x80, 0xff] {
+                    let mut b = base.clone();
+                    b[i] = v;
+                    let Ok(doc) = RawDocument::from_bytes(&b) else {
+                        continue;
+                    };
+                    let fast = check_duplicate_keys(doc);
+                    let slow = check_duplicate_keys_iter(doc);
+                    match (&fast, &slow) {
+                        (Err(WireError::DuplicateKey(a)), Err(WireError::DuplicateKey(b))) => {
+                            assert_eq!(a, b)
+                        }
+                        (Ok(()), Ok(())) | (Err(_), Err(_)) => {}
+                        _ => panic!("{b:?}: {fast:?} vs {slow:?}"),
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 300, "{checked}");
     }
 
     #[test]
