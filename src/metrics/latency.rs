@@ -73,7 +73,11 @@ impl LatencyHistogram {
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                let bound = if i < BUCKETS { bound_secs(i) } else { f64::INFINITY };
+                let bound = if i < BUCKETS {
+                    bound_secs(i)
+                } else {
+                    f64::INFINITY
+                };
                 (bound, b.load(Relaxed))
             })
             .collect();

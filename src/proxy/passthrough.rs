@@ -116,7 +116,7 @@ impl Passthrough {
         let max = self.ctx.config.proxy.max_message_size;
         Ok(Upstream {
             host,
-            read: FramedRead::new(read, MessageCodec::new(max)),
+            read: crate::wire::codec::framed_read(read, max),
             write,
         })
     }

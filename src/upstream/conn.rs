@@ -345,7 +345,7 @@ impl UpstreamConn {
     ) -> Result<(UpstreamConn, RawDocumentBuf), ConnectError> {
         let stream = connect(host, timeout, tls).await?;
         let mut conn = UpstreamConn {
-            io: FramedRead::new(stream, MessageCodec::new(max_message_size)),
+            io: crate::wire::codec::framed_read(stream, max_message_size),
             // Replaced by the hello's below, before the connection is handed out.
             facts: Arc::new(HelloFacts::not_yet_known()),
             host: host.clone(),

@@ -16,6 +16,31 @@ pub enum CodecError {
     Wire(#[from] WireError),
 }
 
+/// The read buffer a connection starts with (client and upstream side). tokio-util's default
+/// is 8 KiB per `FramedRead`, allocated at once: with a passthrough client and its upstream
+/// connection that was two buffers, most of an idle client's memory (docs/memory.md). Most
+/// messages (commands, their replies) fit in 1 KiB; a larger one grows the buffer once, by
+/// [`MessageCodec::decode`] reserving the rest of the message as soon as its header is in (up
+/// to [`RESERVE_AHEAD_MAX`]).
+pub const READ_BUFFER_INITIAL: usize = 1024;
+
+/// How much of a message announced by its header is reserved before it arrives: the size a
+/// client message may have without taking the memory budget (`BUDGET_FREE_BELOW`), so a
+/// declared length never allocates more than reading a message freely could.
+pub const RESERVE_AHEAD_MAX: usize = 64 * 1024;
+
+/// A `FramedRead` of MongoDB messages with a [`READ_BUFFER_INITIAL`] buffer.
+pub fn framed_read<R: tokio::io::AsyncRead>(
+    io: R,
+    max_message_size: usize,
+) -> tokio_util::codec::FramedRead<R, MessageCodec> {
+    tokio_util::codec::FramedRead::with_capacity(
+        io,
+        MessageCodec::new(max_message_size),
+        READ_BUFFER_INITIAL,
+    )
+}
+
 /// Splits a byte stream into [`Frame`]s.
 ///
 /// The length is validated (16 ≤ length ≤ `max_message_size`) as soon as its four bytes are
@@ -77,6 +102,12 @@ impl Decoder for MessageCodec {
         let declared = declared as i32;
         let len = self.check_length(declared)?;
         if src.len() < len {
+            // The rest of the message in one read, not buffer doublings (bounded: a
+            // declared length alone never reserves more than RESERVE_AHEAD_MAX).
+            let want = len.min(RESERVE_AHEAD_MAX);
+            if want > src.len() {
+                src.reserve(want - src.len());
+            }
             return Ok(None);
         }
         let bytes = src.split_to(len).freeze();

@@ -26,7 +26,7 @@ use std::{
 };
 
 use bson::RawDocument;
-use tokio_util::{codec::FramedRead, sync::CancellationToken};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{
@@ -44,7 +44,7 @@ use super::{
 };
 use crate::{
     net::{ClientStream, ClientWrite},
-    wire::{Frame, MessageCodec},
+    wire::Frame,
 };
 
 pub(crate) use super::client_io::End;
@@ -148,18 +148,23 @@ fn compressor_of(frame: &Frame) -> Option<crate::wire::Compressor> {
 const PAUSED: (i32, &str) = (262, "ExceededTimeLimit");
 
 /// Runs one client connection to its end with `strategy` as its upstream side.
-pub(crate) async fn run<S: Strategy>(
+///
+/// Not an `async fn`: an async fn keeps its arguments (the socket, the strategy) in its
+/// state for its whole life next to the session built from them, and this future is most of
+/// an idle client's memory (docs/memory.md). The session is built here, synchronously, and
+/// the future owns only it and the request loop.
+pub(crate) fn run<S: Strategy>(
     ctx: Arc<Context>,
     socket: ClientStream,
     peer: SocketAddr,
     strategy: S,
     conn: Arc<crate::proxy::control::Connection>,
-) -> Result<End, SessionError> {
+) -> impl std::future::Future<Output = Result<End, SessionError>> + Send {
     let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
     let mut session = Session {
         client: Client {
-            input: FramedRead::new(read, MessageCodec::new(max)),
+            input: crate::wire::codec::framed_read(read, max),
             out: write,
             peer,
             limits: Limits::from_config(&ctx.config.proxy),
@@ -181,9 +186,11 @@ pub(crate) async fn run<S: Strategy>(
         obs: SessionObs::new(ctx.metrics.clone()),
         ctx,
     };
-    let result = session.serve().await;
-    session.strategy.close();
-    result
+    async move {
+        let result = session.serve().await;
+        session.strategy.close();
+        result
+    }
 }
 
 impl<S: Strategy> Session<S> {
