@@ -268,10 +268,11 @@ impl ShapeTable {
         }
     }
 
-    fn shard(&self, key: u64) -> &Mutex<Inner> {
+    /// The shard of `key` (always `Some`: the index is masked below the power-of-two count).
+    fn shard(&self, key: u64) -> Option<&Mutex<Inner>> {
         // FNV's low bits are weak alone: fold the high ones in.
         let i = ((key ^ (key >> 29) ^ (key >> 47)) as usize) & (self.shards.len() - 1);
-        &self.shards[i]
+        self.shards.get(i)
     }
 
     fn locked(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
@@ -290,7 +291,10 @@ impl ShapeTable {
         if !s.active {
             return;
         }
-        let mut inner = Self::locked(self.shard(s.key));
+        let Some(shard) = self.shard(s.key) else {
+            return;
+        };
+        let mut inner = Self::locked(shard);
         inner.tick += 1;
         let tick = inner.tick;
         if !inner.map.contains_key(&s.key) && inner.map.len() >= self.shard_capacity {

@@ -38,11 +38,11 @@ fn value_len(tag: u8, v: &[u8]) -> Option<usize> {
     }
     // A string-like value is checked for its terminating NUL even when only crossed, as
     // the bson crate's walk does.
-    if matches!(tag, 0x02 | 0x0D | 0x0E) && (len < 5 || v[len - 1] != 0) {
+    if matches!(tag, 0x02 | 0x0D | 0x0E) && (len < 5 || v.get(len - 1) != Some(&0)) {
         return None;
     }
     // So is an embedded document's or array's length and terminator.
-    if matches!(tag, 0x03 | 0x04) && (len < 5 || v[len - 1] != 0) {
+    if matches!(tag, 0x03 | 0x04) && (len < 5 || v.get(len - 1) != Some(&0)) {
         return None;
     }
     Some(len)
@@ -101,11 +101,10 @@ fn walk<'a, T>(
     let end = bytes.len() - 1;
     let mut at = 4;
     while at < end {
-        let tag = bytes[at];
+        let tag = *bytes.get(at).ok_or(())?;
         let rest = bytes.get(at + 1..end).ok_or(())?;
         let nul = rest.iter().position(|&b| b == 0).ok_or(())?;
-        let key = &rest[..nul];
-        let v = &rest[nul + 1..];
+        let (key, v) = (rest.get(..nul).ok_or(())?, rest.get(nul + 1..).ok_or(())?);
         let len = value_len(tag, v).ok_or(())?;
         if !key.is_ascii() && std::str::from_utf8(key).is_err() {
             return Err(());
@@ -113,13 +112,13 @@ fn walk<'a, T>(
         if let Some(t) = visit(Element {
             tag,
             key,
-            value: &v[..len],
+            value: v.get(..len).ok_or(())?,
         }) {
             return Ok(Some(t));
         }
         at += 1 + nul + 1 + len;
     }
-    if at == end && bytes[end] == 0 {
+    if at == end && bytes.get(end) == Some(&0) {
         Ok(None)
     } else {
         Err(())
