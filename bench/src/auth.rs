@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, spec::BinarySubtype, Binary, Bson, Document, RawBsonRef, RawDocument};
 use mongoguard::auth::scram::{ClientConversation, Mechanism};
 
-use crate::wire::{Body, Conn, WireError};
+use crate::wire::{Body, Conn, Endpoint, WireError};
 
 /// Who to authenticate as, and how.
 #[derive(Clone)]
@@ -125,11 +125,11 @@ fn timed_out(what: &str) -> WireError {
 /// Connect, send the handshake `hello` and, with `auth`, authenticate with SCRAM-SHA-256.
 /// Every request is bounded by `timeout`.
 pub async fn handshake(
-    addr: &str,
+    ep: &Endpoint,
     timeout: Duration,
     auth: Option<&AuthOptions>,
 ) -> Result<(Conn, HandshakeInfo), WireError> {
-    let mut conn = Conn::open(addr, timeout).await?;
+    let mut conn = Conn::open(ep, timeout).await?;
     let mut info = HandshakeInfo::default();
     let mut hello = doc! { "hello": 1, "helloOk": true, "client": client_metadata() };
     let Some(auth) = auth else {

@@ -9,7 +9,7 @@ use bson::doc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::wire::{parse_op_msg_body, Body, OP_MSG};
+use crate::wire::{parse_op_msg_body, Body, Endpoint, OP_MSG};
 use crate::workload::{self, Op, Scenario, Settings};
 
 #[derive(Clone, Copy)]
@@ -120,9 +120,11 @@ fn settings() -> Settings {
 async fn mix_against_healthy_server() {
     let (addr, seen) = serve(Mode::Healthy).await;
     let s = settings();
-    workload::setup(&addr, &s).await.expect("setup");
+    workload::setup(&Endpoint::plain(&addr), &s)
+        .await
+        .expect("setup");
     let next_id = Arc::new(AtomicI64::new(s.docs));
-    let r = workload::run(&addr, Op::Mix, 4, &s, next_id, None)
+    let r = workload::run(&Endpoint::plain(&addr), Op::Mix, 4, &s, next_id, None)
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
@@ -142,7 +144,7 @@ async fn command_errors_are_counted_not_fatal() {
     let s = settings();
     // Measures its own process (the fake server runs in it): a CPU time is read.
     let r = workload::run(
-        &addr,
+        &Endpoint::plain(&addr),
         Op::Ping,
         2,
         &s,
@@ -162,9 +164,16 @@ async fn dropped_connections_are_counted_and_run_ends() {
     let (addr, _) = serve(Mode::CloseAfterHello).await;
     let s = settings();
     let started = std::time::Instant::now();
-    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Find,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert!(r.errors > 0);
     assert_eq!(r.hist.len(), 0);
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -213,9 +222,16 @@ async fn serverless_speculative_against_standin() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("apppw", true, true));
-    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Ping,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     let ops = r.hist.len();
     assert!(ops > 0);
@@ -240,10 +256,19 @@ async fn serverless_sasl_start_with_empty_exchange() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("apppw", false, false));
-    workload::setup(&addr, &s).await.expect("setup with auth");
-    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(100)), None)
+    workload::setup(&Endpoint::plain(&addr), &s)
         .await
-        .expect("run");
+        .expect("setup with auth");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Find,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(100)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     assert!(!r.hist.is_empty());
     assert_eq!(r.speculative, 0);
@@ -261,9 +286,16 @@ async fn serverless_wrong_password_is_an_error() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("wrong", true, true));
-    let r = workload::run(&addr, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Ping,
+        1,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.hist.len(), 0);
     assert!(r.errors > 0);
     let e = r.first_error.unwrap_or_default();
@@ -280,10 +312,19 @@ async fn steady_authenticates_each_connection_once() {
         auth: auth("apppw", true, true),
         ..settings()
     };
-    workload::setup(&addr, &s).await.expect("setup with auth");
-    let r = workload::run(&addr, Op::Mix, 3, &s, Arc::new(AtomicI64::new(100)), None)
+    workload::setup(&Endpoint::plain(&addr), &s)
         .await
-        .expect("run");
+        .expect("setup with auth");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Mix,
+        3,
+        &s,
+        Arc::new(AtomicI64::new(100)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     assert!(r.hist.len() > 10);
     assert!(r.client_scram.is_none());

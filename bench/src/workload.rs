@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
 use crate::auth::{self, AuthOptions};
-use crate::wire::{Body, Conn, WireError};
+use crate::wire::{Body, Conn, Endpoint, WireError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long past the end of the measured window an in-flight request may take.
@@ -115,12 +115,10 @@ pub fn process_cpu(pid: u32) -> Option<Duration> {
 
 /// Open a connection the way the settings say: plain `hello`, or the driver-style
 /// handshake with authentication.
-async fn connect(addr: &str, timeout: Duration, s: &Settings) -> Result<Conn, WireError> {
+async fn connect(ep: &Endpoint, timeout: Duration, s: &Settings) -> Result<Conn, WireError> {
     match &s.auth {
-        None => Conn::connect(addr, timeout).await,
-        Some(a) => auth::handshake(addr, timeout, Some(a))
-            .await
-            .map(|(c, _)| c),
+        None => Conn::connect(ep, timeout).await,
+        Some(a) => auth::handshake(ep, timeout, Some(a)).await.map(|(c, _)| c),
     }
 }
 
@@ -203,8 +201,8 @@ impl Requests {
 }
 
 /// Drop the collection and insert `docs` small documents with `_id` 0..docs.
-pub async fn setup(addr: &str, s: &Settings) -> anyhow::Result<()> {
-    let mut conn = connect(addr, CONNECT_TIMEOUT, s)
+pub async fn setup(ep: &Endpoint, s: &Settings) -> anyhow::Result<()> {
+    let mut conn = connect(ep, CONNECT_TIMEOUT, s)
         .await
         .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     let drop = Body::encode(&doc! { "drop": &s.coll, "$db": &s.db }).map_err(anyhow_wire)?;
@@ -232,10 +230,10 @@ pub async fn setup(addr: &str, s: &Settings) -> anyhow::Result<()> {
 
 /// `{standinStats: 1, reset}` on `admin` (mongoguard-standin only), as relaxed extended JSON.
 pub async fn standin_stats(
-    addr: &str,
+    ep: &Endpoint,
     reset: bool,
 ) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    let mut conn = Conn::connect(addr, CONNECT_TIMEOUT)
+    let mut conn = Conn::connect(ep, CONNECT_TIMEOUT)
         .await
         .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     let body = Body::encode(&doc! { "standinStats": 1, "reset": reset, "$db": "admin" })
@@ -292,9 +290,9 @@ impl ConnStats {
     }
 }
 
-/// Run `concurrency` connections against `addr` for warmup + duration.
+/// Run `concurrency` connections against `ep` for warmup + duration.
 pub async fn run(
-    addr: &str,
+    ep: &Endpoint,
     op: Op,
     concurrency: usize,
     s: &Settings,
@@ -302,15 +300,15 @@ pub async fn run(
     cpu_pid: Option<u32>,
 ) -> anyhow::Result<RunResult> {
     if s.scenario == Scenario::Serverless {
-        return run_serverless(addr, op, concurrency, s, next_id).await;
+        return run_serverless(ep, op, concurrency, s, next_id).await;
     }
     // Connect everyone first (concurrently), so connection setup is not part of
     // the window. A connection that fails here is counted and retried inside it.
     let pending: Vec<_> = (0..concurrency)
         .map(|_| {
-            let addr = addr.to_string();
+            let ep = ep.clone();
             let s = s.clone();
-            tokio::spawn(async move { connect(&addr, CONNECT_TIMEOUT, &s).await })
+            tokio::spawn(async move { connect(&ep, CONNECT_TIMEOUT, &s).await })
         })
         .collect();
     let mut conns = Vec::with_capacity(concurrency);
@@ -341,10 +339,9 @@ pub async fn run(
     for (i, conn) in conns.into_iter().enumerate() {
         let reqs =
             Requests::new(s, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
-        let addr = addr.to_string();
         tasks.push(tokio::spawn(conn_loop(
             conn,
-            addr,
+            ep.clone(),
             s.clone(),
             reqs,
             op,
@@ -383,7 +380,7 @@ pub async fn run(
 
 async fn conn_loop(
     mut conn: Option<Conn>,
-    addr: String,
+    ep: Endpoint,
     s: Settings,
     mut reqs: Requests,
     op: Op,
@@ -409,7 +406,7 @@ async fn conn_loop(
             // Reconnect after a failure, as long as the window is open.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let remaining = end.saturating_duration_since(Instant::now());
-            match connect(&addr, remaining.min(CONNECT_TIMEOUT), &s).await {
+            match connect(&ep, remaining.min(CONNECT_TIMEOUT), &s).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     if Instant::now() >= measure_from {
@@ -463,7 +460,7 @@ struct ServerlessStats {
 /// Serverless scenario: `concurrency` tasks, each repeating connect + handshake (hello,
 /// authentication) + one command + close. The latency of an operation covers all of it.
 async fn run_serverless(
-    addr: &str,
+    ep: &Endpoint,
     op: Op,
     concurrency: usize,
     s: &Settings,
@@ -477,7 +474,7 @@ async fn run_serverless(
         let reqs =
             Requests::new(s, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
         tasks.push(tokio::spawn(serverless_loop(
-            addr.to_string(),
+            ep.clone(),
             s.auth.clone(),
             reqs,
             op,
@@ -521,12 +518,12 @@ async fn run_serverless(
 
 /// One serverless operation: connect, handshake, one request, close.
 async fn serverless_op(
-    addr: &str,
+    ep: &Endpoint,
     auth: Option<&AuthOptions>,
     reqs: &mut Requests,
     op: Op,
 ) -> Result<auth::HandshakeInfo, WireError> {
-    let (mut conn, info) = auth::handshake(addr, CONNECT_TIMEOUT, auth).await?;
+    let (mut conn, info) = auth::handshake(ep, CONNECT_TIMEOUT, auth).await?;
     let body = reqs.next(op)?;
     conn.request(body).await?;
     drop(conn); // close: a serverless invocation keeps nothing
@@ -534,7 +531,7 @@ async fn serverless_op(
 }
 
 async fn serverless_loop(
-    addr: String,
+    ep: Endpoint,
     auth: Option<AuthOptions>,
     mut reqs: Requests,
     op: Op,
@@ -561,7 +558,7 @@ async fn serverless_loop(
         let sent = Instant::now();
         let outcome = match tokio::time::timeout_at(
             end + GRACE,
-            serverless_op(&addr, auth.as_ref(), &mut reqs, op),
+            serverless_op(&ep, auth.as_ref(), &mut reqs, op),
         )
         .await
         {
