@@ -334,3 +334,97 @@ async fn steady_authenticates_each_connection_once() {
     assert_eq!(stats.authentications(), 4);
     standin.shutdown().await;
 }
+
+/// A TLS terminator in front of `upstream` with a certificate for 127.0.0.1 signed by a fresh
+/// CA; returns its address, the CA file and the count of completed TLS handshakes.
+async fn tls_front(
+    upstream: String,
+    dir: &std::path::Path,
+) -> (
+    String,
+    std::path::PathBuf,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+    use tokio_rustls::rustls;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let mut leaf_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf_params
+        .subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let handshakes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = handshakes.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (acceptor, upstream, count) = (acceptor.clone(), upstream.clone(), count.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut up = TcpStream::connect(&upstream).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    (addr, ca_file, handshakes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_over_tls_does_one_handshake_per_operation() {
+    let standin = standin_with_user().await;
+    let dir = std::env::temp_dir().join(format!("loadgen-tls-{}", std::process::id()));
+    let (addr, ca, handshakes) = tls_front(standin.addr().to_string(), &dir).await;
+    let ep = Endpoint {
+        addr,
+        tls: Some(crate::wire::TlsClient::new(&ca, "127.0.0.1", false).unwrap()),
+    };
+    let s = serverless(auth("apppw", true, true));
+    let r = workload::run(&ep, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)), None)
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    assert!(r.hist.len() > 0);
+    // Every completed operation had its own TLS connection (plus at most the ones cut off
+    // by the end of the window).
+    let n = handshakes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        n >= r.completed && n <= r.completed + 2,
+        "{n} handshakes, {} ops",
+        r.completed
+    );
+
+    // A CA that did not sign the certificate: every connection fails.
+    let other = dir.join("other");
+    let (_, wrong_ca, _) = tls_front(standin.addr().to_string(), &other).await;
+    let bad = Endpoint {
+        addr: ep.addr.clone(),
+        tls: Some(crate::wire::TlsClient::new(&wrong_ca, "127.0.0.1", false).unwrap()),
+    };
+    let r = workload::run(&bad, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)), None)
+        .await
+        .expect("run");
+    assert_eq!(r.hist.len(), 0);
+    assert!(r.errors > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -335,13 +335,57 @@ fn tls_acceptor(cli: &Cli) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> 
         (_, _, Some(dir)) => self_signed(dir)?,
         _ => return Ok(None),
     };
+    acceptor(chain, key).map(Some)
+}
+
+fn acceptor(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .context("certificate and key do not fit")?;
-    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Accepts connections for ever, each served by its own task.
+async fn accept_loop(listener: TcpListener, relay: Arc<Relay>, max_connections: usize) -> ! {
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let (sock, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: wait instead of spinning.
+                eprintln!("delayrelay: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if open.fetch_add(1, Ordering::AcqRel) >= max_connections {
+            open.fetch_sub(1, Ordering::AcqRel);
+            drop(sock);
+            continue;
+        }
+        let relay = relay.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve(sock, relay).await {
+                // Resets and unclean TLS ends are how clients close; only say the rest.
+                if !matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionReset
+                        | io::ErrorKind::BrokenPipe
+                        | io::ErrorKind::UnexpectedEof
+                ) {
+                    eprintln!("delayrelay: connection: {e}");
+                }
+            }
+            open.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
 }
 
 // --- main -------------------------------------------------------------------------------
@@ -377,38 +421,151 @@ fn main() -> anyhow::Result<()> {
             cli.handshake_rtts,
             if relay.tls.is_some() { "on" } else { "off" }
         );
-        let open = Arc::new(AtomicUsize::new(0));
-        loop {
-            let (sock, _) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: wait instead of spinning.
-                    eprintln!("delayrelay: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            if open.fetch_add(1, Ordering::AcqRel) >= cli.max_connections {
-                open.fetch_sub(1, Ordering::AcqRel);
-                drop(sock);
-                continue;
-            }
-            let relay = relay.clone();
-            let open = open.clone();
-            tokio::spawn(async move {
-                if let Err(e) = serve(sock, relay).await {
-                    // Resets and unclean TLS ends are how clients close; only say the rest.
-                    if !matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionReset
-                            | io::ErrorKind::BrokenPipe
-                            | io::ErrorKind::UnexpectedEof
-                    ) {
-                        eprintln!("delayrelay: connection: {e}");
-                    }
-                }
-                open.fetch_sub(1, Ordering::AcqRel);
-            });
-        }
+        accept_loop(listener, relay, cli.max_connections).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server; returns its address.
+    async fn echo() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A relay toward `upstream` with `delay_ms` each way; returns its address.
+    async fn relay(
+        upstream: &str,
+        delay_ms: u64,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> String {
+        let delay = Duration::from_millis(delay_ms);
+        let relay = Arc::new(Relay {
+            upstream: upstream.to_string(),
+            delay,
+            handshake: 2 * delay,
+            tls,
+            timer: Timer::start(),
+        });
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(accept_loop(l, relay, 100));
+        addr
+    }
+
+    fn ms(d: Duration) -> u128 {
+        d.as_millis()
+    }
+
+    #[tokio::test]
+    async fn first_byte_pays_the_handshake_then_each_exchange_a_round_trip() {
+        let addr = relay(&echo().await, 20, None).await;
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        let t0 = Instant::now();
+        c.write_all(b"a").await.unwrap();
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).await.unwrap();
+        let first = t0.elapsed();
+        // Handshake round trip (40 ms) + the exchange (40 ms).
+        assert!(ms(first) >= 80, "first exchange took {first:?}");
+        assert!(ms(first) < 300, "first exchange took {first:?}");
+        let t1 = Instant::now();
+        c.write_all(b"b").await.unwrap();
+        c.read_exact(&mut b).await.unwrap();
+        let second = t1.elapsed();
+        assert_eq!(&b, b"b");
+        assert!(ms(second) >= 40, "second exchange took {second:?}");
+        assert!(ms(second) < 200, "second exchange took {second:?}");
+    }
+
+    #[tokio::test]
+    async fn chunks_keep_their_order_and_do_not_wait_behind_each_other() {
+        let addr = relay(&echo().await, 50, None).await;
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        c.set_nodelay(true).unwrap();
+        let mut b = [0u8; 1];
+        c.write_all(b"x").await.unwrap();
+        c.read_exact(&mut b).await.unwrap(); // past the handshake
+        let t0 = Instant::now();
+        let (mut r, mut w) = c.into_split();
+        let writer = tokio::spawn(async move {
+            for i in 0..5u8 {
+                w.write_all(&[b'0' + i]).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            w
+        });
+        let mut got = [0u8; 5];
+        r.read_exact(&mut got).await.unwrap();
+        let took = t0.elapsed();
+        let _w = writer.await.unwrap();
+        assert_eq!(&got, b"01234");
+        // The last chunk leaves at ~40 ms and comes back 100 ms later. Chunks serialized
+        // behind each other's delays would take at least 5 x 50 ms.
+        assert!(ms(took) >= 140, "took {took:?}");
+        assert!(ms(took) < 250, "took {took:?}");
+    }
+
+    #[tokio::test]
+    async fn tls_is_terminated_behind_the_delay() {
+        let dir = std::env::temp_dir().join(format!("delayrelay-test-{}", std::process::id()));
+        let (chain, key) = self_signed(&dir).unwrap();
+        let addr = relay(&echo().await, 20, Some(acceptor(chain, key).unwrap())).await;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let t0 = Instant::now();
+        let tcp = TcpStream::connect(&addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let handshake = t0.elapsed();
+        // TCP handshake round trip + TLS 1.3's one.
+        assert!(ms(handshake) >= 80, "handshake took {handshake:?}");
+        tls.write_all(b"hello").await.unwrap();
+        tls.flush().await.unwrap();
+        let mut b = [0u8; 5];
+        tls.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"hello");
+        assert!(ms(t0.elapsed()) >= 120, "took {:?}", t0.elapsed());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_closed_upstream_closes_the_client() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                drop(s);
+            }
+        });
+        let addr = relay(&up, 5, None).await;
+        let mut c = TcpStream::connect(&addr).await.unwrap();
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b))
+            .await
+            .expect("the client side was not closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
 }
