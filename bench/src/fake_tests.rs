@@ -404,7 +404,7 @@ async fn serverless_over_tls_does_one_handshake_per_operation() {
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
-    assert!(r.hist.len() > 0);
+    assert!(!r.hist.is_empty());
     // Every completed operation had its own TLS connection (plus at most the ones cut off
     // by the end of the window).
     let n = handshakes.load(std::sync::atomic::Ordering::Relaxed);
