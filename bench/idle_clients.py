@@ -5,10 +5,14 @@ Two subcommands (the legacy form `idle_clients.py N PORT SECONDS` still works: i
 connections, completes a hello on each, prints "open N" and holds them for SECONDS):
 
   idle_clients.py idle  --port P --pid PID -n N [--hold S] [--after S] [--json]
+                        [--user U --password PW [--auth-db admin]]
       RSS of PID (VmRSS from /proc/PID/status) before; then N connections, each with a hello
       answered; RSS once all are open and idle for --hold seconds; then all close, and RSS
       --after seconds later. Also the process's open descriptors (/proc/PID/fd) while idle
       and after close, to tell memory the allocator keeps from sessions still open.
+      With --user, every connection authenticates with SCRAM-SHA-256 as drivers do (hello
+      carrying speculativeAuthenticate, then saslContinue; skipEmptyExchange), so an idle
+      client is an authenticated one (pooled mode without allow_unauthenticated).
   idle_clients.py burst --port P --pid PID -c C [--mb 4] [--rounds 1] [--after S] [--json]
       C concurrent connections each send one insert of a --mb MiB document (OP_MSG, kind-1
       document sequence), read the reply and close; --rounds times. Reports the peak RSS seen
@@ -21,6 +25,9 @@ starts it (passthrough holds two sockets per client).
 Example: integration/.venv/bin/python bench/idle_clients.py idle --port 27101 --pid 1234 -n 5000
 """
 import argparse
+import base64
+import hashlib
+import hmac
 import json
 import os
 import resource
@@ -87,14 +94,94 @@ def raise_nofile():
     return hard
 
 
-def open_idle(port, n):
+class Scram:
+    """SCRAM-SHA-256 client (RFC 5802 / 7677) for an ASCII user and password (no SASLprep
+    needed). Caches the salted password per (salt, iterations), as drivers do."""
+
+    def __init__(self, user, password, db):
+        self.user = user.replace("=", "=3D").replace(",", "=2C")
+        self.password = password.encode()
+        self.db = db
+        self.cache = {}
+
+    def start(self):
+        """(client-first message, state for finish)."""
+        nonce = base64.b64encode(os.urandom(24)).decode()
+        bare = f"n={self.user},r={nonce}"
+        return ("n,," + bare).encode(), (bare, nonce)
+
+    def finish(self, state, server_first):
+        """(client-final message, expected server signature)."""
+        bare, nonce = state
+        attrs = dict(a.split("=", 1) for a in server_first.decode().split(","))
+        if not attrs["r"].startswith(nonce):
+            raise RuntimeError("server nonce does not extend ours")
+        salt, iters = base64.b64decode(attrs["s"]), int(attrs["i"])
+        key = (salt, iters)
+        if key not in self.cache:
+            self.cache[key] = hashlib.pbkdf2_hmac("sha256", self.password, salt, iters)
+        salted = self.cache[key]
+        without_proof = f"c=biws,r={attrs['r']}"
+        auth_message = f"{bare},{server_first.decode()},{without_proof}".encode()
+        client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+        stored_key = hashlib.sha256(client_key).digest()
+        signature = hmac.new(stored_key, auth_message, hashlib.sha256).digest()
+        proof = bytes(a ^ b for a, b in zip(client_key, signature))
+        server_key = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+        expected = hmac.new(server_key, auth_message, hashlib.sha256).digest()
+        final = f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+        return final, expected
+
+
+def request(s, rid, body):
+    s.sendall(op_msg(rid, body))
+    reply = read_reply(s)
+    if reply.get("ok") != 1:
+        raise RuntimeError(f"{next(iter(body))} failed: {reply}")
+    return reply
+
+
+def authenticate(s, scram):
+    """hello with speculativeAuthenticate (saslStart if the server declines it), then
+    saslContinue (and the empty one if the server is not done); checks the server's proof."""
+    first, state = scram.start()
+    start = {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bson.Binary(first),
+             "options": {"skipEmptyExchange": True}}
+    hello = {"hello": 1, "helloOk": True,
+             "client": {"driver": {"name": "idle_clients.py", "version": "1"},
+                        "os": {"type": "Linux"}},
+             "speculativeAuthenticate": dict(start, db=scram.db), "$db": "admin"}
+    reply = request(s, 1, hello).get("speculativeAuthenticate")
+    if reply is None:
+        reply = request(s, 2, dict(start, **{"$db": scram.db}))
+    final, expected = scram.finish(state, bytes(reply["payload"]))
+    cid = reply["conversationId"]
+    reply = request(s, 3, {"saslContinue": 1, "conversationId": cid,
+                           "payload": bson.Binary(final), "$db": scram.db})
+    got = dict(a.split("=", 1) for a in bytes(reply["payload"]).decode().split(","))
+    if base64.b64decode(got.get("v", "")) != expected:
+        raise RuntimeError("server signature does not verify")
+    if not reply.get("done"):
+        reply = request(s, 4, {"saslContinue": 1, "conversationId": cid,
+                               "payload": bson.Binary(b""), "$db": scram.db})
+        if not reply.get("done"):
+            raise RuntimeError("SASL conversation not done after the empty exchange")
+
+
+def open_idle(port, n, scram=None):
     socks = []
     for i in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        s.sendall(op_msg(i + 1, {"hello": 1, "$db": "admin"}))
-        reply = read_reply(s)
-        if reply.get("ok") != 1:
-            raise RuntimeError(f"hello {i} failed: {reply}")
+        if scram is None:
+            s.sendall(op_msg(i + 1, {"hello": 1, "$db": "admin"}))
+            reply = read_reply(s)
+            if reply.get("ok") != 1:
+                raise RuntimeError(f"hello {i} failed: {reply}")
+        else:
+            try:
+                authenticate(s, scram)
+            except Exception as e:
+                raise RuntimeError(f"client {i}: {e}") from e
         socks.append(s)
     return socks
 
@@ -103,9 +190,10 @@ def cmd_idle(a):
     hard = raise_nofile()
     if a.n + 64 > hard:
         sys.exit(f"RLIMIT_NOFILE hard limit {hard} is below {a.n} sockets: raise ulimit -n")
+    scram = Scram(a.user, a.password, a.auth_db) if a.user else None
     before = rss_kib(a.pid)
     t0 = time.monotonic()
-    socks = open_idle(a.port, a.n)
+    socks = open_idle(a.port, a.n, scram)
     opened_s = time.monotonic() - t0
     time.sleep(a.hold)
     held = rss_kib(a.pid)
@@ -117,6 +205,7 @@ def cmd_idle(a):
     fds_after = fd_count(a.pid)
     out = {
         "clients": a.n,
+        "authenticated": scram is not None,
         "rss_before_kib": before,
         "rss_idle_kib": held,
         "per_client_kib": round((held - before) / a.n, 2),
@@ -221,6 +310,9 @@ def main():
     i = sub.add_parser("idle", help="RSS with N idle clients and after they leave")
     i.add_argument("-n", type=int, required=True)
     i.add_argument("--hold", type=float, default=3.0)
+    i.add_argument("--user", help="authenticate every client (SCRAM-SHA-256) as this user")
+    i.add_argument("--password")
+    i.add_argument("--auth-db", default="admin")
     b = sub.add_parser("burst", help="RSS during and after C clients sending one large insert")
     b.add_argument("-c", type=int, default=64)
     b.add_argument("--mb", type=int, default=4)
@@ -233,6 +325,8 @@ def main():
         q.add_argument("--after", type=float, default=5.0, help="seconds to wait after close")
         q.add_argument("--json", action="store_true")
     a = p.parse_args()
+    if a.cmd == "idle" and bool(a.user) != bool(a.password):
+        p.error("--user and --password go together")
     {"idle": cmd_idle, "burst": cmd_burst}[a.cmd](a)
 
 

@@ -27,6 +27,16 @@
 #     same SCRAM cost on every target (only matters for the first conversation: loadgen caches the derived keys, as drivers do).
 #   STANDIN_FAULT [none]  e.g. delay-ms:1: the stand-in waits before every reply, standing in
 #                         for a mongod one network round trip away (mongoguard stays local)
+#   UPSTREAM_DELAY_MS [0]  >0: a delayrelay (bench/src/bin/delayrelay.rs) in front of the
+#     stand-in delays every chunk by this many ms in each direction, and holds a new
+#     connection's first bytes one extra round trip (the TCP handshake). "direct" and both
+#     mongoguards then reach the stand-in through it; mongoguard stays local to loadgen (no
+#     delay, no TLS between them). 0 and UPSTREAM_TLS unset: no relay (the old behaviour).
+#   UPSTREAM_TLS [0]  1: the relay terminates TLS (certificate minted at start by
+#     delayrelay --tls-self-signed, ECDSA P-256) behind the delay, so the TLS handshake pays
+#     its round trips; loadgen's direct target is tls:// (full handshake per connection, no
+#     session resumption) and the mongoguards' upstream URIs get tls=true&tlsCAFile=...
+#   RELAY_PORT [27203]
 #   STANDIN_PORT [27200]  PASSTHROUGH_PORT [27201]  POOLED_PORT [27202]
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   MONGOGUARD_ARGS [] extra flags for both mongoguards, e.g. "--policy bench/policy-off.toml"
@@ -52,6 +62,12 @@ POOL_SIZE="${POOL_SIZE:-8}"
 APP_USER="${APP_USER:-app}"
 APP_PASSWORD="${APP_PASSWORD:-apppw}"
 OUT_FILE="${OUT_FILE:-docs/benchmarks-pooled.md}"
+UPSTREAM_DELAY_MS="${UPSTREAM_DELAY_MS:-0}"
+UPSTREAM_TLS="${UPSTREAM_TLS:-0}"
+RELAY=0
+if [[ "$UPSTREAM_TLS" == 1 ]] || awk -v d="$UPSTREAM_DELAY_MS" 'BEGIN { exit !(d + 0 > 0) }'; then
+    RELAY=1
+fi
 DB=bench
 COLL=docs
 export RUST_LOG="${RUST_LOG:-warn}"
@@ -65,6 +81,8 @@ INVOCATION="DURATION=$DURATION WARMUP=$WARMUP DOCS=$DOCS SERVERLESS_OP=$SERVERLE
 INVOCATION+=" SERVERLESS_CONCURRENCY=$SERVERLESS_CONCURRENCY STEADY_OPS=$STEADY_OPS"
 INVOCATION+=" STEADY_CONCURRENCY=$STEADY_CONCURRENCY POOL_SIZE=$POOL_SIZE"
 [[ -z "${USERS_ITERATIONS:-}" ]] || INVOCATION+=" USERS_ITERATIONS=$USERS_ITERATIONS"
+[[ -z "${STANDIN_FAULT:-}" ]] || INVOCATION+=" STANDIN_FAULT=$STANDIN_FAULT"
+[[ $RELAY == 0 ]] || INVOCATION+=" UPSTREAM_DELAY_MS=$UPSTREAM_DELAY_MS UPSTREAM_TLS=$UPSTREAM_TLS"
 INVOCATION+=" bench/run_pooled.sh"
 
 BENCH_NAME=run_pooled.sh
@@ -77,7 +95,7 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
     cargo build --release -p mongoguard-standin -p mongoguard -p mongoguard-bench
 fi
 BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
-for b in mongoguard-standin mongoguard loadgen; do
+for b in mongoguard-standin mongoguard loadgen delayrelay; do
     [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
 done
 
@@ -87,7 +105,9 @@ PORT_P="$(pick_port "${PASSTHROUGH_PORT:-}" 27201)"
 PICKED+=("$PORT_P")
 PORT_Q="$(pick_port "${POOLED_PORT:-}" 27202)"
 PICKED+=("$PORT_Q")
-log "ports: stand-in $PORT_S, passthrough $PORT_P, pooled $PORT_Q"
+PORT_R="$(pick_port "${RELAY_PORT:-}" 27203)"
+PICKED+=("$PORT_R")
+log "ports: stand-in $PORT_S, passthrough $PORT_P, pooled $PORT_Q, relay $PORT_R"
 
 # --- stand-in upstream (with a user: every client must authenticate) ----------
 "$BIN/mongoguard-standin" --listen "127.0.0.1:$PORT_S" --user "$APP_USER:$APP_PASSWORD" \
@@ -96,9 +116,31 @@ STANDIN_PID=$!
 PIDS+=("$STANDIN_PID")
 wait_for_line "$WORK/standin.log" "mongoguard-standin listening on 127.0.0.1:$PORT_S" "$STANDIN_PID" standin
 
+# --- the path to the upstream: the stand-in itself, or a delayrelay in front of it ----------
+# UP_ADDR: what "direct" and both mongoguards connect to; UP_OPTS: their URI's TLS options.
+UP_ADDR="127.0.0.1:$PORT_S"
+UP_OPTS=""
+DIRECT_TARGET="127.0.0.1:$PORT_S"
+TLS_ARGS=()
+if [[ $RELAY == 1 ]]; then
+    RELAY_ARGS=(--listen "127.0.0.1:$PORT_R" --upstream "127.0.0.1:$PORT_S" --delay-ms "$UPSTREAM_DELAY_MS")
+    [[ "$UPSTREAM_TLS" != 1 ]] || RELAY_ARGS+=(--tls-self-signed "$WORK/pki")
+    "$BIN/delayrelay" "${RELAY_ARGS[@]}" >"$WORK/relay.log" 2>&1 &
+    RELAY_PID=$!
+    PIDS+=("$RELAY_PID")
+    wait_for_line "$WORK/relay.log" "delayrelay listening on 127.0.0.1:$PORT_R" "$RELAY_PID" relay
+    UP_ADDR="127.0.0.1:$PORT_R"
+    DIRECT_TARGET="127.0.0.1:$PORT_R"
+    if [[ "$UPSTREAM_TLS" == 1 ]]; then
+        UP_OPTS="tls=true&tlsCAFile=$WORK/pki/ca.pem"
+        DIRECT_TARGET="tls://127.0.0.1:$PORT_R"
+        TLS_ARGS=(--tls-ca "$WORK/pki/ca.pem")
+    fi
+fi
+
 # --- mongoguard, passthrough -------------------------------------------------
 # shellcheck disable=SC2086 # MONGOGUARD_ARGS is a list of extra flags
-"$BIN/mongoguard" --admin-listen off --listen "127.0.0.1:$PORT_P" --upstream "mongodb://127.0.0.1:$PORT_S" ${MONGOGUARD_ARGS:-} \
+"$BIN/mongoguard" --admin-listen off --listen "127.0.0.1:$PORT_P" --upstream "mongodb://$UP_ADDR/${UP_OPTS:+?$UP_OPTS}" ${MONGOGUARD_ARGS:-} \
     >"$WORK/passthrough.log" 2>&1 &
 PASSTHROUGH_PID=$!
 PIDS+=("$PASSTHROUGH_PID")
@@ -141,7 +183,7 @@ listen = "127.0.0.1:$PORT_Q"
 mode = "pooled"
 
 [upstream]
-uri = "mongodb://$APP_USER:$APP_PASSWORD@127.0.0.1:$PORT_S/?authSource=admin"
+uri = "mongodb://$APP_USER:$APP_PASSWORD@$UP_ADDR/?authSource=admin${UP_OPTS:+&$UP_OPTS}"
 
 [pool]
 pool_size = $POOL_SIZE
@@ -163,7 +205,7 @@ fi
 
 addr_of() {
     case "$1" in
-        direct) echo "127.0.0.1:$PORT_S" ;;
+        direct) echo "$DIRECT_TARGET" ;;
         passthrough) echo "127.0.0.1:$PORT_P" ;;
         pooled) echo "127.0.0.1:$PORT_Q" ;;
         *) die "unknown target $1 (direct, passthrough, pooled)" ;;
@@ -202,7 +244,7 @@ measure() {
     RUN_NO=$((RUN_NO + 1))
     "$BIN/loadgen" --target "$target=$addr" --op "$op" --concurrency "$c" --no-setup \
         --first-insert-id "$((DOCS + RUN_NO * 1000000000))" \
-        "${COMMON_ARGS[@]}" "${AUTH_ARGS[@]}" --json "$@" >"$WORK/run.json" 2>>"$WORK/loadgen.log" ||
+        "${COMMON_ARGS[@]}" "${AUTH_ARGS[@]}" ${TLS_ARGS[@]+"${TLS_ARGS[@]}"} --json "$@" >"$WORK/run.json" 2>>"$WORK/loadgen.log" ||
         die "loadgen failed (see $WORK/loadgen.log)"
     local stats
     stats="$(standin_stats)"
@@ -246,7 +288,9 @@ for op in "${ST_OPS[@]}"; do
 done
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-for name in STANDIN PASSTHROUGH; do
+RELAY_NAME=()
+[[ $RELAY == 0 ]] || RELAY_NAME=(RELAY)
+for name in STANDIN PASSTHROUGH ${RELAY_NAME[@]+"${RELAY_NAME[@]}"}; do
     pid_var="${name}_PID"
     kill -0 "${!pid_var}" 2>/dev/null || die "${name,,} died during the run"
 done
@@ -265,6 +309,10 @@ mkdir -p "$(dirname "$OUT_FILE")"
     echo "- nproc: $(nproc); CPU: ${CPU_MODEL:-unknown}"
     echo "- load average before / after: $LOAD_BEFORE / $LOAD_AFTER (other work on the machine skews results)"
     echo "- upstream: mongoguard-standin --user $APP_USER:*** (in-memory stand-in, not mongod)"
+    if [[ $RELAY == 1 ]]; then
+        echo "- upstream path: delayrelay in front of the stand-in, ${UPSTREAM_DELAY_MS} ms each way (round trip $(awk -v d="$UPSTREAM_DELAY_MS" 'BEGIN { print 2 * d }') ms), one extra round trip before a new connection's first byte (TCP handshake), TLS $([[ "$UPSTREAM_TLS" == 1 ]] && echo "on (TLS terminated by the relay behind the delay; self-signed ECDSA P-256 certificate; loadgen: full handshake per connection, no resumption; mongoguard: rustls defaults)" || echo off). \"direct\" = loadgen -> relay -> stand-in; the mongoguards use the relay as upstream and are local to loadgen (no delay, no TLS on that hop)"
+    fi
+    [[ -z "${STANDIN_FAULT:-}" ]] || echo "- stand-in fault: $STANDIN_FAULT"
     echo "- pooled mongoguard: pool_size = $POOL_SIZE, users file from \`mongoguard users add\`; passthrough: \`--upstream mongodb://127.0.0.1:PORT\`; extra flags: \`${MONGOGUARD_ARGS:-none}\`"
     echo "- command: \`$INVOCATION\`"
     echo "- every client authenticates with SCRAM-SHA-256 as \`$APP_USER\` (speculativeAuthenticate in hello, skipEmptyExchange)"
@@ -310,6 +358,25 @@ if sl:
               f"| {n(r['p999_us'])} | {n(r.get('client_scram_p50_us', '-'))} | {r.get('scram_iterations', '-')} | {r['errors']} "
               f"| {n(stat(r, 'connectionsAccepted'))} | {n(stat(r, 'authentications'))} | {per_op(r, 'connectionsAccepted')} | {per_op(r, 'authentications')} |")
     print()
+    ok = [r for r in sl if "unavailable" not in r]
+    pairs = []
+    for r in ok:
+        if r["target"] == "direct":
+            continue
+        base = next((b for b in ok if b["target"] == "direct" and b["concurrency"] == r["concurrency"]), None)
+        if base and r["ops_per_sec"] and r["p50_us"]:
+            pairs.append((r, base))
+    if pairs:
+        print("Against direct (same concurrency): ops/s ratio = target / direct; p50 ratio = direct / target")
+        print("(above 1: the target is faster).")
+        print()
+        print("| target | conc | ops/s direct | ops/s target | ops/s ratio | p50 µs direct | p50 µs target | p50 ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r, b in pairs:
+            print(f"| {r['target']} | {r['concurrency']} | {n(b['ops_per_sec'])} | {n(r['ops_per_sec'])} "
+                  f"| {r['ops_per_sec'] / b['ops_per_sec']:.2f}x | {n(b['p50_us'])} | {n(r['p50_us'])} "
+                  f"| {b['p50_us'] / r['p50_us']:.2f}x |")
+        print()
 
 st = [r for r in rows if r["kind"] == "steady"]
 if st:

@@ -24,6 +24,12 @@
 #   ALLOCATORS [asbuilt,jemalloc,mimalloc]  MODES [passthrough,pooled]  IDLE_COUNTS [5000,10000]
 #   HOLD_S [3]  AFTER_S [5]  BURST_CLIENTS [64]  BURST_MB [4]  BURST_ROUNDS [2]
 #   LOAD_DURATION [5]  LOAD_CONCURRENCY [64]  LABEL [] a name for "asbuilt" in the output
+#   AUTH [0]  1: the stand-in has a user (APP_USER:APP_PASSWORD, default app:apppw) and every
+#     idle client authenticates with SCRAM-SHA-256 (idle_clients.py --user): passthrough
+#     passes the conversation to the stand-in; pooled authenticates clients itself (users file
+#     from `mongoguard users add`, no allow_unauthenticated) with the user in its upstream URI.
+#     Needs IDLE_ONLY=1 (the burst clients do not authenticate).
+#   IDLE_ONLY [0]  1: only the idle-client steps (no burst, no load point)
 #   SKIP_BUILD=1 and BIN_DIR [target/release]   PY [integration/.venv/bin/python]
 #   OUT_JSONL [bench-memory.jsonl in the work dir, printed at the end]
 # Everything started here is stopped on exit.
@@ -43,6 +49,10 @@ BURST_ROUNDS="${BURST_ROUNDS:-2}"
 LOAD_DURATION="${LOAD_DURATION:-5}"
 LOAD_CONCURRENCY="${LOAD_CONCURRENCY:-64}"
 export RUST_LOG="${RUST_LOG:-warn}"
+AUTH="${AUTH:-0}"
+IDLE_ONLY="${IDLE_ONLY:-0}"
+APP_USER="${APP_USER:-app}"
+APP_PASSWORD="${APP_PASSWORD:-apppw}"
 
 BENCH_NAME=memory.sh
 # shellcheck source=bench/common.sh
@@ -50,6 +60,7 @@ source "$ROOT/bench/common.sh"
 
 PY="${PY:-$ROOT/integration/.venv/bin/python}"
 [[ -x "$PY" ]] || die "no python with pymongo at $PY (run: bash -c 'source integration/common.sh; setup_python')"
+[[ "$AUTH" != 1 || "$IDLE_ONLY" == 1 ]] || die "AUTH=1 needs IDLE_ONLY=1 (burst clients do not authenticate)"
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
     log "building release binaries"
@@ -59,6 +70,14 @@ BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
 for b in mongoguard-standin mongoguard loadgen; do
     [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
 done
+STANDIN_USER_ARGS=()
+IDLE_AUTH_ARGS=()
+if [[ "$AUTH" == 1 ]]; then
+    STANDIN_USER_ARGS=(--user "$APP_USER:$APP_PASSWORD")
+    IDLE_AUTH_ARGS=(--user "$APP_USER" --password "$APP_PASSWORD")
+    printf '%s' "$APP_PASSWORD" | "$BIN/mongoguard" users add --file "$WORK/users.toml" "$APP_USER" \
+        >"$WORK/users-add.log" 2>&1 || die "mongoguard users add failed (see $WORK/users-add.log)"
+fi
 
 # Passthrough holds two sockets per idle client (client + upstream), pooled one. Raise the soft
 # limit to the hard one; a passthrough count that does not fit is lowered to what fits (logged
@@ -130,7 +149,8 @@ run_one() {
     PICKED+=("$sp")
     gp="$(pick_port "" 27301)"
     PICKED+=("$gp")
-    "$BIN/mongoguard-standin" --listen "127.0.0.1:$sp" >"$WORK/standin-$alloc-$mode.log" 2>&1 &
+    "$BIN/mongoguard-standin" --listen "127.0.0.1:$sp" ${STANDIN_USER_ARGS[@]+"${STANDIN_USER_ARGS[@]}"} \
+        >"$WORK/standin-$alloc-$mode.log" 2>&1 &
     local standin_pid=$!
     PIDS+=("$standin_pid")
     wait_for_line "$WORK/standin-$alloc-$mode.log" "mongoguard-standin listening on 127.0.0.1:$sp" "$standin_pid" standin
@@ -147,6 +167,20 @@ uri = "mongodb://127.0.0.1:$sp"
 [auth]
 allow_unauthenticated = true
 TOML
+    if [[ "$mode" == pooled && "$AUTH" == 1 ]]; then
+        cat >"$WORK/mg-$mode.toml" <<TOML
+[proxy]
+listen = "127.0.0.1:$gp"
+mode = "pooled"
+max_client_connections = 20000
+
+[upstream]
+uri = "mongodb://$APP_USER:$APP_PASSWORD@127.0.0.1:$sp/?authSource=admin"
+
+[auth]
+users_file = "$WORK/users.toml"
+TOML
+    fi
     [[ "$mode" == pooled ]] || sed -i '/^\[auth\]/,$d' "$WORK/mg-$mode.toml"
     local n want per_client=1 mg
     [[ "$mode" != passthrough ]] || per_client=2
@@ -160,9 +194,13 @@ TOML
         mg="$MG_PID"
         log "$label $mode: $n idle clients (fresh mongoguard)"
         emit "$label" "$mode" "idle-$want" "$("$PY" bench/idle_clients.py idle --port "$gp" --pid "$mg" -n "$n" \
-            --hold "$HOLD_S" --after "$AFTER_S" --json)"
+            --hold "$HOLD_S" --after "$AFTER_S" ${IDLE_AUTH_ARGS[@]+"${IDLE_AUTH_ARGS[@]}"} --json)"
         stop_pid "$mg"
     done
+    if [[ "$IDLE_ONLY" == 1 ]]; then
+        stop_pid "$standin_pid"
+        return
+    fi
 
     start_mg "$alloc" "$mode" "$gp"
     mg="$MG_PID"

@@ -14,7 +14,7 @@ use mongoguard::auth::scram::{ClientConversation, Mechanism};
 
 use mongoguard::wire::Compressor;
 
-use crate::wire::{hello_agrees, not_agreed, Body, Conn, WireError};
+use crate::wire::{hello_agrees, not_agreed, Body, Conn, Endpoint, WireError};
 
 /// Who to authenticate as, and how.
 #[derive(Clone)]
@@ -129,12 +129,12 @@ fn timed_out(what: &str) -> WireError {
 /// compresses every request after the handshake (hello and SASL are never compressed).
 /// Every request is bounded by `timeout`.
 pub async fn handshake(
-    addr: &str,
+    ep: &Endpoint,
     timeout: Duration,
     auth: Option<&AuthOptions>,
     compress: Option<Compressor>,
 ) -> Result<(Conn, HandshakeInfo), WireError> {
-    let mut conn = Conn::open(addr, timeout).await?;
+    let mut conn = Conn::open(ep, timeout).await?;
     let mut info = HandshakeInfo::default();
     let mut hello = doc! { "hello": 1, "helloOk": true, "client": client_metadata() };
     if let Some(c) = compress {

@@ -10,7 +10,7 @@ use mongoguard::wire::Compressor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::wire::{parse_op_msg_body, Body, OP_MSG};
+use crate::wire::{parse_op_msg_body, Body, Endpoint, OP_MSG};
 use crate::workload::{self, Op, Scenario, Settings, BULK, DRAIN_BATCH, DRAIN_DOCS};
 
 #[derive(Clone, Copy)]
@@ -301,9 +301,11 @@ fn settings() -> Settings {
 async fn mix_against_healthy_server() {
     let (addr, seen) = serve(Mode::Healthy).await;
     let s = settings();
-    workload::setup(&addr, &s).await.expect("setup");
+    workload::setup(&Endpoint::plain(&addr), &s)
+        .await
+        .expect("setup");
     let next_id = Arc::new(AtomicI64::new(s.docs));
-    let r = workload::run(&addr, Op::Mix, 4, &s, next_id, None)
+    let r = workload::run(&Endpoint::plain(&addr), Op::Mix, 4, &s, next_id, None)
         .await
         .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
@@ -323,7 +325,7 @@ async fn command_errors_are_counted_not_fatal() {
     let s = settings();
     // Measures its own process (the fake server runs in it): a CPU time is read.
     let r = workload::run(
-        &addr,
+        &Endpoint::plain(&addr),
         Op::Ping,
         2,
         &s,
@@ -343,9 +345,16 @@ async fn dropped_connections_are_counted_and_run_ends() {
     let (addr, _) = serve(Mode::CloseAfterHello).await;
     let s = settings();
     let started = std::time::Instant::now();
-    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Find,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert!(r.errors > 0);
     assert_eq!(r.hist.len(), 0);
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -394,9 +403,16 @@ async fn serverless_speculative_against_standin() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("apppw", true, true));
-    let r = workload::run(&addr, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Ping,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     let ops = r.hist.len();
     assert!(ops > 0);
@@ -421,10 +437,19 @@ async fn serverless_sasl_start_with_empty_exchange() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("apppw", false, false));
-    workload::setup(&addr, &s).await.expect("setup with auth");
-    let r = workload::run(&addr, Op::Find, 2, &s, Arc::new(AtomicI64::new(100)), None)
+    workload::setup(&Endpoint::plain(&addr), &s)
         .await
-        .expect("run");
+        .expect("setup with auth");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Find,
+        2,
+        &s,
+        Arc::new(AtomicI64::new(100)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     assert!(!r.hist.is_empty());
     assert_eq!(r.speculative, 0);
@@ -442,9 +467,16 @@ async fn serverless_wrong_password_is_an_error() {
     let standin = standin_with_user().await;
     let addr = standin.addr().to_string();
     let s = serverless(auth("wrong", true, true));
-    let r = workload::run(&addr, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Ping,
+        1,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.hist.len(), 0);
     assert!(r.errors > 0);
     let e = r.first_error.unwrap_or_default();
@@ -461,10 +493,19 @@ async fn steady_authenticates_each_connection_once() {
         auth: auth("apppw", true, true),
         ..settings()
     };
-    workload::setup(&addr, &s).await.expect("setup with auth");
-    let r = workload::run(&addr, Op::Mix, 3, &s, Arc::new(AtomicI64::new(100)), None)
+    workload::setup(&Endpoint::plain(&addr), &s)
         .await
-        .expect("run");
+        .expect("setup with auth");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Mix,
+        3,
+        &s,
+        Arc::new(AtomicI64::new(100)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     assert!(r.hist.len() > 10);
     assert!(r.client_scram.is_none());
@@ -489,9 +530,16 @@ async fn insertmany_sends_1000_unique_documents_as_a_sequence() {
     let (addr, seen) = serve(Mode::Healthy).await;
     let s = settings();
     let next_id = Arc::new(AtomicI64::new(s.docs));
-    let r = workload::run(&addr, Op::InsertMany, 2, &s, next_id.clone(), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::InsertMany,
+        2,
+        &s,
+        next_id.clone(),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
     assert!(!r.hist.is_empty());
     let seen = seen.lock().expect("lock");
@@ -522,7 +570,7 @@ async fn update1000_sends_1000_filtered_statements_as_a_sequence() {
     let (addr, seen) = serve(Mode::Healthy).await;
     let s = settings();
     let r = workload::run(
-        &addr,
+        &Endpoint::plain(&addr),
         Op::Update1000,
         2,
         &s,
@@ -547,9 +595,16 @@ async fn drain_issues_get_more_until_the_cursor_is_zero() {
     for mode in [Mode::Healthy, Mode::LateCursorEnd] {
         let (addr, seen) = serve(mode).await;
         let s = with_1k();
-        let r = workload::run(&addr, Op::Drain, 2, &s, Arc::new(AtomicI64::new(0)), None)
-            .await
-            .expect("run");
+        let r = workload::run(
+            &Endpoint::plain(&addr),
+            Op::Drain,
+            2,
+            &s,
+            Arc::new(AtomicI64::new(0)),
+            None,
+        )
+        .await
+        .expect("run");
         assert_eq!(r.errors, 0, "{:?}", r.first_error);
         let drains = r.hist.len();
         assert!(drains > 0);
@@ -574,7 +629,7 @@ async fn drain_issues_get_more_until_the_cursor_is_zero() {
 async fn drain_that_never_ends_is_an_error() {
     let (addr, _) = serve(Mode::EndlessCursor).await;
     let r = workload::run(
-        &addr,
+        &Endpoint::plain(&addr),
         Op::Drain,
         1,
         &with_1k(),
@@ -595,7 +650,7 @@ async fn drain_that_never_ends_is_an_error() {
 async fn find101_counts_the_documents() {
     let (addr, seen) = serve(Mode::Healthy).await;
     let r = workload::run(
-        &addr,
+        &Endpoint::plain(&addr),
         Op::Find101,
         2,
         &with_1k(),
@@ -609,7 +664,7 @@ async fn find101_counts_the_documents() {
     assert_eq!(seen.lock().expect("lock").commands.get("getMore"), None);
     let (addr, _) = serve(Mode::ShortRange).await;
     let r = workload::run(
-        &addr,
+        &Endpoint::plain(&addr),
         Op::Find101,
         1,
         &with_1k(),
@@ -645,12 +700,21 @@ async fn zstd_requests_and_replies_against_standin() {
         compress: Some(Compressor::Zstd),
         ..with_1k()
     };
-    workload::setup(&addr, &s).await.expect("setup");
+    workload::setup(&Endpoint::plain(&addr), &s)
+        .await
+        .expect("setup");
     for op in [Op::Find101, Op::Drain, Op::InsertMany] {
         standin.stats().reset();
-        let r = workload::run(&addr, op, 2, &s, Arc::new(AtomicI64::new(100)), None)
-            .await
-            .expect("run");
+        let r = workload::run(
+            &Endpoint::plain(&addr),
+            op,
+            2,
+            &s,
+            Arc::new(AtomicI64::new(100)),
+            None,
+        )
+        .await
+        .expect("run");
         assert_eq!(r.errors, 0, "{op:?}: {:?}", r.first_error);
         assert!(!r.hist.is_empty());
         assert!(r.replies > 0);
@@ -678,11 +742,164 @@ async fn compression_the_server_refuses_is_an_error() {
         compress: Some(Compressor::Zstd),
         ..settings()
     };
-    let r = workload::run(&addr, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)), None)
-        .await
-        .expect("run");
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Ping,
+        1,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
     assert_eq!(r.hist.len(), 0);
     assert!(r.errors > 0);
     assert!(r.first_error.unwrap_or_default().contains("did not agree"));
     standin.shutdown().await;
+}
+
+/// A TLS terminator in front of `upstream` with a certificate for 127.0.0.1 signed by a fresh
+/// CA; returns its address, the CA file and the count of completed TLS handshakes.
+async fn tls_front(
+    upstream: String,
+    dir: &std::path::Path,
+) -> (
+    String,
+    std::path::PathBuf,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+    use tokio_rustls::rustls;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let mut leaf_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf_params
+        .subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let handshakes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = handshakes.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (acceptor, upstream, count) = (acceptor.clone(), upstream.clone(), count.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut up = TcpStream::connect(&upstream).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    (addr, ca_file, handshakes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_over_tls_does_one_handshake_per_operation() {
+    let standin = standin_with_user().await;
+    let dir = std::env::temp_dir().join(format!("loadgen-tls-{}", std::process::id()));
+    let (addr, ca, handshakes) = tls_front(standin.addr().to_string(), &dir).await;
+    let ep = Endpoint {
+        addr,
+        tls: Some(crate::wire::TlsClient::new(&ca, "127.0.0.1", false).unwrap()),
+    };
+    let s = serverless(auth("apppw", true, true));
+    let r = workload::run(&ep, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)), None)
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    assert!(!r.hist.is_empty());
+    // Every completed operation had its own TLS connection (plus at most the ones cut off
+    // by the end of the window).
+    let n = handshakes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        n >= r.completed && n <= r.completed + 2,
+        "{n} handshakes, {} ops",
+        r.completed
+    );
+
+    // A CA that did not sign the certificate: every connection fails.
+    let other = dir.join("other");
+    let (_, wrong_ca, _) = tls_front(standin.addr().to_string(), &other).await;
+    let bad = Endpoint {
+        addr: ep.addr.clone(),
+        tls: Some(crate::wire::TlsClient::new(&wrong_ca, "127.0.0.1", false).unwrap()),
+    };
+    let r = workload::run(&bad, Op::Ping, 1, &s, Arc::new(AtomicI64::new(0)), None)
+        .await
+        .expect("run");
+    assert_eq!(r.hist.len(), 0);
+    assert!(r.errors > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_over_tls_steady_and_serverless() {
+    let standin = standin_with_user().await;
+    let dir = std::env::temp_dir().join(format!("loadgen-tls-zstd-{}", std::process::id()));
+    let (addr, ca, handshakes) = tls_front(standin.addr().to_string(), &dir).await;
+    let ep = Endpoint {
+        addr,
+        tls: Some(crate::wire::TlsClient::new(&ca, "127.0.0.1", false).unwrap()),
+    };
+    // Steady, authenticated: setup and the runs go over TLS, hello agrees to zstd, requests
+    // after the handshake are compressed.
+    let s = Settings {
+        docs: 100,
+        compress: Some(Compressor::Zstd),
+        auth: auth("apppw", true, true),
+        ..with_1k()
+    };
+    workload::setup(&ep, &s).await.expect("setup over TLS");
+    for op in [Op::Find101, Op::Drain] {
+        standin.stats().reset();
+        let r = workload::run(&ep, op, 2, &s, Arc::new(AtomicI64::new(100)), None)
+            .await
+            .expect("run");
+        assert_eq!(r.errors, 0, "{op:?}: {:?}", r.first_error);
+        assert!(!r.hist.is_empty());
+        assert!(r.replies > 0);
+        assert_eq!(r.compressed_replies, r.replies, "{op:?}");
+        let stats = standin.stats();
+        // Only the two connections' handshakes (hello, saslContinue) came uncompressed.
+        assert_eq!(stats.compressed_messages() + 4, stats.messages(), "{op:?}");
+    }
+    // Serverless with authentication: TLS, then hello (speculative SCRAM, zstd agreed), then
+    // the compressed operation, per operation.
+    let s = Settings {
+        compress: Some(Compressor::Zstd),
+        ..serverless(auth("apppw", true, true))
+    };
+    let before = handshakes.load(std::sync::atomic::Ordering::Relaxed);
+    let r = workload::run(&ep, Op::Ping, 2, &s, Arc::new(AtomicI64::new(0)), None)
+        .await
+        .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    assert!(!r.hist.is_empty());
+    assert_eq!(r.speculative, r.hist.len());
+    assert!(r.replies >= r.hist.len());
+    assert_eq!(r.compressed_replies, r.replies);
+    let n = handshakes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(n >= r.completed, "{n} handshakes, {} ops", r.completed);
+    standin.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

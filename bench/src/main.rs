@@ -23,12 +23,27 @@ use mongoguard::wire::Compressor;
 
 use crate::auth::AuthOptions;
 use crate::report::Row;
+use crate::wire::{Endpoint, TlsClient};
 use crate::workload::{Op, Scenario, Settings};
 
 #[derive(Clone, Debug)]
 struct Target {
     name: String,
+    /// HOST:PORT.
     addr: String,
+    /// Given as `tls://HOST:PORT`: connect with TLS (needs --tls-ca).
+    tls: bool,
+}
+
+impl Target {
+    /// The address as given (with `tls://` for a TLS target).
+    fn shown(&self) -> String {
+        if self.tls {
+            format!("tls://{}", self.addr)
+        } else {
+            self.addr.clone()
+        }
+    }
 }
 
 fn parse_cpu_pid(s: &str) -> Result<(String, u32), String> {
@@ -48,6 +63,10 @@ fn parse_target(s: &str) -> Result<Target, String> {
     let (name, addr) = s
         .split_once('=')
         .ok_or_else(|| format!("expected NAME=HOST:PORT, got {s:?}"))?;
+    let (addr, tls) = match addr.strip_prefix("tls://") {
+        Some(rest) => (rest, true),
+        None => (addr, false),
+    };
     let (host, port) = addr
         .rsplit_once(':')
         .ok_or_else(|| format!("expected HOST:PORT after '=', got {addr:?}"))?;
@@ -57,6 +76,25 @@ fn parse_target(s: &str) -> Result<Target, String> {
     Ok(Target {
         name: name.to_string(),
         addr: addr.to_string(),
+        tls,
+    })
+}
+
+/// The endpoint of `t`: plain, or TLS trusting `ca` and checking the target's host.
+fn endpoint(t: &Target, ca: Option<&std::path::Path>, resume: bool) -> anyhow::Result<Endpoint> {
+    if !t.tls {
+        return Ok(Endpoint::plain(&t.addr));
+    }
+    let ca =
+        ca.with_context(|| format!("target {} is tls:// but --tls-ca is not given", t.name))?;
+    let host = t
+        .addr
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+        .unwrap_or(&t.addr);
+    Ok(Endpoint {
+        addr: t.addr.clone(),
+        tls: Some(TlsClient::new(ca, host, resume)?),
     })
 }
 
@@ -64,10 +102,21 @@ fn parse_target(s: &str) -> Result<Target, String> {
 #[derive(Parser, Debug)]
 #[command(name = "loadgen", version)]
 struct Cli {
-    /// Target as NAME=HOST:PORT; repeat to run several targets in turn with the
-    /// same settings. A target named `direct` is the baseline for "added latency".
-    #[arg(long = "target", value_name = "NAME=HOST:PORT", required = true, value_parser = parse_target)]
+    /// Target as NAME=HOST:PORT (or NAME=tls://HOST:PORT for TLS, with --tls-ca); repeat
+    /// to run several targets in turn with the same settings. A target named `direct` is
+    /// the baseline for "added latency".
+    #[arg(long = "target", value_name = "NAME=[tls://]HOST:PORT", required = true, value_parser = parse_target)]
     targets: Vec<Target>,
+
+    /// PEM file of the CA(s) that sign the certificates of tls:// targets. The certificate
+    /// must name the target's host (DNS name, or an IP SAN for an address).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+
+    /// Let TLS connections resume an earlier session (rustls' in-memory cache). Off by
+    /// default: every TLS connection pays a full handshake.
+    #[arg(long)]
+    tls_resume: bool,
 
     /// NAME=PID: the process behind target NAME, whose CPU time (utime + stime from
     /// /proc/PID/stat over the measured window) is reported per request; repeatable.
@@ -209,7 +258,7 @@ enum Order {
     Target,
 }
 
-async fn setup(t: &Target, settings: &Settings) {
+async fn setup(t: &Target, ep: &Endpoint, settings: &Settings) {
     eprintln!(
         "[{}] setup: drop {}.{} and insert {} docs",
         t.name, settings.db, settings.coll, settings.docs
@@ -223,7 +272,7 @@ async fn setup(t: &Target, settings: &Settings) {
             settings.docs_1k
         );
     }
-    if let Err(e) = workload::setup(&t.addr, settings).await {
+    if let Err(e) = workload::setup(ep, settings).await {
         eprintln!(
             "[{}] setup failed (runs go on, expect errors or misses): {e:#}",
             t.name
@@ -247,11 +296,16 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let endpoints = cli
+        .targets
+        .iter()
+        .map(|t| endpoint(t, cli.tls_ca.as_deref(), cli.tls_resume))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     if cli.standin_stats {
-        for t in &cli.targets {
-            let mut reply = workload::standin_stats(&t.addr, cli.reset)
+        for (t, ep) in cli.targets.iter().zip(&endpoints) {
+            let mut reply = workload::standin_stats(ep, cli.reset)
                 .await
-                .with_context(|| format!("standinStats on {} ({})", t.name, t.addr))?;
+                .with_context(|| format!("standinStats on {} ({})", t.name, t.shown()))?;
             let mut line = serde_json::Map::new();
             line.insert("target".into(), t.name.clone().into());
             line.append(&mut reply);
@@ -298,10 +352,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         anyhow::bail!("--concurrency must be >= 1");
     }
     if cli.setup_only {
-        for t in &cli.targets {
-            workload::setup(&t.addr, &settings)
+        for (t, ep) in cli.targets.iter().zip(&endpoints) {
+            workload::setup(ep, &settings)
                 .await
-                .with_context(|| format!("setup on {} ({})", t.name, t.addr))?;
+                .with_context(|| format!("setup on {} ({})", t.name, t.shown()))?;
         }
         return Ok(());
     }
@@ -333,7 +387,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Order::Interleave => (0..cli.targets.len()).collect(),
             };
             for i in due {
-                setup(&cli.targets[i], &settings).await;
+                setup(&cli.targets[i], &endpoints[i], &settings).await;
                 set_up[i] = true;
             }
         }
@@ -351,16 +405,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .iter()
             .find(|(name, _)| *name == t.name)
             .map(|(_, pid)| *pid);
-        let r = workload::run(&t.addr, op, c, &settings, next_id.clone(), cpu_pid)
+        let r = workload::run(&endpoints[ti], op, c, &settings, next_id.clone(), cpu_pid)
             .await
-            .with_context(|| format!("target {} ({})", t.name, t.addr))?;
+            .with_context(|| format!("target {} ({})", t.name, t.shown()))?;
         let label = match settings.compress {
             Some(z) => format!("{}+{}", op.name(), z.name()),
             None => op.name().to_string(),
         };
         let row = Row::new(
             &t.name,
-            &t.addr,
+            &t.shown(),
             settings.scenario,
             &label,
             c,

@@ -3,15 +3,28 @@
 //! Only what the load generator needs: encode a command as an OP_MSG with a
 //! kind-0 section (and at most one kind-1 document sequence, as drivers send
 //! bulk writes), optionally wrap it in OP_COMPRESSED, read exactly one reply
-//! frame (OP_MSG or OP_COMPRESSED), and inspect `ok`.
+//! frame (OP_MSG or OP_COMPRESSED), and inspect `ok`. A target can be reached
+//! over TLS ([`Endpoint`] with a [`TlsClient`]).
 
 use std::fmt;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bson::{Document, RawDocument};
 use mongoguard::wire::compression::{self, Compressor, OpCompressed};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls::{
+    self,
+    client::Resumption,
+    pki_types::{pem::PemObject, CertificateDer, ServerName},
+    RootCertStore,
+};
 
 pub const OP_MSG: i32 = 2013;
 pub const OP_COMPRESSED: i32 = 2012;
@@ -135,9 +148,112 @@ impl Body {
     }
 }
 
+/// TLS toward a target: the CA that signs its certificate and the name to check.
+#[derive(Clone)]
+pub struct TlsClient {
+    connector: tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl TlsClient {
+    /// Trust the PEM certificates in `ca_file`; check the certificate against `host` (a DNS
+    /// name or an IP address, which then needs an IP SAN). Session resumption is off unless
+    /// `resume`: every connection then pays a full handshake (see bench/README.md).
+    pub fn new(ca_file: &Path, host: &str, resume: bool) -> anyhow::Result<TlsClient> {
+        let pem = std::fs::read(ca_file)
+            .map_err(|e| anyhow::anyhow!("--tls-ca {}: {e}", ca_file.display()))?;
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&pem) {
+            let c = c.map_err(|e| anyhow::anyhow!("--tls-ca {}: {e}", ca_file.display()))?;
+            roots.add(c)?;
+        }
+        anyhow::ensure!(
+            !roots.is_empty(),
+            "--tls-ca {}: no certificate in it",
+            ca_file.display()
+        );
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        if !resume {
+            config.resumption = Resumption::disabled();
+        }
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| anyhow::anyhow!("TLS server name {host:?}: {e}"))?;
+        Ok(TlsClient {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            name,
+        })
+    }
+}
+
+/// Where to connect: HOST:PORT, plain TCP or TLS.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub addr: String,
+    pub tls: Option<TlsClient>,
+}
+
+impl Endpoint {
+    pub fn plain(addr: &str) -> Endpoint {
+        Endpoint {
+            addr: addr.to_string(),
+            tls: None,
+        }
+    }
+}
+
+/// The byte stream of a connection: plain TCP or TLS over TCP.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// One client connection to a MongoDB-speaking peer.
 pub struct Conn {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Stream>,
     next_id: i32,
     out: Vec<u8>,
     inbuf: Vec<u8>,
@@ -169,18 +285,18 @@ pub fn not_agreed(c: Compressor) -> WireError {
 
 impl Conn {
     /// Connect with TCP_NODELAY and send `hello` (whose reply must be ok).
-    pub async fn connect(addr: &str, timeout: Duration) -> Result<Conn, WireError> {
-        Conn::connect_with(addr, timeout, None).await
+    pub async fn connect(ep: &Endpoint, timeout: Duration) -> Result<Conn, WireError> {
+        Conn::connect_with(ep, timeout, None).await
     }
 
     /// Like [`Conn::connect`]; with `compress`, hello offers `compression: [name]`, the reply
-    /// must agree, and every later request is sent compressed.
+    /// must agree, and every later request is sent compressed (over TCP or TLS alike).
     pub async fn connect_with(
-        addr: &str,
+        ep: &Endpoint,
         timeout: Duration,
         compress: Option<Compressor>,
     ) -> Result<Conn, WireError> {
-        let mut conn = Conn::open(addr, timeout).await?;
+        let mut conn = Conn::open(ep, timeout).await?;
         let mut hello = bson::doc! { "hello": 1 };
         if let Some(c) = compress {
             hello.insert("compression", vec![c.name()]);
@@ -215,8 +331,10 @@ impl Conn {
         (self.replies, self.compressed_replies)
     }
 
-    /// Open the TCP connection (TCP_NODELAY) without sending anything.
-    pub async fn open(addr: &str, timeout: Duration) -> Result<Conn, WireError> {
+    /// Open the TCP connection (TCP_NODELAY) and, for a TLS endpoint, run the TLS
+    /// handshake (both within `timeout` each), without sending anything else.
+    pub async fn open(ep: &Endpoint, timeout: Duration) -> Result<Conn, WireError> {
+        let addr = &ep.addr;
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| {
@@ -226,6 +344,21 @@ impl Conn {
                 ))
             })??;
         stream.set_nodelay(true)?;
+        let stream = match &ep.tls {
+            None => Stream::Plain(stream),
+            Some(t) => {
+                let tls =
+                    tokio::time::timeout(timeout, t.connector.connect(t.name.clone(), stream))
+                        .await
+                        .map_err(|_| {
+                            WireError::Io(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!("TLS handshake with {addr} timed out"),
+                            ))
+                        })??;
+                Stream::Tls(Box::new(tls))
+            }
+        };
         Ok(Conn {
             stream: BufReader::with_capacity(64 * 1024, stream),
             next_id: 1,
@@ -267,6 +400,8 @@ impl Conn {
                 self.stream.get_mut().write_all(&packed).await?;
             }
         }
+        // TLS: push the records out (a no-op on plain TCP).
+        self.stream.get_mut().flush().await?;
         self.read_reply(id).await
     }
 

@@ -12,7 +12,7 @@ use mongoguard::wire::Compressor;
 use tokio::time::Instant;
 
 use crate::auth::{self, AuthOptions};
-use crate::wire::{Body, Conn, WireError};
+use crate::wire::{Body, Conn, Endpoint, WireError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long past the end of the measured window an in-flight request may take.
@@ -184,10 +184,10 @@ pub fn process_cpu(pid: u32) -> Option<Duration> {
 
 /// Open a connection the way the settings say: plain `hello`, or the driver-style
 /// handshake with authentication.
-async fn connect(addr: &str, timeout: Duration, s: &Settings) -> Result<Conn, WireError> {
+async fn connect(ep: &Endpoint, timeout: Duration, s: &Settings) -> Result<Conn, WireError> {
     match &s.auth {
-        None => Conn::connect_with(addr, timeout, s.compress).await,
-        Some(a) => auth::handshake(addr, timeout, Some(a), s.compress)
+        None => Conn::connect_with(ep, timeout, s.compress).await,
+        Some(a) => auth::handshake(ep, timeout, Some(a), s.compress)
             .await
             .map(|(c, _)| c),
     }
@@ -464,8 +464,8 @@ impl Requests {
 
 /// Drop the collection and insert `docs` small documents with `_id` 0..docs; with
 /// `docs_1k` > 0, the same for `<coll>_1k` with documents of 1 KiB.
-pub async fn setup(addr: &str, s: &Settings) -> anyhow::Result<()> {
-    let mut conn = connect(addr, CONNECT_TIMEOUT, s)
+pub async fn setup(ep: &Endpoint, s: &Settings) -> anyhow::Result<()> {
+    let mut conn = connect(ep, CONNECT_TIMEOUT, s)
         .await
         .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     let mut rng = fastrand::Rng::with_seed(0x6d67);
@@ -513,10 +513,10 @@ async fn fill(
 
 /// `{standinStats: 1, reset}` on `admin` (mongoguard-standin only), as relaxed extended JSON.
 pub async fn standin_stats(
-    addr: &str,
+    ep: &Endpoint,
     reset: bool,
 ) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-    let mut conn = Conn::connect(addr, CONNECT_TIMEOUT)
+    let mut conn = Conn::connect(ep, CONNECT_TIMEOUT)
         .await
         .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     let body = Body::encode(&doc! { "standinStats": 1, "reset": reset, "$db": "admin" })
@@ -597,9 +597,9 @@ impl ConnStats {
     }
 }
 
-/// Run `concurrency` connections against `addr` for warmup + duration.
+/// Run `concurrency` connections against `ep` for warmup + duration.
 pub async fn run(
-    addr: &str,
+    ep: &Endpoint,
     op: Op,
     concurrency: usize,
     s: &Settings,
@@ -607,15 +607,15 @@ pub async fn run(
     cpu_pid: Option<u32>,
 ) -> anyhow::Result<RunResult> {
     if s.scenario == Scenario::Serverless {
-        return run_serverless(addr, op, concurrency, s, next_id).await;
+        return run_serverless(ep, op, concurrency, s, next_id).await;
     }
     // Connect everyone first (concurrently), so connection setup is not part of
     // the window. A connection that fails here is counted and retried inside it.
     let pending: Vec<_> = (0..concurrency)
         .map(|_| {
-            let addr = addr.to_string();
+            let ep = ep.clone();
             let s = s.clone();
-            tokio::spawn(async move { connect(&addr, CONNECT_TIMEOUT, &s).await })
+            tokio::spawn(async move { connect(&ep, CONNECT_TIMEOUT, &s).await })
         })
         .collect();
     let mut conns = Vec::with_capacity(concurrency);
@@ -646,10 +646,9 @@ pub async fn run(
     for (i, conn) in conns.into_iter().enumerate() {
         let reqs =
             Requests::new(s, op, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
-        let addr = addr.to_string();
         tasks.push(tokio::spawn(conn_loop(
             conn,
-            addr,
+            ep.clone(),
             s.clone(),
             reqs,
             op,
@@ -694,7 +693,7 @@ pub async fn run(
 
 async fn conn_loop(
     mut conn: Option<Conn>,
-    addr: String,
+    ep: Endpoint,
     s: Settings,
     mut reqs: Requests,
     op: Op,
@@ -715,7 +714,7 @@ async fn conn_loop(
             // Reconnect after a failure, as long as the window is open.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let remaining = end.saturating_duration_since(Instant::now());
-            match connect(&addr, remaining.min(CONNECT_TIMEOUT), &s).await {
+            match connect(&ep, remaining.min(CONNECT_TIMEOUT), &s).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     if Instant::now() >= measure_from {
@@ -771,7 +770,7 @@ struct ServerlessStats {
 /// Serverless scenario: `concurrency` tasks, each repeating connect + handshake (hello,
 /// authentication) + one command + close. The latency of an operation covers all of it.
 async fn run_serverless(
-    addr: &str,
+    ep: &Endpoint,
     op: Op,
     concurrency: usize,
     s: &Settings,
@@ -785,7 +784,7 @@ async fn run_serverless(
         let reqs =
             Requests::new(s, op, next_id.clone(), 0x9e37_79b9 ^ i as u64).map_err(anyhow_wire)?;
         tasks.push(tokio::spawn(serverless_loop(
-            addr.to_string(),
+            ep.clone(),
             s.auth.clone(),
             s.compress,
             reqs,
@@ -837,14 +836,14 @@ async fn run_serverless(
 /// One serverless operation: connect, handshake, one request (a drain: all of it), close.
 /// Returns the handshake's information and the operation's round trips (handshake excluded).
 async fn serverless_op(
-    addr: &str,
+    ep: &Endpoint,
     auth: Option<&AuthOptions>,
     compress: Option<Compressor>,
     reqs: &mut Requests,
     op: Op,
     st: &mut ConnStats,
 ) -> Result<(auth::HandshakeInfo, u64), WireError> {
-    let (mut conn, info) = auth::handshake(addr, CONNECT_TIMEOUT, auth, compress).await?;
+    let (mut conn, info) = auth::handshake(ep, CONNECT_TIMEOUT, auth, compress).await?;
     let trips = reqs.execute(&mut conn, op).await;
     st.count_replies(&conn);
     drop(conn); // close: a serverless invocation keeps nothing
@@ -852,7 +851,7 @@ async fn serverless_op(
 }
 
 async fn serverless_loop(
-    addr: String,
+    ep: Endpoint,
     auth: Option<AuthOptions>,
     compress: Option<Compressor>,
     mut reqs: Requests,
@@ -875,7 +874,7 @@ async fn serverless_loop(
         let sent = Instant::now();
         let outcome = match tokio::time::timeout_at(
             end + GRACE,
-            serverless_op(&addr, auth.as_ref(), compress, &mut reqs, op, &mut st.conn),
+            serverless_op(&ep, auth.as_ref(), compress, &mut reqs, op, &mut st.conn),
         )
         .await
         {
