@@ -141,7 +141,7 @@ fn sort_and_projection<'a>(
     let Some(body) = view.body() else {
         return (None, None);
     };
-    let doc = |key: &str| match body.get(key) {
+    let doc = |key: &str| match body.get_fast(key) {
         Ok(Some(RawBsonRef::Document(d))) => Some(d),
         _ => None,
     };

@@ -24,6 +24,7 @@
 //!   absent, and collMod's `"off"` turns expiry off.
 //! - Nothing fires on an explained command.
 
+use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
 use bson::{RawBsonRef, RawDocument};
@@ -143,7 +144,7 @@ fn bad(command: &'static str, field: &'static str) -> CommandError {
 }
 
 fn get<'a>(doc: &'a RawDocument, key: &str) -> Result<Option<RawBsonRef<'a>>, CommandError> {
-    doc.get(key).map_err(|_| CommandError::Malformed)
+    doc.get_fast(key).map_err(|_| CommandError::Malformed)
 }
 
 /// A field with null and undefined read as absent (mongod's IDL parser skips them).

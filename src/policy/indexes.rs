@@ -21,6 +21,7 @@
 //!   spec (or `collMod` `index`) that repeats a key is refused as unreadable.
 //! - Explain of these commands is not a change: nothing fires.
 
+use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
 use bson::{RawBsonRef, RawDocument};
@@ -67,7 +68,7 @@ fn bad(command: &'static str, field: &'static str) -> CommandError {
 }
 
 fn get<'a>(doc: &'a RawDocument, key: &str) -> Result<Option<RawBsonRef<'a>>, CommandError> {
-    doc.get(key).map_err(|_| CommandError::Malformed)
+    doc.get_fast(key).map_err(|_| CommandError::Malformed)
 }
 
 /// Refuses a spec that repeats a key: the guard reads the first `background`, a server may

@@ -104,7 +104,7 @@ fn targets(filter: &RawDocument, field: &str, depth: usize) -> bool {
     if depth > 4 {
         return false;
     }
-    match filter.get(field) {
+    match filter.get_fast(field) {
         Ok(Some(RawBsonRef::Document(d))) => {
             let operators = crate::wire::first_key(d).is_some_and(|k| k.starts_with('$'));
             if !operators {

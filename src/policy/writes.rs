@@ -257,7 +257,7 @@ fn value_doc<'a>(
     body: &'a RawDocument,
     key: &'static str,
 ) -> Result<Option<&'a RawDocument>, CommandError> {
-    match body.get(key) {
+    match body.get_fast(key) {
         Ok(None | Some(RawBsonRef::Null | RawBsonRef::Undefined)) => Ok(None),
         Ok(Some(RawBsonRef::Document(d))) => {
             // A repeated `j` could hide a false one from a first-key reader.

@@ -45,14 +45,15 @@ impl<'a> DocumentSequence<'a> {
         self.identifier
     }
 
-    /// The documents, validated at parse time.
+    /// The documents, validated at parse time (not again here: a write's statements are
+    /// walked once per rule family).
     pub fn documents(&self) -> impl Iterator<Item = &'a RawDocument> + 'a {
         let mut r = Reader::new(self.docs, "document sequence");
         std::iter::from_fn(move || {
             if r.is_empty() {
                 None
             } else {
-                r.document().ok()
+                r.document_again().ok()
             }
         })
     }
@@ -130,7 +131,7 @@ impl<'a> OpMsg<'a> {
             if r.is_empty() {
                 return None;
             }
-            match read_section(&mut r) {
+            match read_section(&mut r, false) {
                 Ok(Section::Body(_)) => continue,
                 Ok(Section::Sequence(seq)) => return Some(seq),
                 Err(_) => return None, // unreachable: validated in parse()
@@ -149,9 +150,14 @@ enum Section<'a> {
     Sequence(DocumentSequence<'a>),
 }
 
-fn read_section<'a>(r: &mut Reader<'a>) -> Result<Section<'a>, WireError> {
+/// Reads one section; `validate`: check every document (at parse), else only their framing
+/// (sections walked again after a parse validated them: a write's statements are looked up
+/// once per rule family, and validating a 1,000-document sequence each time was most of the
+/// guard's cost on bulk writes).
+fn read_section<'a>(r: &mut Reader<'a>, validate: bool) -> Result<Section<'a>, WireError> {
     match r.u8()? {
-        0 => Ok(Section::Body(r.document()?)),
+        0 if validate => Ok(Section::Body(r.document()?)),
+        0 => Ok(Section::Body(r.document_again()?)),
         1 => {
             let size = r.i32()?;
             // The size counts itself; the identifier and documents follow.
@@ -163,7 +169,7 @@ fn read_section<'a>(r: &mut Reader<'a>) -> Result<Section<'a>, WireError> {
             let identifier = seq.cstring()?;
             let docs = seq.remaining();
             let mut check = seq;
-            while !check.is_empty() {
+            while validate && !check.is_empty() {
                 check.document()?;
             }
             Ok(Section::Sequence(DocumentSequence { identifier, docs }))
@@ -185,7 +191,7 @@ fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
     let mut ids: [&str; MAX_SEQUENCES] = [""; MAX_SEQUENCES];
     let mut n_ids = 0usize;
     while !r.is_empty() {
-        match read_section(&mut r)? {
+        match read_section(&mut r, true)? {
             Section::Body(doc) => {
                 bodies += 1;
                 body = Some(doc);

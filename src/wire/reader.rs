@@ -72,6 +72,15 @@ impl<'a> Reader<'a> {
     /// A length-prefixed BSON document. The prefix is validated against the remaining bytes
     /// before slicing, and the document's elements are walked once so that a later reader
     /// cannot meet a malformed element.
+    /// The next document of bytes that were already read with [`Reader::document`] (a
+    /// document sequence walked again after its parse): its length is checked, its elements
+    /// are not validated a second time.
+    pub(crate) fn document_again(&mut self) -> Result<&'a RawDocument, WireError> {
+        let len = peek_doc_len(self.buf, self.ctx)?;
+        let bytes = self.take(len)?;
+        RawDocument::from_bytes(bytes).map_err(|e| WireError::bad_doc(self.ctx, e))
+    }
+
     pub(crate) fn document(&mut self) -> Result<&'a RawDocument, WireError> {
         let len = peek_doc_len(self.buf, self.ctx)?;
         let bytes = self.take(len)?;
