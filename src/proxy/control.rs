@@ -393,6 +393,35 @@ impl Connection {
 mod network_tests {
     use super::*;
 
+    /// The session task waits on `Connection::stop`, not on the tokens: every way of ending a
+    /// connection must set it, including for a connection accepted after the drain started.
+    #[test]
+    fn kill_and_drain_reach_the_stop_flag_of_live_and_later_connections() {
+        use crate::proxy::stop::{DRAIN, KILL};
+        let c = Arc::new(Control::default());
+        let root = CancellationToken::new();
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let live = c.register(peer, &root);
+        let other = c.register(peer, &root);
+        assert!(!live.connection.stop.has(KILL | DRAIN));
+        assert!(c.kill(live.connection.id));
+        assert!(live.connection.stop.is_killed() && live.connection.kill.is_cancelled());
+        assert!(
+            !other.connection.stop.has(KILL | DRAIN),
+            "a kill is per connection"
+        );
+        c.fire_all(DRAIN);
+        assert!(other.connection.stop.has(DRAIN) && !other.connection.stop.is_killed());
+        let later = c.register(peer, &root);
+        assert!(
+            later.connection.stop.has(DRAIN),
+            "accepted after the drain started"
+        );
+        c.fire_all(KILL);
+        assert!(other.connection.stop.is_killed() && later.connection.stop.is_killed());
+        assert!(c.register(peer, &root).connection.stop.is_killed());
+    }
+
     #[test]
     fn networks_and_their_limit() {
         let v4: std::net::IpAddr = "10.1.2.3".parse().unwrap();

@@ -164,6 +164,24 @@ impl Encoder<Bytes> for MessageCodec {
 mod tests {
     use super::*;
 
+    /// A hostile client announces a 48 MB message and sends only its header: the codec
+    /// reserves at most RESERVE_AHEAD_MAX for it (the budget gate sees the header before
+    /// anything larger is read), and a small message gets its whole length at once.
+    #[test]
+    fn a_declared_length_reserves_at_most_the_budget_free_size() {
+        let mut codec = MessageCodec::new(48_000_000);
+        let mut buf = BytesMut::with_capacity(READ_BUFFER_INITIAL);
+        buf.extend_from_slice(&header(48_000_000, 2013));
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        assert!(buf.capacity() >= RESERVE_AHEAD_MAX, "{}", buf.capacity());
+        assert!(buf.capacity() < 2 * RESERVE_AHEAD_MAX, "{}", buf.capacity());
+        let mut small = BytesMut::with_capacity(READ_BUFFER_INITIAL);
+        small.extend_from_slice(&header(3000, 2013));
+        assert!(codec.decode(&mut small).unwrap().is_none());
+        assert!(small.capacity() >= 3000, "{}", small.capacity());
+        assert!(small.capacity() < RESERVE_AHEAD_MAX, "{}", small.capacity());
+    }
+
     fn header(len: i32, op: i32) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&len.to_le_bytes());
