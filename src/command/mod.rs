@@ -17,6 +17,7 @@ mod view;
 pub use error::CommandError;
 pub use kind::Kind;
 pub use statements::{Statement, StatementRef, UpdateMods};
+pub(crate) use value::Fields;
 pub use value::{number, truthy};
 pub use view::{CommandView, Namespace};
 

@@ -101,7 +101,7 @@ pub fn stage_filter(stage: &RawDocument) -> Option<&RawDocument> {
 impl<'a> CommandView<'a> {
     /// The top-level `pipeline` of an aggregate (also inside explain).
     pub fn pipeline(&self) -> Result<Option<&'a RawArray>, CommandError> {
-        match (self.kind, self.body()) {
+        match (self.kind, self.fields()) {
             (Kind::Aggregate, Some(body)) => super::value::get_array(body, "pipeline", "aggregate"),
             _ => Ok(None),
         }
@@ -129,7 +129,7 @@ impl<'a> CommandView<'a> {
         if let Source::LegacyQuery { filter } = self.source {
             return Ok(f(None, filter));
         }
-        if let Some(body) = self.body() {
+        if let Some(body) = self.fields() {
             let field = match self.kind {
                 Kind::Find => Some("filter"),
                 Kind::Count | Kind::Distinct | Kind::MapReduce => Some("query"),

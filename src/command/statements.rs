@@ -117,7 +117,7 @@ impl<'a> CommandView<'a> {
         let sink: Sink<'_, 'a> = &mut f;
         let ns = self.namespace();
         match self.source {
-            Source::Command { body, .. } => self.command_statements(body, ns, sink),
+            Source::Command { index, .. } => self.command_statements(index.doc(), ns, sink),
             Source::LegacyInsert(_)
             | Source::LegacyUpdate(_)
             | Source::LegacyDelete(_)

@@ -4,6 +4,7 @@
 use bson::{RawArray, RawBsonRef, RawDocument};
 
 use super::error::CommandError;
+use crate::wire::Index;
 
 /// Refuses a sub-document with a repeated key. The guard reads the first value of a key;
 /// a server may read the last: such a document must never be judged (fail closed).
@@ -15,17 +16,42 @@ pub(crate) fn unique_keys(doc: &RawDocument) -> Result<&RawDocument, CommandErro
     Ok(doc)
 }
 
+/// Where a command's fields are looked up: a document, or the [`Index`] of one (a request's
+/// command body, indexed once when its view is built). Both give `RawDocument::get`'s answer.
+pub(crate) trait Fields<'a>: Copy {
+    /// The value of `key`; `Err` when the document is malformed up to it.
+    fn lookup(self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>>;
+}
+
+impl<'a> Fields<'a> for &'a RawDocument {
+    fn lookup(self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+        crate::wire::GetFast::get_fast(self, key)
+    }
+}
+
+impl<'a> Fields<'a> for &'a bson::RawDocumentBuf {
+    fn lookup(self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+        crate::wire::GetFast::get_fast(&**self, key)
+    }
+}
+
+impl<'a> Fields<'a> for &Index<'a> {
+    fn lookup(self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+        self.get(key)
+    }
+}
+
 /// A field's value; absent and malformed are told apart.
 pub(crate) fn get<'a>(
-    doc: &'a RawDocument,
+    doc: impl Fields<'a>,
     key: &str,
 ) -> Result<Option<RawBsonRef<'a>>, CommandError> {
-    crate::wire::GetFast::get_fast(doc, key).map_err(|_| CommandError::Malformed)
+    doc.lookup(key).map_err(|_| CommandError::Malformed)
 }
 
 /// A document field; wrong type is an error.
 pub(crate) fn get_doc<'a>(
-    doc: &'a RawDocument,
+    doc: impl Fields<'a>,
     key: &'static str,
     command: &'static str,
 ) -> Result<Option<&'a RawDocument>, CommandError> {
@@ -41,7 +67,7 @@ pub(crate) fn get_doc<'a>(
 
 /// An array field; wrong type is an error.
 pub(crate) fn get_array<'a>(
-    doc: &'a RawDocument,
+    doc: impl Fields<'a>,
     key: &'static str,
     command: &'static str,
 ) -> Result<Option<&'a RawArray>, CommandError> {
@@ -57,7 +83,7 @@ pub(crate) fn get_array<'a>(
 
 /// A string field; wrong type is an error.
 pub(crate) fn get_str<'a>(
-    doc: &'a RawDocument,
+    doc: impl Fields<'a>,
     key: &'static str,
     command: &'static str,
 ) -> Result<Option<&'a str>, CommandError> {
@@ -86,8 +112,8 @@ pub fn truthy(v: RawBsonRef<'_>) -> Option<bool> {
 }
 
 /// A boolean flag, default false when absent.
-pub(crate) fn flag(
-    doc: &RawDocument,
+pub(crate) fn flag<'a>(
+    doc: impl Fields<'a>,
     key: &'static str,
     command: &'static str,
 ) -> Result<bool, CommandError> {
@@ -196,7 +222,7 @@ fn decimal_is_zero(bytes: [u8; 16]) -> bool {
 /// skips the field: src/mongo/idl/idl_parser.cpp, buildscripts/idl/idl/generator.py
 /// `gen_field_deserializer`). Any other type than a document is an error.
 pub(crate) fn get_opt_doc<'a>(
-    doc: &'a RawDocument,
+    doc: impl Fields<'a>,
     key: &'static str,
     command: &'static str,
 ) -> Result<Option<&'a RawDocument>, CommandError> {

@@ -3,7 +3,7 @@
 use bson::{RawBsonRef, RawDocument};
 
 use super::{error::CommandError, kind::Kind, value};
-use crate::wire::{first_key, DocumentSequence, Message, OpMsg, OpQuery};
+use crate::wire::{first_key, DocumentSequence, Index, Message, OpMsg, OpQuery};
 
 /// A database and, for collection-level commands, a collection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,9 +33,10 @@ impl<'a> Namespace<'a> {
 /// Where the command came from.
 #[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
-    /// An OP_MSG or OP_QUERY command document (and, for OP_MSG, its sequences).
+    /// An OP_MSG or OP_QUERY command document, indexed once for the lookups every rule
+    /// family makes (and, for OP_MSG, its sequences).
     Command {
-        body: &'a RawDocument,
+        index: Index<'a>,
         msg: Option<OpMsg<'a>>,
     },
     /// A legacy OP_QUERY on a collection (not `$cmd`): a find.
@@ -56,8 +57,9 @@ pub struct CommandView<'a> {
     pub(crate) kind: Kind,
     pub(crate) name: &'a str,
     pub(crate) db: &'a str,
-    /// Collection named by a legacy opcode's namespace.
-    pub(crate) legacy_coll: Option<&'a str>,
+    /// The collection: named by a legacy opcode's namespace, or the command's first value
+    /// when it is a non-empty string (read once, when the view is built).
+    coll: Option<&'a str>,
     pub(crate) source: Source<'a>,
     pub(crate) more_to_come: bool,
     pub(crate) explain: bool,
@@ -109,13 +111,16 @@ impl<'a> CommandView<'a> {
 
     /// An OP_MSG command: its body names the database (`$db`).
     fn op_msg(m: OpMsg<'a>) -> Result<CommandView<'a>, CommandError> {
-        let body = m.body();
-        let db = match value::get(body, "$db")? {
+        let index = Index::new(m.body());
+        let db = match value::get(&index, "$db")? {
             Some(RawBsonRef::String(db)) => db,
             _ => return Err(CommandError::MissingDb),
         };
-        let mut view = Self::command(db, body)?;
-        view.source = Source::Command { body, msg: Some(m) };
+        let mut view = Self::indexed(db, index)?;
+        view.source = Source::Command {
+            index,
+            msg: Some(m),
+        };
         view.more_to_come = m.flags().more_to_come();
         Ok(view)
     }
@@ -142,13 +147,21 @@ impl<'a> CommandView<'a> {
 
     /// A view of a bare command document run against `db` (the offline checker, explain).
     pub fn command(db: &'a str, body: &'a RawDocument) -> Result<CommandView<'a>, CommandError> {
-        let name = first_key(body).ok_or(CommandError::Malformed)?;
+        Self::indexed(db, Index::new(body))
+    }
+
+    fn indexed(db: &'a str, index: Index<'a>) -> Result<CommandView<'a>, CommandError> {
+        let name = first_key(index.doc()).ok_or(CommandError::Malformed)?;
+        let coll = match index.get(name) {
+            Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
+            _ => None,
+        };
         Ok(CommandView {
             kind: Kind::from_name(name),
             name,
             db,
-            legacy_coll: None,
-            source: Source::Command { body, msg: None },
+            coll,
+            source: Source::Command { index, msg: None },
             more_to_come: false,
             explain: false,
         })
@@ -167,7 +180,7 @@ impl<'a> CommandView<'a> {
             kind,
             name,
             db: ns.db,
-            legacy_coll: ns.coll,
+            coll: ns.coll,
             source,
             more_to_come,
             explain: false,
@@ -197,7 +210,15 @@ impl<'a> CommandView<'a> {
     /// The command document, when there is one (not for legacy opcodes).
     pub fn body(&self) -> Option<&'a RawDocument> {
         match self.source {
-            Source::Command { body, .. } => Some(body),
+            Source::Command { index, .. } => Some(index.doc()),
+            _ => None,
+        }
+    }
+
+    /// The command document's fields, looked up through its index (not for legacy opcodes).
+    pub(crate) fn fields(&self) -> Option<&Index<'a>> {
+        match &self.source {
+            Source::Command { index, .. } => Some(index),
             _ => None,
         }
     }
@@ -219,7 +240,7 @@ impl<'a> CommandView<'a> {
 
     /// `writeConcern`, if given.
     pub fn write_concern(&self) -> Result<Option<&'a RawDocument>, CommandError> {
-        match self.body() {
+        match self.fields() {
             // null is absent (mongod: no write concern given, the default applies).
             Some(body) => value::get_opt_doc(body, "writeConcern", "command")?
                 .map(value::unique_keys)
@@ -230,7 +251,7 @@ impl<'a> CommandView<'a> {
 
     /// The command's `let` variables, if given.
     pub fn let_vars(&self) -> Result<Option<&'a RawDocument>, CommandError> {
-        match self.body() {
+        match self.fields() {
             Some(body) => value::get_opt_doc(body, "let", "command"),
             None => Ok(None),
         }
@@ -241,7 +262,7 @@ impl<'a> CommandView<'a> {
         if self.kind != Kind::Explain {
             return Ok(None);
         }
-        let Some(body) = self.body() else {
+        let Some(body) = self.fields() else {
             return Ok(None);
         };
         let inner = value::get_doc(body, "explain", "explain")?.ok_or(CommandError::BadField {
@@ -257,19 +278,8 @@ impl<'a> CommandView<'a> {
     /// The namespace the command is about: `db` plus the collection named by the command
     /// (its first value), or the legacy opcode's namespace.
     pub fn namespace(&self) -> Namespace<'a> {
-        if let Some(coll) = self.legacy_coll {
-            return Namespace {
-                db: self.db,
-                coll: Some(coll),
-            };
-        }
-        let coll = self
-            .body()
-            .and_then(|b| match crate::wire::GetFast::get_fast(b, self.name) {
-                Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
-                _ => None,
-            });
-        match (self.kind, coll) {
+        // Legacy opcodes are never the kinds below: their collection is the namespace's.
+        match (self.kind, self.coll) {
             // These name a full "db.coll" namespace and run on admin.
             (Kind::RenameCollection | Kind::ShardCollection, Some(full)) => {
                 Namespace::parse_full(full)

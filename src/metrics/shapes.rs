@@ -138,10 +138,10 @@ fn sort_and_projection<'a>(
     view: &CommandView<'a>,
 ) -> (Option<&'a bson::RawDocument>, Option<&'a bson::RawDocument>) {
     use bson::RawBsonRef;
-    let Some(body) = view.body() else {
+    let Some(body) = view.fields() else {
         return (None, None);
     };
-    let doc = |key: &str| match body.get_fast(key) {
+    let doc = |key: &str| match body.get(key) {
         Ok(Some(RawBsonRef::Document(d))) => Some(d),
         _ => None,
     };
@@ -150,7 +150,7 @@ fn sort_and_projection<'a>(
         Kind::FindAndModify => (doc("sort"), doc("fields")),
         Kind::Aggregate => {
             let (mut sort, mut project) = (None, None);
-            if let Ok(Some(RawBsonRef::Array(stages))) = body.get_fast("pipeline") {
+            if let Ok(Some(RawBsonRef::Array(stages))) = body.get("pipeline") {
                 for stage in stages.into_iter().flatten() {
                     if let RawBsonRef::Document(st) = stage {
                         match st.get_fast("$sort") {

@@ -1,12 +1,13 @@
 //! Pooled mode: what decides where a client request goes, read off the (decompressed)
 //! message: the command's class, its read preference, its transaction and its cursor.
 
+use crate::command::Fields;
 use crate::wire::GetFast;
 use bson::{RawBsonRef, RawDocument};
 
 use crate::{
     upstream::topology::{parse_read_preference, ReadFilter, ReadPref, ReadPrefError},
-    wire::{first_key, Frame, Message, OpCode, OpMsg, OpReply},
+    wire::{first_key, Frame, Index, Message, OpCode, OpMsg, OpReply},
 };
 
 /// Commands pooled mode treats specially.
@@ -103,8 +104,8 @@ fn classify(name: &str) -> Class {
 type ParsedPref = Result<(ReadPref, Option<Box<ReadFilter>>), ReadPrefError>;
 
 /// The `$readPreference` of `doc`, parsed as mongod does; `None` when absent.
-fn read_pref(doc: &RawDocument) -> Option<ParsedPref> {
-    match doc.get_fast("$readPreference") {
+fn read_pref<'a>(doc: impl Fields<'a>) -> Option<ParsedPref> {
+    match doc.lookup("$readPreference") {
         Ok(None) => None,
         Ok(Some(RawBsonRef::Document(rp))) => Some(parse_read_preference(rp)),
         Ok(Some(_)) | Err(_) => Some(Err(ReadPrefError {
@@ -121,6 +122,7 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
     let Some(name) = first_key(body) else {
         return r;
     };
+    let body = &Index::new(body);
     r.class = Some(classify(name));
     match outer.and_then(read_pref).or_else(|| read_pref(body)) {
         None => {}
@@ -130,7 +132,7 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
         }
         Some(Err(e)) => r.read_pref_error = Some(Box::new(e)),
     }
-    let lsid = match body.get_fast("lsid") {
+    let lsid = match body.get("lsid") {
         Ok(None) => None,
         Ok(Some(RawBsonRef::Document(l))) => match l.get_fast("id") {
             Ok(Some(RawBsonRef::Binary(b)))
@@ -148,16 +150,13 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
             None
         }
     };
-    if matches!(
-        body.get_fast("autocommit"),
-        Ok(Some(RawBsonRef::Boolean(false)))
-    ) {
+    if matches!(body.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false)))) {
         let lsid = lsid.map(<[u8]>::to_vec);
-        let txn_number = body.get_fast("txnNumber").ok().flatten().and_then(int64);
+        let txn_number = body.get("txnNumber").ok().flatten().and_then(int64);
         if let (Some(lsid), Some(txn_number)) = (lsid, txn_number) {
             r.txn = Some(TxnKey { lsid, txn_number });
             r.starts_txn = matches!(
-                body.get_fast("startTransaction"),
+                body.get("startTransaction"),
                 Ok(Some(RawBsonRef::Boolean(true)))
             );
         }
@@ -165,11 +164,11 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
     r.ends_txn = matches!(name, "commitTransaction" | "abortTransaction");
     match name {
         "getMore" => {
-            let id = body.get_fast("getMore").ok().flatten().and_then(int64);
+            let id = body.get("getMore").ok().flatten().and_then(int64);
             r.cursor = id;
         }
         "killCursors" => {
-            let first = match body.get_fast("cursors") {
+            let first = match body.get("cursors") {
                 Ok(Some(RawBsonRef::Array(a))) => a.into_iter().flatten().find_map(int64),
                 _ => None,
             };
@@ -278,15 +277,16 @@ impl ReplyFacts {
     /// The facts of a reply whose (first) document is `body`; `legacy_cursor`: an OP_REPLY's
     /// cursor id.
     pub(crate) fn from_body(body: &RawDocument, legacy_cursor: Option<i64>) -> ReplyFacts {
-        let error = says_not_ok(body);
-        let code = match body.get_fast("code") {
-            Ok(Some(RawBsonRef::Int32(c))) if error => Some(c),
+        let body = Index::new(body);
+        let error = says_not_ok(&body);
+        let code = match error.then(|| body.get("code")) {
+            Some(Ok(Some(RawBsonRef::Int32(c)))) => Some(c),
             _ => None,
         };
         let cursor = match legacy_cursor {
             Some(0) => CursorReply::Closed,
             Some(id) => CursorReply::Open(id),
-            None => command_cursor(body),
+            None => command_cursor(&body),
         };
         ReplyFacts {
             error,
@@ -297,8 +297,8 @@ impl ReplyFacts {
 }
 
 /// `cursor: {id, ns}` of a command reply.
-fn command_cursor(body: &RawDocument) -> CursorReply {
-    let Ok(Some(RawBsonRef::Document(c))) = body.get_fast("cursor") else {
+fn command_cursor(body: &Index<'_>) -> CursorReply {
+    let Ok(Some(RawBsonRef::Document(c))) = body.get("cursor") else {
         return CursorReply::None;
     };
     match c.get_fast("id").ok().flatten().and_then(int64) {
@@ -309,8 +309,8 @@ fn command_cursor(body: &RawDocument) -> CursorReply {
 }
 
 /// `ok` is 0 (or false).
-fn says_not_ok(doc: &RawDocument) -> bool {
-    match doc.get_fast("ok") {
+fn says_not_ok(doc: &Index<'_>) -> bool {
+    match doc.get("ok") {
         Ok(Some(RawBsonRef::Double(v))) => v == 0.0,
         Ok(Some(RawBsonRef::Int32(v))) => v == 0,
         Ok(Some(RawBsonRef::Int64(v))) => v == 0,

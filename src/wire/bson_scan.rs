@@ -195,6 +195,153 @@ pub(crate) fn get<'a>(
     }
 }
 
+/// True when every top-level element of `doc` is one the bson crate's iteration accepts and
+/// whose value it builds without error (what `Reader::document` requires of a message's
+/// documents), decided by one walk: lengths and terminators as the walk checks them, string
+/// values as UTF-8, booleans 0 or 1. `false` means "not decided here" (a type it does not
+/// check, such as binary or regex, or something malformed): the caller then asks the bson
+/// crate, which gives the verdict and the error. `tests::valid_elements_only_when_the_bson_crate_agrees`.
+pub(crate) fn elements_valid(doc: &RawDocument) -> bool {
+    let undecided = walk(doc, |e| {
+        let ok = match e.tag {
+            // Fixed sizes the walk checked; null, undefined, min and max key have no value.
+            0x01 | 0x06 | 0x07 | 0x09 | 0x0A | 0x10 | 0x11 | 0x12 | 0x13 | 0x7F | 0xFF => true,
+            // Length prefix and terminator checked by the walk; the bytes between must be UTF-8.
+            0x02 | 0x0D | 0x0E => match e.value.get(4..e.value.len().saturating_sub(1)) {
+                Some(text) => text.is_ascii() || std::str::from_utf8(text).is_ok(),
+                None => false,
+            },
+            // Length prefix and terminator checked by the walk: what `from_bytes` checks.
+            0x03 | 0x04 => true,
+            0x08 => matches!(e.value, [0] | [1]),
+            _ => false,
+        };
+        (!ok).then_some(())
+    });
+    matches!(undecided, Ok(None))
+}
+
+/// How many top-level elements an [`Index`] records; lookups of later keys walk as [`get`] does.
+const INDEX_CAP: usize = 16;
+
+/// Whether an [`Index`] decided the whole document.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Coverage {
+    /// Every element is recorded: a key not among them is absent.
+    Complete,
+    /// The first [`INDEX_CAP`] elements are recorded; there are more.
+    Partial,
+    /// The walk did not decide the document: every lookup asks [`get`].
+    Undecided,
+}
+
+/// Where the top-level elements of a document start, found by one walk, so that the dozen
+/// lookups a request makes of its command (`$db`, the collection, `filter`, `let`,
+/// `writeConcern`, `lsid`...) compare a key at each element instead of walking the document
+/// again. [`Index::get`] answers exactly what [`get`] (and so `RawDocument::get`) answers:
+/// whatever it does not decide itself it hands to them (`tests::index_agrees_with_the_bson_crate`).
+#[derive(Clone, Copy)]
+pub(crate) struct Index<'a> {
+    doc: &'a RawDocument,
+    /// Offset of each recorded element's type byte; element `i` ends where `i + 1` starts.
+    starts: [u32; INDEX_CAP],
+    /// Where the last recorded element ends.
+    end_of_last: u32,
+    len: u8,
+    coverage: Coverage,
+}
+
+impl<'a> Index<'a> {
+    /// Walks `doc` once (and no further than its first [`INDEX_CAP`] elements and the one after).
+    pub(crate) fn new(doc: &'a RawDocument) -> Index<'a> {
+        let base = doc.as_bytes().as_ptr() as usize;
+        let mut starts = [0u32; INDEX_CAP];
+        let mut len = 0usize;
+        let mut end_of_last = 0u32;
+        let mut fits = true;
+        let walked = walk(doc, |e| {
+            let Some(slot) = starts.get_mut(len) else {
+                return Some(());
+            };
+            // An element starts one byte (its type) before its key; offsets are within `doc`.
+            let start = (e.key.as_ptr() as usize).wrapping_sub(base).wrapping_sub(1);
+            let end = (e.value.as_ptr() as usize).wrapping_sub(base) + e.value.len();
+            match (u32::try_from(start), u32::try_from(end)) {
+                (Ok(s), Ok(e)) => {
+                    *slot = s;
+                    end_of_last = e;
+                    len += 1;
+                    None
+                }
+                _ => {
+                    fits = false;
+                    Some(())
+                }
+            }
+        });
+        let coverage = match walked {
+            Ok(None) if fits => Coverage::Complete,
+            Ok(Some(())) if fits => Coverage::Partial,
+            _ => Coverage::Undecided,
+        };
+        Index {
+            doc,
+            starts,
+            end_of_last,
+            len: u8::try_from(len).unwrap_or(0),
+            coverage,
+        }
+    }
+
+    /// The indexed document.
+    pub(crate) fn doc(&self) -> &'a RawDocument {
+        self.doc
+    }
+
+    /// `self.doc().get(key)`, comparing `key` at each recorded element.
+    pub(crate) fn get(&self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+        let want = key.as_bytes();
+        if self.coverage == Coverage::Undecided {
+            return get(self.doc, key);
+        }
+        let bytes = self.doc.as_bytes();
+        let len = usize::from(self.len);
+        for (i, &start) in self.starts.iter().take(len).enumerate() {
+            let start = start as usize;
+            let key_at = start + 1;
+            let terminator = key_at + want.len();
+            let value_at = terminator + 1;
+            // The recorded key is NUL-terminated and NUL-free: it equals `want` exactly when
+            // `want` is followed by its terminator. The terminator is checked first: it rules
+            // out most keys for one byte.
+            if bytes.get(terminator) != Some(&0) || bytes.get(key_at..terminator) != Some(want) {
+                continue;
+            }
+            // A `want` holding NUL "matched" a shorter key and the bytes after it; no BSON key
+            // holds NUL, so the walk says absent (checked only here, off the common path).
+            if want.contains(&0) {
+                return get(self.doc, key);
+            }
+            let end = match self.starts.get(i + 1) {
+                Some(&next) if i + 1 < len => next,
+                _ => self.end_of_last,
+            } as usize;
+            let decoded = match (bytes.get(start), bytes.get(value_at..end)) {
+                (Some(&tag), Some(value)) => decode(tag, value),
+                _ => None,
+            };
+            return match decoded {
+                Some(v) => Ok(Some(v)),
+                None => self.doc.get(key),
+            };
+        }
+        match self.coverage {
+            Coverage::Complete => Ok(None),
+            _ => get(self.doc, key),
+        }
+    }
+}
+
 /// [`get`] as a method of borrowed documents (and, through `Deref`, of owned ones).
 pub(crate) trait GetFast {
     /// `self.get(key)`, the same answer at a fraction of the cost.
@@ -302,5 +449,149 @@ mod tests {
             try_bytes(b);
         }
         assert!(checked > 10_000, "{checked}");
+    }
+
+    /// The index gives `RawDocument::get`'s answer for every key of every corrupted or cut
+    /// copy of the sample (17 keys: more than the index records), and of each prefix of it
+    /// (fewer keys than it records: absent keys are decided by the index alone).
+    #[test]
+    fn index_agrees_with_the_bson_crate() {
+        // The sample holds a regex, which the walk leaves to the bson crate; without it, 14
+        // keys (all indexed); with three more, 17 (the last one past the index).
+        let mut plain = bson::RawDocumentBuf::new();
+        for (k, v) in sample().iter().map(Result::unwrap) {
+            if k != "re" {
+                plain.append(k, v.to_owned());
+            }
+        }
+        let mut more = plain.clone();
+        for k in ["x", "y", "z"] {
+            more.append(bson::raw::CString::try_from(k).unwrap(), 1);
+        }
+        assert_eq!(Index::new(&plain).coverage, Coverage::Complete);
+        assert_eq!(Index::new(&more).coverage, Coverage::Partial);
+        let keys: Vec<&str> = KEYS
+            .iter()
+            .copied()
+            .chain(["fi\0lter", "$d", "lsid\0", "x", "z"])
+            .collect();
+        let mut checked = 0usize;
+        for good in [sample().into_bytes(), plain.into_bytes(), more.into_bytes()] {
+            let mut try_bytes = |bytes: Vec<u8>| {
+                let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                    return;
+                };
+                let index = Index::new(doc);
+                for k in &keys {
+                    let (ours, theirs) = (index.get(k), doc.get(k));
+                    assert!(
+                        same(&ours, &theirs),
+                        "{k:?} in {bytes:?}: {ours:?} vs {theirs:?}"
+                    );
+                    checked += 1;
+                }
+            };
+            for i in 4..good.len() {
+                for v in [0u8, 1, 2, 3, 4, 0x10, 0x7f, 0x80, 0xff] {
+                    let mut b = good.clone();
+                    b[i] = v;
+                    try_bytes(b);
+                }
+            }
+            for cut in 5..good.len() {
+                let mut b = good[..cut].to_vec();
+                b[cut - 1] = 0;
+                b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+                try_bytes(b);
+            }
+        }
+        assert!(checked > 30_000, "{checked}");
+    }
+
+    /// `elements_valid` says "valid" only where iterating and building every top-level value
+    /// with the bson crate succeeds, on every corrupted or cut copy of a document without the
+    /// types it leaves to the crate (so that "valid" is said often) and of the full sample.
+    #[test]
+    fn valid_elements_only_when_the_bson_crate_agrees() {
+        fn crate_ok(doc: &RawDocument) -> bool {
+            doc.iter_elements()
+                .all(|e| e.is_ok_and(|e| e.value().is_ok()))
+        }
+        let plain = rawdoc! {
+            "insert": "coll", "s": "ünï", "d": {"a": 1}, "a": [1, "x"], "t": true, "f": false,
+            "n": bson::RawBson::Null, "i": 5, "l": 6i64, "x": 1.5,
+            "oid": bson::oid::ObjectId::from_bytes([7; 12]), "$db": "test",
+        };
+        let (mut fast, mut checked) = (0usize, 0usize);
+        for good in [plain.into_bytes(), sample().into_bytes()] {
+            let mut try_bytes = |bytes: Vec<u8>| {
+                let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                    return;
+                };
+                checked += 1;
+                if elements_valid(doc) {
+                    fast += 1;
+                    assert!(crate_ok(doc), "said valid: {bytes:?}");
+                }
+            };
+            try_bytes(good.clone());
+            for i in 4..good.len() {
+                for v in [0u8, 1, 2, 3, 4, 0x10, 0x7f, 0x80, 0xc3, 0xff] {
+                    let mut b = good.clone();
+                    b[i] = v;
+                    try_bytes(b);
+                }
+            }
+            for cut in 5..good.len() {
+                let mut b = good[..cut].to_vec();
+                b[cut - 1] = 0;
+                b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+                try_bytes(b);
+            }
+        }
+        assert!(
+            checked > 1_000 && fast > 100,
+            "{checked} checked, {fast} decided"
+        );
+        assert!(elements_valid(
+            &rawdoc! { "find": "c", "filter": {"_id": 1}, "$db": "d" }
+        ));
+    }
+
+    #[test]
+    fn index_covers_what_it_can_and_defers_the_rest() {
+        // A regex is a type the walk leaves to the bson crate: every lookup goes there.
+        let doc = sample();
+        let index = Index::new(&doc);
+        assert_eq!(index.coverage, Coverage::Undecided);
+        assert_eq!(index.get("lsid").unwrap(), doc.get("lsid").unwrap());
+        // More keys than the index records: the first ones are indexed, the rest still found.
+        let mut many = bson::RawDocumentBuf::new();
+        for i in 0..=INDEX_CAP + 2 {
+            many.append(
+                bson::raw::CString::try_from(format!("k{i}")).unwrap(),
+                i as i32,
+            );
+        }
+        let index = Index::new(&many);
+        assert_eq!(index.coverage, Coverage::Partial);
+        assert_eq!(usize::from(index.len), INDEX_CAP);
+        for i in 0..=INDEX_CAP + 2 {
+            assert_eq!(
+                index.get(&format!("k{i}")).unwrap(),
+                Some(RawBsonRef::Int32(i as i32))
+            );
+        }
+        assert_eq!(index.get("k99").unwrap(), None);
+        let small = rawdoc! { "find": "c", "filter": {"_id": 1}, "$db": "d" };
+        let index = Index::new(&small);
+        assert_eq!(index.coverage, Coverage::Complete);
+        assert_eq!(index.get("$db").unwrap(), Some(RawBsonRef::String("d")));
+        assert_eq!(index.get("$d").unwrap(), None);
+        assert_eq!(index.get("filte").unwrap(), None);
+        // A regex is not decoded by the index: the bson crate answers.
+        let re = rawdoc! { "a": 1, "re": bson::Regex { pattern: "x".to_owned().try_into().unwrap(), options: String::new().try_into().unwrap() } };
+        let index = Index::new(&re);
+        assert_eq!(index.get("re").unwrap(), re.get("re").unwrap());
     }
 }

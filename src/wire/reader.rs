@@ -85,7 +85,11 @@ impl<'a> Reader<'a> {
         let len = peek_doc_len(self.buf, self.ctx)?;
         let bytes = self.take(len)?;
         let doc = RawDocument::from_bytes(bytes).map_err(|e| WireError::bad_doc(self.ctx, e))?;
-        validate_elements(doc, self.ctx)?;
+        // One cheap walk decides the common case; anything it does not decide, the bson
+        // crate's iteration decides (and explains).
+        if !super::bson_scan::elements_valid(doc) {
+            validate_elements(doc, self.ctx)?;
+        }
         Ok(doc)
     }
 }
