@@ -151,19 +151,16 @@ fn describe(
         Message::Reply(_) => return Err(WireError::UnknownOpCode(OpCode::Reply as i32)),
         _ => (None, false),
     };
-    if let Some(cmd) = command {
-        if first_key(cmd).is_none() {
-            return Err(WireError::EmptyCommand("command"));
-        }
-    }
-    let is_hello = command
-        .and_then(first_key)
-        .is_some_and(hello::is_hello_command);
+    // The command name, read once; an empty command document is refused.
+    let name = match command {
+        Some(cmd) => Some(first_key(cmd).ok_or(WireError::EmptyCommand("command"))?),
+        None => None,
+    };
+    let is_hello = name.is_some_and(hello::is_hello_command);
     let metadata = match command {
         Some(cmd) if is_hello && want_metadata => ClientMetadata::from_hello(cmd),
         _ => None,
     };
-    let name = command.and_then(first_key);
     let kind = name.map(crate::command::Kind::from_name);
     let is_write = match msg {
         Message::Insert(_) | Message::Update(_) | Message::Delete(_) => true,
