@@ -202,23 +202,44 @@ pub(crate) fn get<'a>(
 /// check, such as binary or regex, or something malformed): the caller then asks the bson
 /// crate, which gives the verdict and the error. `tests::valid_elements_only_when_the_bson_crate_agrees`.
 pub(crate) fn elements_valid(doc: &RawDocument) -> bool {
-    let undecided = walk(doc, |e| {
-        let ok = match e.tag {
-            // Fixed sizes the walk checked; null, undefined, min and max key have no value.
-            0x01 | 0x06 | 0x07 | 0x09 | 0x0A | 0x10 | 0x11 | 0x12 | 0x13 | 0x7F | 0xFF => true,
-            // Length prefix and terminator checked by the walk; the bytes between must be UTF-8.
-            0x02 | 0x0D | 0x0E => match e.value.get(4..e.value.len().saturating_sub(1)) {
-                Some(text) => text.is_ascii() || std::str::from_utf8(text).is_ok(),
-                None => false,
-            },
-            // Length prefix and terminator checked by the walk: what `from_bytes` checks.
-            0x03 | 0x04 => true,
-            0x08 => matches!(e.value, [0] | [1]),
-            _ => false,
+    matches!(walk(doc, |e| (!element_valid(&e)).then_some(())), Ok(None))
+}
+
+/// [`elements_valid`] and, in the same walk, [`keys_distinct`] for a document of at most
+/// [`INDEX_CAP`] keys: `true` when both hold. `false` decides nothing (ask them apart).
+pub(crate) fn elements_valid_and_distinct(doc: &RawDocument) -> bool {
+    let mut seen: [&[u8]; INDEX_CAP] = [&[]; INDEX_CAP];
+    let mut count = 0usize;
+    let stopped = walk(doc, |e| {
+        if !element_valid(&e) || seen.iter().take(count).any(|k| *k == e.key) {
+            return Some(());
+        }
+        // More keys than it tracks: not decided here.
+        let Some(slot) = seen.get_mut(count) else {
+            return Some(());
         };
-        (!ok).then_some(())
+        *slot = e.key;
+        count += 1;
+        None
     });
-    matches!(undecided, Ok(None))
+    matches!(stopped, Ok(None))
+}
+
+/// One element of [`elements_valid`].
+fn element_valid(e: &Element<'_>) -> bool {
+    match e.tag {
+        // Fixed sizes the walk checked; null, undefined, min and max key have no value.
+        0x01 | 0x06 | 0x07 | 0x09 | 0x0A | 0x10 | 0x11 | 0x12 | 0x13 | 0x7F | 0xFF => true,
+        // Length prefix and terminator checked by the walk; the bytes between must be UTF-8.
+        0x02 | 0x0D | 0x0E => match e.value.get(4..e.value.len().saturating_sub(1)) {
+            Some(text) => text.is_ascii() || std::str::from_utf8(text).is_ok(),
+            None => false,
+        },
+        // Length prefix and terminator checked by the walk: what `from_bytes` checks.
+        0x03 | 0x04 => true,
+        0x08 => matches!(e.value, [0] | [1]),
+        _ => false,
+    }
 }
 
 /// How many top-level elements an [`Index`] records; lookups of later keys walk as [`get`] does.
@@ -533,6 +554,12 @@ mod tests {
                     fast += 1;
                     assert!(crate_ok(doc), "said valid: {bytes:?}");
                 }
+                if elements_valid_and_distinct(doc) {
+                    assert!(crate_ok(doc), "said valid and distinct: {bytes:?}");
+                    let keys: Vec<&str> = doc.iter().map(|e| e.unwrap().0.as_str()).collect();
+                    let unique: std::collections::HashSet<&str> = keys.iter().copied().collect();
+                    assert_eq!(keys.len(), unique.len(), "said distinct: {bytes:?}");
+                }
             };
             try_bytes(good.clone());
             for i in 4..good.len() {
@@ -553,9 +580,12 @@ mod tests {
             checked > 1_000 && fast > 100,
             "{checked} checked, {fast} decided"
         );
-        assert!(elements_valid(
-            &rawdoc! { "find": "c", "filter": {"_id": 1}, "$db": "d" }
-        ));
+        let find = rawdoc! { "find": "c", "filter": {"_id": 1}, "$db": "d" };
+        assert!(elements_valid(&find) && elements_valid_and_distinct(&find));
+        // A repeated key: valid elements, not distinct.
+        let mut dup = find.clone();
+        dup.append(bson::cstr!("find"), "other");
+        assert!(elements_valid(&dup) && !elements_valid_and_distinct(&dup));
     }
 
     #[test]

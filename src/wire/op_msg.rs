@@ -99,8 +99,10 @@ impl<'a> OpMsg<'a> {
             sections = body;
             checksum = Some(declared);
         }
-        let body = validate_sections(sections)?;
-        check_duplicate_keys(body)?;
+        let (body, distinct) = validate_sections(sections)?;
+        if !distinct {
+            check_duplicate_keys(body)?;
+        }
         Ok(OpMsg {
             flags,
             body,
@@ -132,7 +134,7 @@ impl<'a> OpMsg<'a> {
                 return None;
             }
             match read_section(&mut r, false) {
-                Ok(Section::Body(_)) => continue,
+                Ok(Section::Body(..)) => continue,
                 Ok(Section::Sequence(seq)) => return Some(seq),
                 Err(_) => return None, // unreachable: validated in parse()
             }
@@ -146,7 +148,8 @@ impl<'a> OpMsg<'a> {
 }
 
 enum Section<'a> {
-    Body(&'a RawDocument),
+    /// The body, and whether its top-level keys were found distinct while validating it.
+    Body(&'a RawDocument, bool),
     Sequence(DocumentSequence<'a>),
 }
 
@@ -156,8 +159,11 @@ enum Section<'a> {
 /// guard's cost on bulk writes).
 fn read_section<'a>(r: &mut Reader<'a>, validate: bool) -> Result<Section<'a>, WireError> {
     match r.u8()? {
-        0 if validate => Ok(Section::Body(r.document()?)),
-        0 => Ok(Section::Body(r.document_again()?)),
+        0 if validate => {
+            let (doc, distinct) = r.body_document()?;
+            Ok(Section::Body(doc, distinct))
+        }
+        0 => Ok(Section::Body(r.document_again()?, false)),
         1 => {
             let size = r.i32()?;
             // The size counts itself; the identifier and documents follow.
@@ -184,17 +190,19 @@ pub const MAX_SEQUENCES: usize = 16;
 /// Walks every section; returns the single body. Like mongod, refuses an identifier used
 /// twice or also present as a body field: the guard and the server must read the same
 /// statements.
-fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
+fn validate_sections(sections: &[u8]) -> Result<(&RawDocument, bool), WireError> {
     let mut r = Reader::new(sections, "OP_MSG section");
     let mut body = None;
+    let mut distinct = false;
     let mut bodies = 0usize;
     let mut ids: [&str; MAX_SEQUENCES] = [""; MAX_SEQUENCES];
     let mut n_ids = 0usize;
     while !r.is_empty() {
         match read_section(&mut r, true)? {
-            Section::Body(doc) => {
+            Section::Body(doc, keys_distinct) => {
                 bodies += 1;
                 body = Some(doc);
+                distinct = keys_distinct;
             }
             Section::Sequence(seq) => {
                 if ids.iter().take(n_ids).any(|id| *id == seq.identifier) {
@@ -215,11 +223,11 @@ fn validate_sections(sections: &[u8]) -> Result<&RawDocument, WireError> {
         (n, _) => return Err(WireError::BodySectionCount(n)),
     };
     for id in ids.iter().take(n_ids) {
-        if body.get(id).ok().flatten().is_some() {
+        if super::GetFast::get_fast(body, id).ok().flatten().is_some() {
             return Err(WireError::SequenceShadowsBody(crate::text::client(id)));
         }
     }
-    Ok(body)
+    Ok((body, distinct))
 }
 
 #[cfg(test)]
