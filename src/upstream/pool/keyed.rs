@@ -40,7 +40,9 @@ struct State<T> {
 }
 
 struct Idle<T> {
-    conn: T,
+    /// Boxed: a connection (a TLS stream's state included) is large, and a checkout is
+    /// moved through several futures per request; a box moves as one pointer.
+    conn: Box<T>,
     created: Instant,
     idle_since: Instant,
 }
@@ -88,8 +90,23 @@ impl<T: PooledConn> KeyPool<T> {
         drop(idle);
     }
 
+    pub(super) fn key(&self) -> &PoolKey {
+        &self.key
+    }
+
     pub(super) fn stats(&self) -> PoolStats {
         self.gauges.snapshot()
+    }
+
+    /// A checkout without waiting or connecting: a free slot and an idle usable connection
+    /// at once (`Ok(None)` otherwise, holding nothing).
+    pub(super) fn checkout_ready(self: &Arc<Self>) -> Result<Option<Checkout<T>>, PoolError> {
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err(self.closed_error()),
+            Err(TryAcquireError::NoPermits) => return Ok(None),
+        };
+        Ok(self.take_idle(permit, false).ok())
     }
 
     pub(super) async fn checkout<C: Connector<Conn = T>>(
@@ -97,12 +114,27 @@ impl<T: PooledConn> KeyPool<T> {
         connector: &C,
     ) -> Result<Checkout<T>, PoolError> {
         let permit = self.acquire().await?;
+        match self.take_idle(permit, true) {
+            Ok(checkout) => Ok(checkout),
+            // Rare (the pool grows): boxed, so that the connector's future does not enlarge
+            // every checkout's.
+            Err(permit) => Box::pin(self.connect_new(connector, permit)).await,
+        }
+    }
+
+    /// With `permit`: the most recently used idle connection that is usable. `Err(permit)`
+    /// when there is none; with `count`, the slot is then counted in `total` for a connect.
+    fn take_idle(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        count: bool,
+    ) -> Result<Checkout<T>, OwnedSemaphorePermit> {
         loop {
             let popped = {
                 let mut state = self.lock();
                 let stale = self.take_expired(&mut state, Instant::now());
                 let popped = state.idle.pop();
-                if popped.is_none() {
+                if popped.is_none() && count {
                     state.total += 1;
                 }
                 self.publish(&state);
@@ -111,7 +143,7 @@ impl<T: PooledConn> KeyPool<T> {
                 popped
             };
             let Some(mut entry) = popped else {
-                return self.connect_new(connector, permit).await;
+                return Err(permit);
             };
             if !entry.conn.is_usable() {
                 self.uncount(Closed::Unusable);
@@ -132,7 +164,7 @@ impl<T: PooledConn> KeyPool<T> {
         connector: &C,
         permit: OwnedSemaphorePermit,
     ) -> Result<Checkout<T>, PoolError> {
-        let conn = self.connect_counted(connector).await?;
+        let conn = Box::new(self.connect_counted(connector).await?);
         Ok(Checkout::new(conn, Instant::now(), self.clone(), permit))
     }
 
@@ -232,7 +264,7 @@ impl<T: PooledConn> KeyPool<T> {
                 state.total += 1;
                 self.publish(&state);
             }
-            let conn = self.connect_counted(connector).await?;
+            let conn = Box::new(self.connect_counted(connector).await?);
             let now = Instant::now();
             let mut state = self.lock();
             state.idle.push(Idle {
@@ -299,7 +331,7 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     /// Ends a checkout whose connection was released in good health.
-    fn check_in(&self, conn: T, created: Instant) {
+    fn check_in(&self, conn: Box<T>, created: Instant) {
         let now = Instant::now();
         if self.past_lifetime(created, now) {
             return self.uncount(Closed::Expired);
