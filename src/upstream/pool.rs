@@ -305,6 +305,21 @@ impl<C: Connector> Pool<C> {
         handle.0.checkout(&self.shared.connector).await
     }
 
+    /// [`Pool::checkout_from`] whose wait for a slot ends when `expired` completes, which the
+    /// caller makes happen `checkout_timeout` after the call (a timer it re-arms per
+    /// checkout costs less than a new one each time; see `crate::proxy::timer`). The wait is
+    /// the same FIFO queue and ends in the same [`PoolError::CheckoutTimeout`].
+    pub async fn checkout_until(
+        &self,
+        handle: &PoolHandle<C::Conn>,
+        expired: impl Future<Output = ()>,
+    ) -> Result<Checkout<C::Conn>, PoolError> {
+        handle
+            .0
+            .checkout_until(&self.shared.connector, expired)
+            .await
+    }
+
     /// A checkout that neither waits nor connects: a free slot and an idle usable connection
     /// at once, else `Ok(None)` (nothing taken; [`Pool::checkout_from`] does the rest). A
     /// closed pool fails as [`Pool::checkout`] does.

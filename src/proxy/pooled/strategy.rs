@@ -2,7 +2,7 @@
 //! preference, cursor and transaction pins), a pooled connection checked out for the round
 //! trip, cursor pins read off the replies, one re-send after a "not primary" reply.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,7 @@ use crate::{
         session::Client,
         stop::Stop,
         strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
+        timer::LazyTimer,
         Context,
     },
     upstream::{
@@ -88,6 +89,9 @@ pub(crate) struct PooledSide {
     /// The pool of the last (server, identity) checked out from, so that the next checkout
     /// there does not look it up again (a session's requests mostly go to one server).
     last_pool: Option<PoolHandle<UpstreamConn>>,
+    /// Bounds waits for a pooled connection (`checkout_timeout`): one timer re-armed per
+    /// wait, made at the first wait (see [`LazyTimer`]).
+    checkout_timer: Option<LazyTimer>,
 }
 
 impl PooledSide {
@@ -113,6 +117,7 @@ impl PooledSide {
             closed_cursor: None,
             stop,
             last_pool: None,
+            checkout_timer: None,
             pooled,
             ctx,
         }
@@ -186,10 +191,13 @@ impl PooledSide {
         if let Some(c) = pool.checkout_ready(handle)? {
             return Ok(c);
         }
+        let timer = self.checkout_timer.get_or_insert_with(LazyTimer::new);
+        // A zero duration leaves a LazyTimer unarmed; a zero checkout_timeout means no wait.
+        timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
         tokio::select! {
             biased;
             _ = self.stop.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
-            c = pool.checkout_from(handle) => c,
+            c = pool.checkout_until(handle, timer.expired()) => c,
         }
     }
 

@@ -7,6 +7,7 @@
 //! only raised by a permit holder that found no idle connection (or by a prefill that checked
 //! it), so `total` never exceeds `pool_size`.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -113,7 +114,35 @@ impl<T: PooledConn> KeyPool<T> {
         self: &Arc<Self>,
         connector: &C,
     ) -> Result<Checkout<T>, PoolError> {
-        let permit = self.acquire().await?;
+        let permit = match self.try_acquire()? {
+            Some(permit) => permit,
+            None => {
+                let expired = tokio::time::sleep(self.config.checkout_timeout);
+                self.wait_for_slot(expired).await?
+            }
+        };
+        self.checkout_with(connector, permit).await
+    }
+
+    /// [`KeyPool::checkout`] whose wait for a slot ends when `expired` completes (which the
+    /// caller makes `checkout_timeout` from now) instead of on a timer of its own.
+    pub(super) async fn checkout_until<C: Connector<Conn = T>>(
+        self: &Arc<Self>,
+        connector: &C,
+        expired: impl Future<Output = ()>,
+    ) -> Result<Checkout<T>, PoolError> {
+        let permit = match self.try_acquire()? {
+            Some(permit) => permit,
+            None => self.wait_for_slot(expired).await?,
+        };
+        self.checkout_with(connector, permit).await
+    }
+
+    async fn checkout_with<C: Connector<Conn = T>>(
+        self: &Arc<Self>,
+        connector: &C,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Checkout<T>, PoolError> {
         match self.take_idle(permit, true) {
             Ok(checkout) => Ok(checkout),
             // Rare (the pool grows): boxed, so that the connector's future does not enlarge
@@ -189,23 +218,33 @@ impl<T: PooledConn> KeyPool<T> {
         }
     }
 
-    /// Waits (FIFO, bounded by `checkout_timeout`) for a slot.
-    async fn acquire(&self) -> Result<OwnedSemaphorePermit, PoolError> {
+    /// A free slot, if there is one (`None`: wait for one).
+    fn try_acquire(&self) -> Result<Option<OwnedSemaphorePermit>, PoolError> {
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => return Ok(permit),
-            Err(TryAcquireError::Closed) => return Err(self.closed_error()),
-            Err(TryAcquireError::NoPermits) => {}
+            Ok(permit) => Ok(Some(permit)),
+            Err(TryAcquireError::Closed) => Err(self.closed_error()),
+            Err(TryAcquireError::NoPermits) => Ok(None),
         }
+    }
+
+    /// Waits (FIFO) for a slot until `expired` completes (`checkout_timeout`).
+    async fn wait_for_slot(
+        &self,
+        expired: impl Future<Output = ()>,
+    ) -> Result<OwnedSemaphorePermit, PoolError> {
         let _waiting = WaitingGuard::new(&self.gauges.waiting);
         let start = Instant::now();
-        let timeout = self.config.checkout_timeout;
-        let acquired = tokio::time::timeout(timeout, self.permits.clone().acquire_owned()).await;
+        let acquired = tokio::select! {
+            biased;
+            acquired = self.permits.clone().acquire_owned() => Some(acquired),
+            () = expired => None,
+        };
         let waited = start.elapsed();
         self.gauges.observe_wait(waited);
         match acquired {
-            Ok(Ok(permit)) => Ok(permit),
-            Ok(Err(_closed)) => Err(self.closed_error()),
-            Err(_elapsed) => {
+            Some(Ok(permit)) => Ok(permit),
+            Some(Err(_closed)) => Err(self.closed_error()),
+            None => {
                 Gauges::bump(&self.gauges.timeouts);
                 Err(PoolError::CheckoutTimeout {
                     pool: self.key.clone(),
