@@ -323,6 +323,8 @@ impl<C: Connector> Pool<C> {
     /// A checkout that neither waits nor connects: a free slot and an idle usable connection
     /// at once, else `Ok(None)` (nothing taken; [`Pool::checkout_from`] does the rest). A
     /// closed pool fails as [`Pool::checkout`] does.
+    // The same error type as the async checkouts return (only the closed case occurs).
+    #[allow(clippy::result_large_err)]
     pub fn checkout_ready(
         &self,
         handle: &PoolHandle<C::Conn>,

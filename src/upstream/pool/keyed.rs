@@ -101,6 +101,8 @@ impl<T: PooledConn> KeyPool<T> {
 
     /// A checkout without waiting or connecting: a free slot and an idle usable connection
     /// at once (`Ok(None)` otherwise, holding nothing).
+    // The same error type as the async checkouts return (only the closed case occurs).
+    #[allow(clippy::result_large_err)]
     pub(super) fn checkout_ready(self: &Arc<Self>) -> Result<Option<Checkout<T>>, PoolError> {
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(permit) => permit,
@@ -219,6 +221,8 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     /// A free slot, if there is one (`None`: wait for one).
+    // The same error type as the async checkouts return (only the closed case occurs).
+    #[allow(clippy::result_large_err)]
     fn try_acquire(&self) -> Result<Option<OwnedSemaphorePermit>, PoolError> {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => Ok(Some(permit)),
