@@ -414,6 +414,98 @@ async fn checkout_timeout_then_client_killed_mid_request_does_not_poison_the_poo
     proxy.shutdown().await;
 }
 
+/// A request to the admin listener; the status and body.
+async fn admin_request(admin: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(BOUND, s.read_to_end(&mut raw))
+        .await
+        .expect("admin reply")
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+/// A session waiting for a pooled connection (every one in use) ends when it is killed, not
+/// when `checkout_timeout` runs out: the kill is watched while it waits for a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_killed_while_waiting_for_a_slot_ends_at_once() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            // Far beyond BOUND: only the kill can end B's wait within the test.
+            checkout_timeout: Duration::from_secs(600),
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let (mut a, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    a.command(doc! {"insert": "c", "documents": [{"x": 1}], "$db": "pooled"})
+        .await;
+    // A's find holds the only connection: the upstream stalls.
+    standin.set_fault(Fault::Stall);
+    let messages = standin.stats().messages();
+    a.send(0, &doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
+        .await;
+    tokio::time::timeout(BOUND, async {
+        while proxy.pool_stats().unwrap().0.in_use != 1 || standin.stats().messages() == messages {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("A's find never held the pooled connection");
+    // B's find waits for the slot.
+    let (mut b, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let b_peer = b.stream_mut().local_addr().unwrap().to_string();
+    b.send(0, &doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
+        .await;
+    tokio::time::timeout(BOUND, async {
+        while proxy.pool_stats().unwrap().0.waiting != 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("B's find never waited for the slot");
+    let (status, body) = admin_request(admin, "GET", "/connections").await;
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = list["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["peer"] == b_peer.as_str())
+        .and_then(|r| r["id"].as_u64())
+        .unwrap_or_else(|| panic!("B ({b_peer}) not listed: {list}"));
+    let (status, body) = admin_request(admin, "POST", &format!("/connections/{id}/kill")).await;
+    assert_eq!(status, 200, "{body}");
+    // B's connection closes without a reply. Bounded below reply_timeout (30 s here), which
+    // would also end the wait: only a kill seen while waiting closes it within the bound.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1];
+        b.stream_mut().read(&mut buf).await
+    })
+    .await
+    .expect("the killed session kept waiting for a slot");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let (pool, _) = proxy.pool_stats().unwrap();
+    assert_eq!((pool.waiting, pool.timeouts), (0, 0), "{pool:?}");
+    drop(a);
+    standin.set_fault(Fault::None);
+    proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_before_its_reply_does_not_cost_a_connection() {
     // The Node driver's close: endSessions sent, socket closed without reading the reply.

@@ -489,6 +489,120 @@ async fn close_fails_waiters_and_later_checkouts() {
     ));
 }
 
+/// A handle is the pool of its key for good: a second lookup gives the same pool, and a
+/// handle taken before a drain or a close sees them (they act on the pool, never replace it).
+#[tokio::test]
+async fn a_handle_stays_its_keys_pool_through_drain_and_close() {
+    let (pool, control) = pool(config(2));
+    let handle = pool.handle(&key("app"));
+    assert_eq!(handle.key(), &key("app"));
+    let conn = pool.checkout_from(&handle).await.unwrap();
+    conn.release();
+    // The same pool through the key and through the handle.
+    assert_eq!(stats(&pool).idle, 1);
+    let again = pool.handle(&key("app"));
+    let conn = pool.checkout_from(&again).await.unwrap();
+    assert_eq!((conn.id, control.connects()), (1, 1));
+    conn.release();
+
+    let server = key("app").server;
+    pool.set_drained(&server, true);
+    assert_eq!(stats(&pool).idle, 0, "drained: idle connections closed");
+    let conn = pool.checkout_from(&handle).await.unwrap();
+    conn.release();
+    assert_eq!(
+        stats(&pool).idle,
+        0,
+        "drained: a released connection closes"
+    );
+    pool.set_drained(&server, false);
+
+    pool.close();
+    assert!(matches!(
+        pool.checkout_from(&handle).await,
+        Err(PoolError::Closed { .. })
+    ));
+    assert!(matches!(
+        pool.checkout_ready(&handle),
+        Err(PoolError::Closed { .. })
+    ));
+}
+
+/// The ready path hands out an idle usable connection when a slot is free, and otherwise
+/// takes nothing: no slot, no count, no connect.
+#[tokio::test]
+async fn checkout_ready_takes_only_an_idle_connection_and_a_free_slot() {
+    let (pool, control) = pool(config(1));
+    let handle = pool.handle(&key("app"));
+    // Nothing idle yet: nothing taken.
+    assert!(pool.checkout_ready(&handle).unwrap().is_none());
+    assert_eq!((stats(&pool).total, control.connects()), (0, 0));
+    let conn = pool.checkout_from(&handle).await.unwrap();
+    // The only slot is in use.
+    assert!(pool.checkout_ready(&handle).unwrap().is_none());
+    conn.release();
+    let conn = pool
+        .checkout_ready(&handle)
+        .unwrap()
+        .expect("idle and free");
+    assert_eq!(conn.id, 1);
+    assert_eq!(stats(&pool).in_use, 1);
+    conn.release();
+    // An idle connection the server closed is not handed out, and is closed.
+    control.kill_all();
+    assert!(pool.checkout_ready(&handle).unwrap().is_none());
+    let s = stats(&pool);
+    assert_eq!(
+        (s.idle, s.total, s.unusable, s.in_use),
+        (0, 0, 1, 0),
+        "{s:?}"
+    );
+    // And the slot it briefly held is free again.
+    let conn = pool.checkout_from(&handle).await.unwrap();
+    assert_eq!(conn.id, 2);
+}
+
+/// `checkout_until` waits in the same FIFO queue, and its caller's expiry ends the wait with
+/// the same timeout error (counted), leaving no waiter behind.
+#[tokio::test]
+async fn checkout_until_ends_its_wait_when_the_callers_expiry_fires() {
+    let (pool, _control) = pool(config(1));
+    let handle = pool.handle(&key("app"));
+    let held = pool.checkout_from(&handle).await.unwrap();
+    let (fire, fired) = tokio::sync::oneshot::channel::<()>();
+    let waiter = tokio::spawn({
+        let (pool, handle) = (pool.clone(), handle.clone());
+        async move {
+            let expired = async {
+                let _ = fired.await;
+            };
+            pool.checkout_until(&handle, expired).await.map(|c| c.id)
+        }
+    });
+    until("the waiter to queue", || stats(&pool).waiting == 1).await;
+    fire.send(()).unwrap();
+    let got = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
+    assert!(
+        matches!(got, Err(PoolError::CheckoutTimeout { pool_size: 1, .. })),
+        "{got:?}"
+    );
+    let s = stats(&pool);
+    assert_eq!((s.waiting, s.timeouts), (0, 1), "{s:?}");
+    // Without the expiry firing, a release hands the slot over.
+    let waiter = tokio::spawn({
+        let (pool, handle) = (pool.clone(), handle.clone());
+        async move {
+            pool.checkout_until(&handle, std::future::pending())
+                .await
+                .map(|c| c.id)
+        }
+    });
+    until("the waiter to queue", || stats(&pool).waiting == 1).await;
+    held.release();
+    let got = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
+    assert_eq!(got.unwrap(), 1);
+}
+
 #[tokio::test]
 async fn tcp_pool_opens_one_upstream_connection_and_skips_closed_ones() {
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();

@@ -223,6 +223,28 @@ struct Shared<C: Connector> {
     drained: Mutex<Vec<Host>>,
 }
 
+/// The pool of one [`PoolKey`], looked up once (see [`Pool::handle`]).
+pub struct PoolHandle<T: PooledConn>(Arc<KeyPool<T>>);
+
+impl<T: PooledConn> PoolHandle<T> {
+    /// The key of the pool.
+    pub fn key(&self) -> &PoolKey {
+        self.0.key()
+    }
+}
+
+impl<T: PooledConn> Clone for PoolHandle<T> {
+    fn clone(&self) -> Self {
+        PoolHandle(self.0.clone())
+    }
+}
+
+impl<T: PooledConn> fmt::Debug for PoolHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PoolHandle").field(self.key()).finish()
+    }
+}
+
 impl<C: Connector> Clone for Pool<C> {
     fn clone(&self) -> Self {
         Pool {
@@ -265,6 +287,49 @@ impl<C: Connector> Pool<C> {
     pub async fn checkout(&self, key: &PoolKey) -> Result<Checkout<C::Conn>, PoolError> {
         let pool = self.key_pool(key);
         pool.checkout(&self.shared.connector).await
+    }
+
+    /// The pool of `key`, for checkouts that skip looking the key up ([`Pool::checkout_from`],
+    /// [`Pool::checkout_ready`]). Pools are never removed or replaced ([`Pool::close`] and
+    /// [`Pool::set_drained`] act on the pool itself), so a handle stays the pool of its key
+    /// for as long as the `Pool` lives.
+    pub fn handle(&self, key: &PoolKey) -> PoolHandle<C::Conn> {
+        PoolHandle(self.key_pool(key))
+    }
+
+    /// [`Pool::checkout`] from the pool `handle` is for.
+    pub async fn checkout_from(
+        &self,
+        handle: &PoolHandle<C::Conn>,
+    ) -> Result<Checkout<C::Conn>, PoolError> {
+        handle.0.checkout(&self.shared.connector).await
+    }
+
+    /// [`Pool::checkout_from`] whose wait for a slot ends when `expired` completes, which the
+    /// caller makes happen `checkout_timeout` after the call (a timer it re-arms per
+    /// checkout costs less than a new one each time; see `crate::proxy::timer`). The wait is
+    /// the same FIFO queue and ends in the same [`PoolError::CheckoutTimeout`].
+    pub async fn checkout_until(
+        &self,
+        handle: &PoolHandle<C::Conn>,
+        expired: impl Future<Output = ()>,
+    ) -> Result<Checkout<C::Conn>, PoolError> {
+        handle
+            .0
+            .checkout_until(&self.shared.connector, expired)
+            .await
+    }
+
+    /// A checkout that neither waits nor connects: a free slot and an idle usable connection
+    /// at once, else `Ok(None)` (nothing taken; [`Pool::checkout_from`] does the rest). A
+    /// closed pool fails as [`Pool::checkout`] does.
+    // The same error type as the async checkouts return (only the closed case occurs).
+    #[allow(clippy::result_large_err)]
+    pub fn checkout_ready(
+        &self,
+        handle: &PoolHandle<C::Conn>,
+    ) -> Result<Option<Checkout<C::Conn>>, PoolError> {
+        handle.0.checkout_ready()
     }
 
     /// Closes idle connections past `idle_timeout` or `max_lifetime` or no longer usable, and
@@ -336,6 +401,7 @@ impl<C: Connector> Pool<C> {
     }
 
     fn key_pool(&self, key: &PoolKey) -> Arc<KeyPool<C::Conn>> {
+        // Only ever inserted into: [`PoolHandle`]s rely on it.
         let mut pools = self.lock_pools();
         if let Some(pool) = pools.get(key) {
             return pool.clone();

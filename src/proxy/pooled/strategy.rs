@@ -2,7 +2,7 @@
 //! preference, cursor and transaction pins), a pooled connection checked out for the round
 //! trip, cursor pins read off the replies, one re-send after a "not primary" reply.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,11 +19,13 @@ use crate::{
         pins::{ExhaustHeld, Sticky},
         routing::{self, Class, CursorReply, ReplyFacts, Routing},
         session::Client,
+        stop::Stop,
         strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
+        timer::LazyTimer,
         Context,
     },
     upstream::{
-        pool::{Checkout, PoolError, PoolKey},
+        pool::{Checkout, PoolError, PoolHandle, PoolKey},
         topology::ReadPref,
         Host, Identity, UpstreamConn,
     },
@@ -81,10 +83,20 @@ pub(crate) struct PooledSide {
     opened_cursor: Option<i64>,
     /// The cursor the current request's reply finished (a last getMore: id 0).
     closed_cursor: Option<i64>,
+    /// The connection's kill, waited on lock-free while a request waits for a server or a
+    /// pooled connection (the same kill as the connection's token; see [`Stop`]).
+    stop: Stop,
+    /// The pool of the last (server, identity) checked out from, so that the next checkout
+    /// there does not look it up again (a session's requests mostly go to one server).
+    last_pool: Option<PoolHandle<UpstreamConn>>,
+    /// Bounds waits for a pooled connection (`checkout_timeout`): one timer re-armed per
+    /// wait, made at the first wait (see [`LazyTimer`]).
+    checkout_timer: Option<LazyTimer>,
 }
 
 impl PooledSide {
-    pub(crate) fn new(ctx: Arc<Context>, pooled: Arc<Pooled>) -> PooledSide {
+    /// The upstream side of a client connection whose kill is `stop`.
+    pub(crate) fn new(ctx: Arc<Context>, pooled: Arc<Pooled>, stop: Stop) -> PooledSide {
         let identity = ctx
             .config
             .auth
@@ -103,6 +115,9 @@ impl PooledSide {
             balanced_slot: None,
             opened_cursor: None,
             closed_cursor: None,
+            stop,
+            last_pool: None,
+            checkout_timer: None,
             pooled,
             ctx,
         }
@@ -114,7 +129,6 @@ impl PooledSide {
         &self,
         request: &Request,
         routing: &Routing,
-        kill: &CancellationToken,
     ) -> Result<Host, Option<(i32, &'static str, String)>> {
         if let Some(e) = &routing.read_pref_error {
             // mongod and mongos refuse it before running anything; so does mongoguard,
@@ -148,7 +162,7 @@ impl PooledSide {
         let timeout = self.ctx.config.upstream.server_selection_timeout;
         let host = tokio::select! {
             biased;
-            _ = kill.cancelled() => return Err(None),
+            _ = self.stop.killed() => return Err(None),
             h = p.topology.select_filtered(pref, filter, timeout) => h.map_err(|e| {
                 let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
                 Some((code, name, format!("mongoguard: {e}")))
@@ -160,18 +174,30 @@ impl PooledSide {
         Ok(host)
     }
 
-    /// Checks out a connection to `host` as `identity`, never past `kill`.
-    async fn checkout(
-        &self,
-        host: Host,
-        identity: &Identity,
-        kill: &CancellationToken,
-    ) -> Result<Conn, PoolError> {
-        let key = PoolKey::new(host, identity.name.clone());
+    /// Checks out a connection to `host` as `identity`, never waiting past the kill: an idle
+    /// one at once when a slot is free, else (waiting for a slot, or connecting) until the
+    /// connection is killed.
+    async fn checkout(&mut self, host: Host, identity: &Identity) -> Result<Conn, PoolError> {
+        let pool = &self.pooled.pool;
+        let handle = match &mut self.last_pool {
+            Some(h) if h.key().server == host && h.key().identity == identity.name => &*h,
+            slot => &*slot.insert(pool.handle(&PoolKey::new(host, identity.name.clone()))),
+        };
+        if self.stop.is_killed() {
+            return Err(PoolError::Closed {
+                pool: handle.key().clone(),
+            });
+        }
+        if let Some(c) = pool.checkout_ready(handle)? {
+            return Ok(c);
+        }
+        let timer = self.checkout_timer.get_or_insert_with(LazyTimer::new);
+        // A zero duration leaves a LazyTimer unarmed; a zero checkout_timeout means no wait.
+        timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
         tokio::select! {
             biased;
-            _ = kill.cancelled() => Err(PoolError::Closed { pool: key.clone() }),
-            c = self.pooled.pool.checkout(&key) => c,
+            _ = self.stop.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
+            c = pool.checkout_until(handle, timer.expired()) => c,
         }
     }
 
@@ -309,7 +335,8 @@ impl Strategy for PooledSide {
         request: &Request,
         route: &Routing,
         _obs: &mut SessionObs,
-        kill: &CancellationToken,
+        // Waited on through `self.stop`, the same kill without locks.
+        _kill: &CancellationToken,
     ) -> Acquired<Conn> {
         self.on_kept = false;
         if let Some(kept) = self.for_last_error.take() {
@@ -343,7 +370,7 @@ impl Strategy for PooledSide {
                 end: None,
             };
         };
-        let host = match self.choose_server(request, route, kill).await {
+        let host = match self.choose_server(request, route).await {
             Ok(h) => h,
             Err(None) => return refused_end(SessionError::Killed),
             Err(Some((code, name, message))) => {
@@ -353,7 +380,7 @@ impl Strategy for PooledSide {
                 };
             }
         };
-        match self.checkout(host.clone(), &identity, kill).await {
+        match self.checkout(host.clone(), &identity).await {
             Ok(c) => Acquired::Link(c),
             Err(e) => self.checkout_failed(&host, e),
         }
@@ -365,7 +392,7 @@ impl Strategy for PooledSide {
         &mut self,
         route: &Routing,
         _obs: &mut SessionObs,
-        kill: &CancellationToken,
+        _kill: &CancellationToken,
     ) -> Option<Conn> {
         let txn = route.txn.as_ref()?;
         if self.pooled.topology.load_balanced() {
@@ -375,7 +402,7 @@ impl Strategy for PooledSide {
         }
         let host = self.pooled.pins.txn_server(txn, Instant::now())?;
         let identity = self.identity.clone()?;
-        self.checkout(host, &identity, kill).await.ok()
+        self.checkout(host, &identity).await.ok()
     }
 
     fn wants_reply_facts(&self) -> bool {

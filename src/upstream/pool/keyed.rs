@@ -7,6 +7,7 @@
 //! only raised by a permit holder that found no idle connection (or by a prefill that checked
 //! it), so `total` never exceeds `pool_size`.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -40,7 +41,9 @@ struct State<T> {
 }
 
 struct Idle<T> {
-    conn: T,
+    /// Boxed: a connection (a TLS stream's state included) is large, and a checkout is
+    /// moved through several futures per request; a box moves as one pointer.
+    conn: Box<T>,
     created: Instant,
     idle_since: Instant,
 }
@@ -88,21 +91,81 @@ impl<T: PooledConn> KeyPool<T> {
         drop(idle);
     }
 
+    pub(super) fn key(&self) -> &PoolKey {
+        &self.key
+    }
+
     pub(super) fn stats(&self) -> PoolStats {
         self.gauges.snapshot()
+    }
+
+    /// A checkout without waiting or connecting: a free slot and an idle usable connection
+    /// at once (`Ok(None)` otherwise, holding nothing).
+    // The same error type as the async checkouts return (only the closed case occurs).
+    #[allow(clippy::result_large_err)]
+    pub(super) fn checkout_ready(self: &Arc<Self>) -> Result<Option<Checkout<T>>, PoolError> {
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err(self.closed_error()),
+            Err(TryAcquireError::NoPermits) => return Ok(None),
+        };
+        Ok(self.take_idle(permit, false).ok())
     }
 
     pub(super) async fn checkout<C: Connector<Conn = T>>(
         self: &Arc<Self>,
         connector: &C,
     ) -> Result<Checkout<T>, PoolError> {
-        let permit = self.acquire().await?;
+        let permit = match self.try_acquire()? {
+            Some(permit) => permit,
+            None => {
+                let expired = tokio::time::sleep(self.config.checkout_timeout);
+                self.wait_for_slot(expired).await?
+            }
+        };
+        self.checkout_with(connector, permit).await
+    }
+
+    /// [`KeyPool::checkout`] whose wait for a slot ends when `expired` completes (which the
+    /// caller makes `checkout_timeout` from now) instead of on a timer of its own.
+    pub(super) async fn checkout_until<C: Connector<Conn = T>>(
+        self: &Arc<Self>,
+        connector: &C,
+        expired: impl Future<Output = ()>,
+    ) -> Result<Checkout<T>, PoolError> {
+        let permit = match self.try_acquire()? {
+            Some(permit) => permit,
+            None => self.wait_for_slot(expired).await?,
+        };
+        self.checkout_with(connector, permit).await
+    }
+
+    async fn checkout_with<C: Connector<Conn = T>>(
+        self: &Arc<Self>,
+        connector: &C,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Checkout<T>, PoolError> {
+        match self.take_idle(permit, true) {
+            Ok(checkout) => Ok(checkout),
+            // Rare (the pool grows): boxed, so that the connector's future does not enlarge
+            // every checkout's.
+            Err(permit) => Box::pin(self.connect_new(connector, permit)).await,
+        }
+    }
+
+    /// With `permit`: the most recently used idle connection that is usable. `Err(permit)`
+    /// when there is none; with `count`, the slot is then counted in `total` for a connect.
+    fn take_idle(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        count: bool,
+    ) -> Result<Checkout<T>, OwnedSemaphorePermit> {
         loop {
             let popped = {
                 let mut state = self.lock();
                 let stale = self.take_expired(&mut state, Instant::now());
                 let popped = state.idle.pop();
-                if popped.is_none() {
+                if popped.is_none() && count {
                     state.total += 1;
                 }
                 self.publish(&state);
@@ -111,7 +174,7 @@ impl<T: PooledConn> KeyPool<T> {
                 popped
             };
             let Some(mut entry) = popped else {
-                return self.connect_new(connector, permit).await;
+                return Err(permit);
             };
             if !entry.conn.is_usable() {
                 self.uncount(Closed::Unusable);
@@ -132,7 +195,7 @@ impl<T: PooledConn> KeyPool<T> {
         connector: &C,
         permit: OwnedSemaphorePermit,
     ) -> Result<Checkout<T>, PoolError> {
-        let conn = self.connect_counted(connector).await?;
+        let conn = Box::new(self.connect_counted(connector).await?);
         Ok(Checkout::new(conn, Instant::now(), self.clone(), permit))
     }
 
@@ -157,23 +220,35 @@ impl<T: PooledConn> KeyPool<T> {
         }
     }
 
-    /// Waits (FIFO, bounded by `checkout_timeout`) for a slot.
-    async fn acquire(&self) -> Result<OwnedSemaphorePermit, PoolError> {
+    /// A free slot, if there is one (`None`: wait for one).
+    // The same error type as the async checkouts return (only the closed case occurs).
+    #[allow(clippy::result_large_err)]
+    fn try_acquire(&self) -> Result<Option<OwnedSemaphorePermit>, PoolError> {
         match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => return Ok(permit),
-            Err(TryAcquireError::Closed) => return Err(self.closed_error()),
-            Err(TryAcquireError::NoPermits) => {}
+            Ok(permit) => Ok(Some(permit)),
+            Err(TryAcquireError::Closed) => Err(self.closed_error()),
+            Err(TryAcquireError::NoPermits) => Ok(None),
         }
+    }
+
+    /// Waits (FIFO) for a slot until `expired` completes (`checkout_timeout`).
+    async fn wait_for_slot(
+        &self,
+        expired: impl Future<Output = ()>,
+    ) -> Result<OwnedSemaphorePermit, PoolError> {
         let _waiting = WaitingGuard::new(&self.gauges.waiting);
         let start = Instant::now();
-        let timeout = self.config.checkout_timeout;
-        let acquired = tokio::time::timeout(timeout, self.permits.clone().acquire_owned()).await;
+        let acquired = tokio::select! {
+            biased;
+            acquired = self.permits.clone().acquire_owned() => Some(acquired),
+            () = expired => None,
+        };
         let waited = start.elapsed();
         self.gauges.observe_wait(waited);
         match acquired {
-            Ok(Ok(permit)) => Ok(permit),
-            Ok(Err(_closed)) => Err(self.closed_error()),
-            Err(_elapsed) => {
+            Some(Ok(permit)) => Ok(permit),
+            Some(Err(_closed)) => Err(self.closed_error()),
+            None => {
                 Gauges::bump(&self.gauges.timeouts);
                 Err(PoolError::CheckoutTimeout {
                     pool: self.key.clone(),
@@ -232,7 +307,7 @@ impl<T: PooledConn> KeyPool<T> {
                 state.total += 1;
                 self.publish(&state);
             }
-            let conn = self.connect_counted(connector).await?;
+            let conn = Box::new(self.connect_counted(connector).await?);
             let now = Instant::now();
             let mut state = self.lock();
             state.idle.push(Idle {
@@ -299,7 +374,7 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     /// Ends a checkout whose connection was released in good health.
-    fn check_in(&self, conn: T, created: Instant) {
+    fn check_in(&self, conn: Box<T>, created: Instant) {
         let now = Instant::now();
         if self.past_lifetime(created, now) {
             return self.uncount(Closed::Expired);

@@ -75,8 +75,9 @@ impl<T: PooledConn> Drop for Slot<T> {
 /// to read; anything else — [`Checkout::discard`], or dropping it because of an error, a
 /// cancelled future, a client that went away or a panic — closes the connection instead.
 pub struct Checkout<T: PooledConn> {
-    // Declared before `slot`: the connection is closed before the slot is freed.
-    conn: T,
+    // Declared before `slot`: the connection is closed before the slot is freed. Boxed (see
+    // `Idle::conn`): a checkout moves as a few words.
+    conn: Box<T>,
     created: Instant,
     slot: Slot<T>,
 }
@@ -85,7 +86,7 @@ impl<T: PooledConn> Checkout<T> {
     /// A checkout of `conn` holding `permit`; the connection is counted in the pool's
     /// `in_use` until the checkout ends.
     pub(super) fn new(
-        conn: T,
+        conn: Box<T>,
         created: Instant,
         pool: Arc<KeyPool<T>>,
         permit: OwnedSemaphorePermit,
