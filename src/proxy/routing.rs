@@ -277,16 +277,16 @@ impl ReplyFacts {
     /// The facts of a reply whose (first) document is `body`; `legacy_cursor`: an OP_REPLY's
     /// cursor id.
     pub(crate) fn from_body(body: &RawDocument, legacy_cursor: Option<i64>) -> ReplyFacts {
-        let body = Index::new(body);
-        let error = says_not_ok(&body);
-        let code = match error.then(|| body.get("code")) {
-            Some(Ok(Some(RawBsonRef::Int32(c)))) => Some(c),
+        let [ok, code, cursor] = crate::wire::get_each(body, ["ok", "code", "cursor"]);
+        let error = says_not_ok(ok);
+        let code = match code {
+            Some(RawBsonRef::Int32(c)) if error => Some(c),
             _ => None,
         };
         let cursor = match legacy_cursor {
             Some(0) => CursorReply::Closed,
             Some(id) => CursorReply::Open(id),
-            None => command_cursor(&body),
+            None => command_cursor(cursor),
         };
         ReplyFacts {
             error,
@@ -297,8 +297,8 @@ impl ReplyFacts {
 }
 
 /// `cursor: {id, ns}` of a command reply.
-fn command_cursor(body: &Index<'_>) -> CursorReply {
-    let Ok(Some(RawBsonRef::Document(c))) = body.get("cursor") else {
+fn command_cursor(cursor: Option<RawBsonRef<'_>>) -> CursorReply {
+    let Some(RawBsonRef::Document(c)) = cursor else {
         return CursorReply::None;
     };
     match c.get_fast("id").ok().flatten().and_then(int64) {
@@ -309,12 +309,12 @@ fn command_cursor(body: &Index<'_>) -> CursorReply {
 }
 
 /// `ok` is 0 (or false).
-fn says_not_ok(doc: &Index<'_>) -> bool {
-    match doc.get("ok") {
-        Ok(Some(RawBsonRef::Double(v))) => v == 0.0,
-        Ok(Some(RawBsonRef::Int32(v))) => v == 0,
-        Ok(Some(RawBsonRef::Int64(v))) => v == 0,
-        Ok(Some(RawBsonRef::Boolean(v))) => !v,
+fn says_not_ok(ok: Option<RawBsonRef<'_>>) -> bool {
+    match ok {
+        Some(RawBsonRef::Double(v)) => v == 0.0,
+        Some(RawBsonRef::Int32(v)) => v == 0,
+        Some(RawBsonRef::Int64(v)) => v == 0,
+        Some(RawBsonRef::Boolean(v)) => !v,
         _ => false,
     }
 }

@@ -103,10 +103,18 @@ fn walk<'a, T>(
     while at < end {
         let tag = *bytes.get(at).ok_or(())?;
         let rest = bytes.get(at + 1..end).ok_or(())?;
-        let nul = rest.iter().position(|&b| b == 0).ok_or(())?;
+        // The key's terminator and whether the key is ASCII, in one pass over its bytes.
+        let (mut nul, mut high) = (0usize, 0u8);
+        loop {
+            match *rest.get(nul).ok_or(())? {
+                0 => break,
+                b => high |= b,
+            }
+            nul += 1;
+        }
         let (key, v) = (rest.get(..nul).ok_or(())?, rest.get(nul + 1..).ok_or(())?);
         let len = value_len(tag, v).ok_or(())?;
-        if !key.is_ascii() && std::str::from_utf8(key).is_err() {
+        if high >= 0x80 && std::str::from_utf8(key).is_err() {
             return Err(());
         }
         if let Some(t) = visit(Element {
@@ -363,6 +371,35 @@ impl<'a> Index<'a> {
     }
 }
 
+/// `get(key).ok().flatten()` of each of `keys`, in one walk: for documents where a malformed
+/// value and an absent one mean the same (a reply's `ok`, `code` and `cursor`).
+pub(crate) fn get_each<'a, const N: usize>(
+    doc: &'a RawDocument,
+    keys: [&str; N],
+) -> [Option<RawBsonRef<'a>>; N] {
+    // Per key: not met yet (None), met with the value decoded, or met and left to `get`.
+    let mut met: [Option<Option<RawBsonRef<'a>>>; N] = [None; N];
+    let walked = walk(doc, |e| {
+        for (key, slot) in keys.iter().zip(met.iter_mut()) {
+            if slot.is_none() && e.key == key.as_bytes() {
+                *slot = Some(decode(e.tag, e.value));
+            }
+        }
+        None::<()>
+    });
+    let complete = matches!(walked, Ok(None));
+    let mut out = [None; N];
+    for ((key, slot), value) in keys.iter().zip(met).zip(out.iter_mut()) {
+        *value = match slot {
+            Some(Some(v)) => Some(v),
+            None if complete => None,
+            // Not decoded here, or the walk stopped before deciding: the bson crate answers.
+            _ => doc.get(key).ok().flatten(),
+        };
+    }
+    out
+}
+
 /// [`get`] as a method of borrowed documents (and, through `Deref`, of owned ones).
 pub(crate) trait GetFast {
     /// `self.get(key)`, the same answer at a fraction of the cost.
@@ -586,6 +623,39 @@ mod tests {
         let mut dup = find.clone();
         dup.append(bson::cstr!("find"), "other");
         assert!(elements_valid(&dup) && !elements_valid_and_distinct(&dup));
+    }
+
+    /// `get_each` answers what `RawDocument::get` answers for each key (an error as absent),
+    /// on every corrupted and cut copy of the sample.
+    #[test]
+    fn get_each_agrees_with_the_bson_crate() {
+        let good = sample().into_bytes();
+        let mut checked = 0usize;
+        let mut try_bytes = |bytes: Vec<u8>| {
+            let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                return;
+            };
+            let keys = ["lsid", "find", "re", "absent", "filter", "ünï"];
+            for (k, ours) in keys.iter().zip(get_each(doc, keys)) {
+                let theirs = doc.get(k).ok().flatten();
+                assert_eq!(ours, theirs, "{k} in {bytes:?}");
+                checked += 1;
+            }
+        };
+        for i in 4..good.len() {
+            for v in [0u8, 1, 2, 3, 4, 0x10, 0x7f, 0x80, 0xff] {
+                let mut b = good.clone();
+                b[i] = v;
+                try_bytes(b);
+            }
+        }
+        for cut in 5..good.len() {
+            let mut b = good[..cut].to_vec();
+            b[cut - 1] = 0;
+            b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+            try_bytes(b);
+        }
+        assert!(checked > 10_000, "{checked}");
     }
 
     #[test]
