@@ -475,3 +475,32 @@ fn decimal128_delete_limit_is_read() {
         assert_eq!(got, vec!["delete many=false", "delete many=true"]);
     });
 }
+
+/// A view built with the body's index reads the same fields as one built without; an index
+/// of another document (a caller's mistake) is not used: the view reads its own body.
+#[test]
+fn an_index_is_used_only_for_its_own_body() {
+    let bytes = msg(rawdoc! {"find": "orders", "filter": {"a": 1}, "$db": "shop"});
+    let other = rawdoc! {"find": "users", "filter": {"b": 2}, "$db": "admin"};
+    let parsed = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+    let Message::Msg(m) = parsed else {
+        panic!("not an OP_MSG")
+    };
+    let plain = CommandView::from_message(&parsed).unwrap();
+    for index in [
+        Some(crate::wire::Index::new(m.body())),
+        Some(crate::wire::Index::new(&other)),
+        None,
+    ] {
+        let view = CommandView::from_message_indexed(&parsed, index).unwrap();
+        assert_eq!(view.db(), "shop");
+        assert_eq!(view.namespace(), plain.namespace());
+        assert_eq!(view.namespace().coll, Some("orders"));
+        let mut filters = Vec::new();
+        let _ = view.for_each_filter(|_, f| {
+            filters.push(f.to_owned());
+            ControlFlow::Continue(())
+        });
+        assert_eq!(filters, vec![rawdoc! {"a": 1}]);
+    }
+}

@@ -109,9 +109,26 @@ impl<'a> CommandView<'a> {
         }
     }
 
+    /// [`CommandView::from_message`] with the OP_MSG body's index already built (a session
+    /// builds it once for routing and judging); an index of another document is ignored.
+    pub(crate) fn from_message_indexed(
+        msg: &Message<'a>,
+        body: Option<Index<'a>>,
+    ) -> Result<CommandView<'a>, CommandError> {
+        match (*msg, body) {
+            (Message::Msg(m), Some(index)) if std::ptr::eq(index.doc(), m.body()) => {
+                Self::op_msg_indexed(m, index)
+            }
+            _ => Self::from_message(msg),
+        }
+    }
+
     /// An OP_MSG command: its body names the database (`$db`).
     fn op_msg(m: OpMsg<'a>) -> Result<CommandView<'a>, CommandError> {
-        let index = Index::new(m.body());
+        Self::op_msg_indexed(m, Index::new(m.body()))
+    }
+
+    fn op_msg_indexed(m: OpMsg<'a>, index: Index<'a>) -> Result<CommandView<'a>, CommandError> {
         let db = match value::get(&index, "$db")? {
             Some(RawBsonRef::String(db)) => db,
             _ => return Err(CommandError::MissingDb),

@@ -12,7 +12,7 @@ use crate::{
     command::CommandView,
     metrics::ShapeScratch,
     policy::{filter, Action, Decision, Mode, RequestContext, RuleId, Violation},
-    wire::{builder::error_document, Message, OpCode},
+    wire::{builder::error_document, Index, Message, OpCode},
 };
 
 /// The code of every error mongoguard answers a blocked command with. It is outside every
@@ -106,15 +106,18 @@ pub(crate) struct Who<'s> {
 /// `scratch` receives the request's query shape (for `/shapes`) and its violation count.
 // Long because the unreadable-command branch (G001) and the judged branch share the record,
 // metrics and verdict code that follows; split, each would repeat it.
-pub(crate) fn judge(
+///
+/// `body`: the index of an OP_MSG's body when the caller built one (see `Strategy::route`).
+pub(crate) fn judge<'a>(
     ctx: &Context,
-    msg: &Message<'_>,
+    msg: &Message<'a>,
+    body: Option<Index<'a>>,
     who: &Who<'_>,
     request_id: i32,
     scratch: &mut ShapeScratch,
 ) -> Judgement {
     let policy = ctx.policy.current();
-    let view = match CommandView::from_message(msg) {
+    let view = match CommandView::from_message_indexed(msg, body) {
         Ok(v) => v,
         Err(e) => {
             // G001 blocks under every mode and every override: mongoguard fails closed.

@@ -26,7 +26,9 @@ use super::{
 use crate::{
     net::{UpstreamRead, UpstreamWrite},
     upstream::{self, topology::ReadPref, Host},
-    wire::{builder::error_document, codec::CodecError, Frame, Message, MessageCodec, WireError},
+    wire::{
+        builder::error_document, codec::CodecError, Frame, Index, Message, MessageCodec, WireError,
+    },
 };
 
 /// Code mongod uses for an unreachable host. Used only when the upstream cannot be reached
@@ -129,7 +131,7 @@ impl Strategy for Passthrough {
     /// The connection is the client's own: a client that leaves takes it along.
     const REUSES_LINKS: bool = false;
 
-    fn route(&self, _msg: &Message<'_>) -> ((), bool) {
+    fn route(&self, _msg: &Message<'_>, _body: Option<&Index<'_>>) -> ((), bool) {
         ((), true)
     }
 

@@ -117,12 +117,11 @@ fn read_pref<'a>(doc: impl Fields<'a>) -> Option<ParsedPref> {
 }
 
 /// Reads the routing facts of a command body.
-fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
+fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
     let mut r = Routing::default();
-    let Some(name) = first_key(body) else {
+    let Some(name) = first_key(body.doc()) else {
         return r;
     };
-    let body = &Index::new(body);
     r.class = Some(classify(name));
     match outer.and_then(read_pref).or_else(|| read_pref(body)) {
         None => {}
@@ -183,14 +182,18 @@ fn of_command(body: &RawDocument, outer: Option<&RawDocument>) -> Routing {
 }
 
 /// Reads the routing facts of a (decompressed) client message.
-pub(crate) fn of_message(msg: &Message<'_>) -> Routing {
+/// `index`: the OP_MSG body's index when the caller built one (used only if it is this body's).
+pub(crate) fn of_message(msg: &Message<'_>, index: Option<&Index<'_>>) -> Routing {
     match msg {
         Message::Msg(m) => {
             let body = m.body();
-            of_command(body, None)
+            match index {
+                Some(index) if std::ptr::eq(index.doc(), body) => of_command(index, None),
+                _ => of_command(&Index::new(body), None),
+            }
         }
         Message::Query(q) if q.is_command() => {
-            let mut r = of_command(q.command(), Some(q.query));
+            let mut r = of_command(&Index::new(q.command()), Some(q.query));
             // secondaryOk (bit 2) without an explicit preference: a secondary is acceptable.
             if q.flags & 4 != 0
                 && r.read_pref == ReadPref::Primary
@@ -329,7 +332,7 @@ mod tests {
     fn route(body: bson::RawDocumentBuf) -> Routing {
         let bytes: Bytes = MsgBuilder::new(body).encode(1, 0);
         let msg = Message::parse(&bytes, 1 << 20).unwrap();
-        of_message(&msg)
+        of_message(&msg, None)
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     upstream::Host,
-    wire::{codec::CodecError, Frame, Message},
+    wire::{codec::CodecError, Frame, Index, Message},
 };
 
 /// One upstream connection acquired for a request.
@@ -89,7 +89,8 @@ pub(crate) trait Strategy: Send {
 
     /// Reads `msg` during inspection; false when the policy must not judge it (mongoguard
     /// answers it itself).
-    fn route(&self, msg: &Message<'_>) -> (Self::Route, bool);
+    /// `body`: the index of an OP_MSG's body, built once for routing and judging.
+    fn route(&self, msg: &Message<'_>, body: Option<&Index<'_>>) -> (Self::Route, bool);
 
     /// The user the client authenticated as, for the policy and records.
     fn user(&self) -> Option<&str>;

@@ -29,7 +29,7 @@ use crate::{
         topology::ReadPref,
         Host, Identity, UpstreamConn,
     },
-    wire::{builder::error_document, codec::CodecError, Frame, Message},
+    wire::{builder::error_document, codec::CodecError, Frame, Index, Message},
 };
 
 /// mongod's codes used by pooled mode.
@@ -282,8 +282,8 @@ impl Strategy for PooledSide {
     type Exhaust = Option<ExhaustHeld>;
     const REUSES_LINKS: bool = true;
 
-    fn route(&self, msg: &Message<'_>) -> (Routing, bool) {
-        let routing = routing::of_message(msg);
+    fn route(&self, msg: &Message<'_>, body: Option<&Index<'_>>) -> (Routing, bool) {
+        let routing = routing::of_message(msg, body);
         // mongoguard answers these itself; nothing to judge.
         let judge = !matches!(
             routing.class(),

@@ -44,7 +44,7 @@ use super::{
 };
 use crate::{
     net::{ClientStream, ClientWrite},
-    wire::Frame,
+    wire::{Frame, Index, Message},
 };
 
 pub(crate) use super::client_io::End;
@@ -341,10 +341,15 @@ impl<S: Strategy> Session<S> {
         let mut route = S::Route::default();
         let (ctx, scratch) = (&self.ctx, &mut self.obs.scratch);
         let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg| {
-            let (r, judge) = strategy.route(msg);
+            // The body's top-level keys, indexed once for routing and judging.
+            let body = match msg {
+                Message::Msg(m) => Some(Index::new(m.body())),
+                _ => None,
+            };
+            let (r, judge) = strategy.route(msg, body.as_ref());
             route = r;
             if judge {
-                guard::judge(ctx, msg, &who, request_id, scratch)
+                guard::judge(ctx, msg, body, &who, request_id, scratch)
             } else {
                 Judgement::Forward
             }
