@@ -18,7 +18,9 @@ use std::{
 };
 
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{
+    filter::Targets, layer::SubscriberExt as _, util::SubscriberInitExt as _, EnvFilter,
+};
 
 use crate::config::LogFormat;
 
@@ -106,6 +108,15 @@ pub fn init(level: &str, format: LogFormat) -> Result<LogGuard, LogError> {
         level: level.to_owned(),
         source,
     })?;
+    // A level or `target=level` list (what operators write) is filtered by `Targets`, which
+    // decides once per callsite. `EnvFilter`, needed only for span and field directives, also
+    // takes a lock each time a span is entered or left: every poll of every session, since a
+    // session runs inside its client's span (about 700 instructions per request on a find).
+    // `Targets` would read a span directive (`[client]=debug`) as a target name: those go to
+    // `EnvFilter`.
+    let targets = (!level.contains(['[', ']', '{', '}']))
+        .then(|| level.parse::<Targets>().ok())
+        .flatten();
     let ansi = std::io::stderr().is_terminal();
     let (writer, worker) = NonBlockingBuilder::default()
         .lossy(true)
@@ -114,14 +125,37 @@ pub fn init(level: &str, format: LogFormat) -> Result<LogGuard, LogError> {
         .finish(std::io::stderr());
     let counter = writer.error_counter();
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(writer);
-    let installed = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    // The builder alone filters at INFO; under `Targets` it passes everything on to it.
+    let open = tracing_subscriber::filter::LevelFilter::TRACE;
+    let installed = match (format, targets) {
+        (LogFormat::Human, Some(t)) => builder
+            .with_max_level(open)
+            .finish()
+            .with(t)
+            .try_init()
+            .map_err(|e| e.to_string()),
+        (LogFormat::Json, Some(t)) => builder
+            .with_max_level(open)
+            .json()
+            .flatten_event(true)
+            .finish()
+            .with(t)
+            .try_init()
+            .map_err(|e| e.to_string()),
+        (LogFormat::Human, None) => builder
+            .with_env_filter(filter)
+            .try_init()
+            .map_err(|e| e.to_string()),
+        (LogFormat::Json, None) => builder
+            .json()
+            .flatten_event(true)
+            .with_env_filter(filter)
+            .try_init()
+            .map_err(|e| e.to_string()),
     };
-    installed.map_err(|e| LogError::Install(e.to_string()))?;
+    installed.map_err(LogError::Install)?;
     // Only the first successful init gets here (a second try_init fails above).
     let _ = DROPPED.set(counter);
     Ok(LogGuard {

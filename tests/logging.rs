@@ -53,6 +53,18 @@ struct Proxy {
 /// Starts the binary with `extra` configuration (the [proxy] listen address, the admin
 /// listener and the upstream are added here), `stdout` and `stderr`; returns once it accepts.
 async fn spawn(dir: &Path, upstream: &str, extra: &str, stdout: Stdio, stderr: Stdio) -> Proxy {
+    spawn_at("debug", dir, upstream, extra, stdout, stderr).await
+}
+
+/// [`spawn`] at `--log-level level`.
+async fn spawn_at(
+    level: &str,
+    dir: &Path,
+    upstream: &str,
+    extra: &str,
+    stdout: Stdio,
+    stderr: Stdio,
+) -> Proxy {
     let listen = free_addr();
     let admin = free_addr();
     let config = dir.join("mongoguard.toml");
@@ -68,7 +80,7 @@ async fn spawn(dir: &Path, upstream: &str, extra: &str, stdout: Stdio, stderr: S
     let child = Command::new(env!("CARGO_BIN_EXE_mongoguard"))
         .arg("--config")
         .arg(&config)
-        .args(["--log-level", "debug"])
+        .args(["--log-level", level])
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(stderr)
@@ -227,4 +239,64 @@ async fn no_colour_when_stderr_is_not_a_terminal() {
     assert!(text.contains("mongoguard stopped"), "{text}");
     assert!(!text.contains('\u{1b}'), "escape codes in a file: {text}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The level is honoured by both filters mongoguard uses: a level or `target=level` list
+/// (filtered per callsite) and a span directive (filtered by `EnvFilter`). Each run: three
+/// clients, then SIGTERM; the lines at DEBUG are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_level_is_honoured_by_either_filter() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut debug_lines = Vec::new();
+    for (i, level) in [
+        "info",
+        "warn,mongoguard::proxy=debug",
+        "info,[client]=debug",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = temp_dir(&format!("level{i}"));
+        let log = dir.join("stderr.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let mut proxy = spawn_at(
+            level,
+            &dir,
+            &standin.uri(),
+            "[audit]\nsink = \"none\"\n",
+            Stdio::null(),
+            file.into(),
+        )
+        .await;
+        for id in 1..=3 {
+            ping(proxy.listen, id).await;
+        }
+        let status = proxy.terminate().await;
+        assert!(status.is_some_and(|s| s.success()), "{level}: {status:?}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        let count = text.lines().filter(|l| l.contains("DEBUG")).count();
+        debug_lines.push((level, count, text));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let [(_, info, info_text), (_, target, target_text), (_, span, span_text)] = &debug_lines[..]
+    else {
+        unreachable!()
+    };
+    assert_eq!(*info, 0, "DEBUG lines at info: {info_text}");
+    assert!(
+        info_text.contains("INFO"),
+        "no INFO line at info: {info_text}"
+    );
+    assert!(
+        *target >= 3,
+        "mongoguard::proxy=debug: {target} DEBUG lines: {target_text}"
+    );
+    assert!(
+        !target_text.contains("mongoguard listening"),
+        "an INFO line of mongoguard::app under warn: {target_text}"
+    );
+    assert!(
+        *span >= 3,
+        "[client]=debug: {span} DEBUG lines: {span_text}"
+    );
 }
