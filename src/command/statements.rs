@@ -12,6 +12,7 @@ use super::{
     value::{self, flag, get, get_doc, get_opt_doc, number},
     view::{CommandView, Namespace, Source},
 };
+use crate::wire::Index;
 
 /// What an update does to the documents it matches.
 #[derive(Clone, Copy)]
@@ -382,7 +383,9 @@ impl<'a> CommandView<'a> {
 
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
     let (q, u) = ("q", "u");
-    let stmt = value::unique_keys(stmt)?;
+    // Six fields are read: walk the statement once (a 1,000-statement update is read once
+    // per rule family).
+    let stmt = &Index::new(value::unique_keys(stmt)?);
     Ok(Statement::Update {
         filter: get_doc(stmt, q, "update")?.ok_or(CommandError::BadField {
             command: "update",
@@ -404,7 +407,7 @@ fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
 }
 
 fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
-    let stmt = value::unique_keys(stmt)?;
+    let stmt = &Index::new(value::unique_keys(stmt)?);
     let bad = |field| CommandError::BadField {
         command: "delete",
         field,

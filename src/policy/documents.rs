@@ -119,7 +119,7 @@ fn documents<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(),
 }
 
 /// What one document breaks.
-#[derive(Default)]
+#[derive(Default, Debug, PartialEq)]
 struct Found {
     large: bool,
     deep: bool,
@@ -148,7 +148,7 @@ fn judge(doc: &RawDocument, limits: Limits) -> Result<Found, CommandError> {
             limits,
             found: &mut found,
         };
-        walk.container(doc.iter_elements(), 1, false)?;
+        walk.container(doc, 1, false)?;
     }
     Ok(found)
 }
@@ -184,11 +184,14 @@ impl Walk<'_> {
         Ok(true)
     }
 
-    /// A document or an array at `level`: its elements are at `level + 1`. Only containers
-    /// are decoded (scalars are skipped unread: no UTF-8 check of strings).
+    /// A document or an array (its bytes are a document's) at `level`: its elements are at
+    /// `level + 1`. Only containers are decoded (scalars are skipped unread: no UTF-8 check of
+    /// strings). The walk of `bson_scan` decides the common case; a container it does not
+    /// decide is walked again with the bson crate's iterator, which gives the verdict (what
+    /// the first walk found is found again: the findings only ever turn true).
     fn container(
         &mut self,
-        elements: RawIter<'_>,
+        doc: &RawDocument,
         level: usize,
         array: bool,
     ) -> Result<(), CommandError> {
@@ -196,17 +199,48 @@ impl Walk<'_> {
             return Ok(());
         }
         let mut len = 0usize;
+        let mut failed = None;
+        let walked = crate::wire::walk_values(doc, |tag, value| {
+            len += 1;
+            if !matches!(tag, 0x03 | 0x04) {
+                return None;
+            }
+            let nested = RawDocument::from_bytes(value)
+                .map_err(|_| CommandError::Malformed)
+                .and_then(|child| self.container(child, level + 1, tag == 0x04));
+            nested.err().map(|e| failed = Some(e))
+        });
+        match (walked, failed) {
+            (_, Some(e)) => Err(e),
+            (Ok(_), None) => {
+                if array && self.limits.max_elements.is_some_and(|max| len > max) {
+                    self.found.long_array = true;
+                }
+                Ok(())
+            }
+            (Err(()), None) => self.container_by_iter(doc.iter_elements(), level, array),
+        }
+    }
+
+    /// [`Walk::container`] through the bson crate's iterator: any document.
+    fn container_by_iter(
+        &mut self,
+        elements: RawIter<'_>,
+        level: usize,
+        array: bool,
+    ) -> Result<(), CommandError> {
+        let mut len = 0usize;
         for elem in elements {
             let elem = elem.map_err(|_| CommandError::Malformed)?;
             len += 1;
             match elem.element_type() {
                 ElementType::EmbeddedDocument | ElementType::Array => {
                     match elem.value().map_err(|_| CommandError::Malformed)? {
-                        RawBsonRef::Document(d) => {
-                            self.container(d.iter_elements(), level + 1, false)?
-                        }
+                        RawBsonRef::Document(d) => self.container(d, level + 1, false)?,
                         RawBsonRef::Array(a) => {
-                            self.container(a.iter_elements(), level + 1, true)?
+                            let items = RawDocument::from_bytes(a.as_bytes())
+                                .map_err(|_| CommandError::Malformed)?;
+                            self.container(items, level + 1, true)?
                         }
                         _ => {}
                     }
@@ -322,6 +356,100 @@ mod tests {
             ..ALL
         };
         assert!(judge(&d, depth_only).unwrap().deep);
+    }
+
+    /// The walk before `bson_scan` decided the common case: the bson crate's iterator all
+    /// the way down. The oracle of the test below.
+    fn judge_by_iter(doc: &RawDocument, limits: Limits) -> Result<(bool, bool), CommandError> {
+        fn go(
+            w: &mut Walk<'_>,
+            elements: RawIter<'_>,
+            level: usize,
+            array: bool,
+        ) -> Result<(), CommandError> {
+            if !w.enter(level)? {
+                return Ok(());
+            }
+            let mut len = 0usize;
+            for elem in elements {
+                let elem = elem.map_err(|_| CommandError::Malformed)?;
+                len += 1;
+                if matches!(
+                    elem.element_type(),
+                    ElementType::EmbeddedDocument | ElementType::Array
+                ) {
+                    match elem.value().map_err(|_| CommandError::Malformed)? {
+                        RawBsonRef::Document(d) => go(w, d.iter_elements(), level + 1, false)?,
+                        RawBsonRef::Array(a) => go(w, a.iter_elements(), level + 1, true)?,
+                        _ => {}
+                    }
+                }
+            }
+            if array && w.limits.max_elements.is_some_and(|max| len > max) {
+                w.found.long_array = true;
+            }
+            Ok(())
+        }
+        let mut found = Found::default();
+        let mut w = Walk {
+            limits,
+            found: &mut found,
+        };
+        go(&mut w, doc.iter_elements(), 1, false)?;
+        Ok((found.deep, found.long_array))
+    }
+
+    /// Every corrupted and cut copy of a nested document (containers in documents and arrays,
+    /// a regex the fast walk leaves to the bson crate): the same findings and the same error
+    /// as the iterator's walk, under limits that stop early and limits that walk everything.
+    #[test]
+    fn the_fast_walk_agrees_with_the_iterator() {
+        let regex = bson::Regex {
+            pattern: "a".to_owned().try_into().unwrap(),
+            options: String::new().try_into().unwrap(),
+        };
+        let good = rawdoc! {
+            "_id": 1, "a": {"b": [1, {"c": [1, 2, 3]}], "s": "x"}, "r": regex,
+            "d": [[[{"e": {"f": 1}}]]], "t": true,
+        }
+        .into_bytes();
+        let loose = Limits {
+            max_bytes: None,
+            max_depth: Some(64),
+            max_elements: Some(1000),
+            random_id: false,
+        };
+        let mut checked = 0usize;
+        let mut try_bytes = |bytes: Vec<u8>| {
+            let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                return;
+            };
+            for limits in [ALL, loose] {
+                let ours = judge(doc, limits).map(|f| (f.deep, f.long_array));
+                let theirs = judge_by_iter(doc, limits);
+                let same = match (&ours, &theirs) {
+                    (Ok(a), Ok(b)) => a == b,
+                    (Err(a), Err(b)) => std::mem::discriminant(a) == std::mem::discriminant(b),
+                    _ => false,
+                };
+                assert!(same, "{bytes:?}: {ours:?} vs {theirs:?}");
+                checked += 1;
+            }
+        };
+        for i in 4..good.len() {
+            for v in [0u8, 1, 2, 3, 4, 5, 0x10, 0x7f, 0x80, 0xff] {
+                let mut b = good.clone();
+                b[i] = v;
+                try_bytes(b);
+            }
+        }
+        for cut in 5..good.len() {
+            let mut b = good[..cut].to_vec();
+            b[cut - 1] = 0;
+            b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+            try_bytes(b);
+        }
+        assert!(checked > 1_000, "{checked}");
     }
 
     #[test]

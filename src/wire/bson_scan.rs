@@ -203,6 +203,17 @@ pub(crate) fn get<'a>(
     }
 }
 
+/// Walks the elements of `doc` as [`walk`] does, handing `visit` each element's type and
+/// value bytes (an embedded document's or array's bytes are a document: length, elements,
+/// terminator, checked as the bson crate checks them). `Err(())`: something the walk does not
+/// decide (a type it does not skip, or malformed bytes); the caller asks the bson crate.
+pub(crate) fn walk_values<'a, T>(
+    doc: &'a RawDocument,
+    mut visit: impl FnMut(u8, &'a [u8]) -> Option<T>,
+) -> Result<Option<T>, ()> {
+    walk(doc, |e| visit(e.tag, e.value))
+}
+
 /// True when every top-level element of `doc` is one the bson crate's iteration accepts and
 /// whose value it builds without error (what `Reader::document` requires of a message's
 /// documents), decided by one walk: lengths and terminators as the walk checks them, string

@@ -36,7 +36,7 @@ mod op_reply;
 mod prop_tests;
 mod reader;
 
-pub(crate) use bson_scan::{get_each, GetFast, Index};
+pub(crate) use bson_scan::{get_each, walk_values, GetFast, Index};
 pub use bson_util::{check_duplicate_keys, first_key};
 pub use codec::MessageCodec;
 pub use compression::{Compressor, OpCompressed};
