@@ -220,11 +220,20 @@ async fn an_unread_stderr_never_stalls_clients_or_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_colour_when_stderr_is_not_a_terminal() {
-    let dir = temp_dir("colour");
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let text = stderr_of_clients("colour", "debug", &standin, 1).await;
+    assert!(text.contains("mongoguard stopped"), "{text}");
+    assert!(!text.contains('\u{1b}'), "escape codes in a file: {text}");
+}
+
+/// Runs the binary at `level` with standard error in a file, `clients` pings, then SIGTERM
+/// (it must exit cleanly); returns what it wrote to standard error.
+async fn stderr_of_clients(name: &str, level: &str, standin: &StandIn, clients: i32) -> String {
+    let dir = temp_dir(name);
     let log = dir.join("stderr.log");
     let file = std::fs::File::create(&log).unwrap();
-    let mut proxy = spawn(
+    let mut proxy = spawn_at(
+        level,
         &dir,
         &standin.uri(),
         "[audit]\nsink = \"none\"\n",
@@ -232,13 +241,14 @@ async fn no_colour_when_stderr_is_not_a_terminal() {
         file.into(),
     )
     .await;
-    ping(proxy.listen, 1).await;
+    for id in 1..=clients {
+        ping(proxy.listen, id).await;
+    }
     let status = proxy.terminate().await;
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(status.is_some_and(|s| s.success()), "{level}: {status:?}");
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains("mongoguard stopped"), "{text}");
-    assert!(!text.contains('\u{1b}'), "escape codes in a file: {text}");
     let _ = std::fs::remove_dir_all(&dir);
+    text
 }
 
 /// The level is honoured by both filters mongoguard uses: a level or `target=level` list
@@ -256,27 +266,9 @@ async fn the_log_level_is_honoured_by_either_filter() {
     .into_iter()
     .enumerate()
     {
-        let dir = temp_dir(&format!("level{i}"));
-        let log = dir.join("stderr.log");
-        let file = std::fs::File::create(&log).unwrap();
-        let mut proxy = spawn_at(
-            level,
-            &dir,
-            &standin.uri(),
-            "[audit]\nsink = \"none\"\n",
-            Stdio::null(),
-            file.into(),
-        )
-        .await;
-        for id in 1..=3 {
-            ping(proxy.listen, id).await;
-        }
-        let status = proxy.terminate().await;
-        assert!(status.is_some_and(|s| s.success()), "{level}: {status:?}");
-        let text = std::fs::read_to_string(&log).unwrap();
+        let text = stderr_of_clients(&format!("level{i}"), level, &standin, 3).await;
         let count = text.lines().filter(|l| l.contains("DEBUG")).count();
         debug_lines.push((level, count, text));
-        let _ = std::fs::remove_dir_all(&dir);
     }
     let [(_, info, info_text), (_, target, target_text), (_, span, span_text)] = &debug_lines[..]
     else {

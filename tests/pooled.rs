@@ -342,6 +342,27 @@ async fn exhaust_and_fire_and_forget_writes_over_the_pool() {
     proxy.shutdown().await;
 }
 
+/// Client A warms the single pooled connection, then the upstream stops answering and A's
+/// find holds that connection: returns once it has been checked out and reached the upstream.
+async fn hold_the_only_connection(proxy: &ProxyHandle, standin: &StandIn) -> RawConn {
+    let (mut a, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    a.command(doc! {"ping": 1, "$db": "admin"}).await;
+    a.command(doc! {"insert": "c", "documents": [{"x": 1}], "$db": "pooled"})
+        .await;
+    standin.set_fault(Fault::Stall);
+    let messages = standin.stats().messages();
+    a.send(0, &doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
+        .await;
+    tokio::time::timeout(BOUND, async {
+        while proxy.pool_stats().unwrap().0.in_use != 1 || standin.stats().messages() == messages {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("A's find never held the pooled connection");
+    a
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkout_timeout_then_client_killed_mid_request_does_not_poison_the_pool() {
     let standin = standin().await;
@@ -355,24 +376,7 @@ async fn checkout_timeout_then_client_killed_mid_request_does_not_poison_the_poo
         },
     )
     .await;
-    // Warm the single pooled connection.
-    let (mut a, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
-    a.command(doc! {"ping": 1, "$db": "admin"}).await;
-    a.command(doc! {"insert": "c", "documents": [{"x": 1}], "$db": "pooled"})
-        .await;
-    // The upstream stops answering: client A's request holds the only connection.
-    standin.set_fault(Fault::Stall);
-    let messages = standin.stats().messages();
-    a.send(0, &doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
-        .await;
-    // Until A's request has checked the only connection out and reached the upstream.
-    tokio::time::timeout(BOUND, async {
-        while proxy.pool_stats().unwrap().0.in_use != 1 || standin.stats().messages() == messages {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("A's find never held the pooled connection");
+    let a = hold_the_only_connection(&proxy, &standin).await;
     let (mut b, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
     let err = b
         .command(doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
@@ -450,21 +454,7 @@ async fn a_session_killed_while_waiting_for_a_slot_ends_at_once() {
     )
     .await;
     let admin = proxy.admin_addr().unwrap();
-    let (mut a, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
-    a.command(doc! {"insert": "c", "documents": [{"x": 1}], "$db": "pooled"})
-        .await;
-    // A's find holds the only connection: the upstream stalls.
-    standin.set_fault(Fault::Stall);
-    let messages = standin.stats().messages();
-    a.send(0, &doc! {"find": "c", "filter": {"x": 1}, "$db": "pooled"})
-        .await;
-    tokio::time::timeout(BOUND, async {
-        while proxy.pool_stats().unwrap().0.in_use != 1 || standin.stats().messages() == messages {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("A's find never held the pooled connection");
+    let a = hold_the_only_connection(&proxy, &standin).await;
     // B's find waits for the slot.
     let (mut b, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
     let b_peer = b.stream_mut().local_addr().unwrap().to_string();

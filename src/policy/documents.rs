@@ -436,17 +436,7 @@ mod tests {
                 checked += 1;
             }
         };
-        for i in 4..good.len() {
-            for v in [0u8, 1, 2, 3, 4, 5, 0x10, 0x7f, 0x80, 0xff] {
-                let mut b = good.clone();
-                b[i] = v;
-                try_bytes(b);
-            }
-        }
-        for cut in 5..good.len() {
-            let mut b = good[..cut].to_vec();
-            b[cut - 1] = 0;
-            b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+        for b in crate::wire::corruptions(&good) {
             try_bytes(b);
         }
         assert!(checked > 1_000, "{checked}");

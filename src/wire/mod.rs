@@ -36,6 +36,8 @@ mod op_reply;
 mod prop_tests;
 mod reader;
 
+#[cfg(test)]
+pub(crate) use bson_scan::corruptions;
 pub(crate) use bson_scan::{get_each, walk_values, GetFast, Index};
 pub use bson_util::{check_duplicate_keys, first_key};
 pub use codec::MessageCodec;
