@@ -1086,3 +1086,52 @@ async fn c_ping(addr: SocketAddr) -> Document {
     let (mut c, _) = support::raw::RawConn::connect_with_hello(addr).await;
     c.command(doc! {"ping": 1, "$db": "admin"}).await
 }
+
+/// A passthrough session whose connection waits for a primary (the replica set has none for
+/// ten minutes; `server_selection_timeout` is as long) ends at once when the operator kills
+/// it: only the kill can end the wait within the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_killed_while_waiting_for_a_primary_ends_at_once() {
+    use mongoguard_standin::{ReplicaSet, ReplicaSetConfig};
+    use support::raw::RawConn;
+    let rs = ReplicaSet::start(ReplicaSetConfig {
+        name: "rskill".into(),
+        members: 3,
+        base: StandInConfig::default(),
+    })
+    .await
+    .unwrap();
+    let mut config = Config::for_upstream(&rs.uri()).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    config.upstream.server_selection_timeout = Duration::from_secs(600);
+    config.upstream.heartbeat_interval = Duration::from_millis(200);
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    // No primary for ten minutes.
+    rs.step_down(1, Duration::from_secs(600));
+    let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
+    c.send(0, &doc! {"ping": 1, "$db": "admin"}).await;
+    // Until the session has read its request (it then waits for a primary).
+    let mut id = None;
+    for _ in 0..250 {
+        let list = get_json(admin, "/connections").await;
+        let rows = list["connections"].as_array().cloned().unwrap_or_default();
+        if let Some(r) = rows.iter().find(|r| r["requests"].as_u64() >= Some(1)) {
+            id = r["id"].as_u64();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let id = id.expect("the session never read its request");
+    let (status, _, body) = http(admin, "POST", &format!("/connections/{id}/kill"), None).await;
+    assert_eq!(status, 200, "{body}");
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 1];
+        c.stream_mut().read(&mut buf).await
+    })
+    .await
+    .expect("the kill ends a session that waits for a primary");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    proxy.shutdown().await;
+    rs.shutdown().await;
+}

@@ -165,8 +165,7 @@ async fn client_task(
     let conn = registered.connection.clone();
     let result = match (ctx.config.proxy.mode, ctx.pooled.clone()) {
         (crate::config::Mode::Pooled, Some(pooled)) => {
-            let side =
-                super::pooled::strategy::PooledSide::new(ctx.clone(), pooled, conn.stop.clone());
+            let side = super::pooled::strategy::PooledSide::new(ctx.clone(), pooled);
             session::run(ctx.clone(), socket, peer, side, conn).await
         }
         (crate::config::Mode::Pooled, None) => Err(super::SessionError::UpstreamClosed),

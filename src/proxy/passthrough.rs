@@ -10,7 +10,7 @@
 use std::{future::Future, sync::Arc};
 
 use futures::StreamExt;
-use tokio_util::{codec::FramedRead, sync::CancellationToken};
+use tokio_util::codec::FramedRead;
 use tracing::debug;
 
 use super::{
@@ -20,6 +20,7 @@ use super::{
     observe::SessionObs,
     routing::ReplyFacts,
     session::{primary_moved, Client},
+    stop::Stop,
     strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
     Context,
 };
@@ -80,7 +81,7 @@ impl Passthrough {
     async fn attach(
         &mut self,
         obs: &mut SessionObs,
-        kill: &CancellationToken,
+        kill: &Stop,
     ) -> Result<Upstream, SessionError> {
         if let Some(up) = self.upstream.take() {
             return Ok(up);
@@ -89,7 +90,7 @@ impl Passthrough {
         let selection = self.ctx.config.upstream.server_selection_timeout;
         let host = tokio::select! {
             biased;
-            _ = kill.cancelled() => return Err(SessionError::Killed),
+            _ = kill.killed() => return Err(SessionError::Killed),
             h = topology.select(ReadPref::Primary, selection) => h.map_err(|e| {
                 SessionError::UpstreamConnect(upstream::ConnectError::Handshake {
                     host: "upstream".into(),
@@ -101,7 +102,7 @@ impl Passthrough {
         let connecting = obs.upstream_connecting();
         let stream = tokio::select! {
             biased;
-            _ = kill.cancelled() => return Err(SessionError::Killed),
+            _ = kill.killed() => return Err(SessionError::Killed),
             s = upstream::connect(&host, timeout, self.ctx.upstream_tls.as_ref()) => s,
         };
         drop(connecting);
@@ -189,7 +190,7 @@ impl Strategy for Passthrough {
         _request: &Request,
         _route: &(),
         obs: &mut SessionObs,
-        kill: &CancellationToken,
+        kill: &Stop,
     ) -> Acquired<Upstream> {
         match self.attach(obs, kill).await {
             Ok(up) => Acquired::Link(up),
@@ -214,7 +215,7 @@ impl Strategy for Passthrough {
         &mut self,
         _route: &(),
         obs: &mut SessionObs,
-        kill: &CancellationToken,
+        kill: &Stop,
     ) -> Option<Upstream> {
         match self.attach(obs, kill).await {
             Ok(up) => Some(up),

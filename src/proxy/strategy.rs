@@ -19,11 +19,10 @@
 use std::future::Future;
 
 use bson::RawDocumentBuf;
-use tokio_util::sync::CancellationToken;
 
 use super::{
     client_io::Received, error::SessionError, inspect::Request, observe::SessionObs,
-    routing::ReplyFacts, session::Client,
+    routing::ReplyFacts, session::Client, stop::Stop,
 };
 use crate::{
     upstream::Host,
@@ -121,7 +120,7 @@ pub(crate) trait Strategy: Send {
         request: &Request,
         route: &Self::Route,
         obs: &mut SessionObs,
-        kill: &CancellationToken,
+        kill: &Stop,
     ) -> impl Future<Output = Acquired<Self::Link>> + Send;
 
     /// A connection to abort the transaction of a blocked statement on, if there is one.
@@ -129,7 +128,7 @@ pub(crate) trait Strategy: Send {
         &mut self,
         route: &Self::Route,
         obs: &mut SessionObs,
-        kill: &CancellationToken,
+        kill: &Stop,
     ) -> impl Future<Output = Option<Self::Link>> + Send;
 
     /// Whether [`Strategy::observe_reply`] wants the facts of every reply.

@@ -5,7 +5,6 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{balanced, Pooled, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
@@ -83,9 +82,6 @@ pub(crate) struct PooledSide {
     opened_cursor: Option<i64>,
     /// The cursor the current request's reply finished (a last getMore: id 0).
     closed_cursor: Option<i64>,
-    /// The connection's kill, waited on lock-free while a request waits for a server or a
-    /// pooled connection (the same kill as the connection's token; see [`Stop`]).
-    stop: Stop,
     /// The pool of the last (server, identity) checked out from, so that the next checkout
     /// there does not look it up again (a session's requests mostly go to one server).
     last_pool: Option<PoolHandle<UpstreamConn>>,
@@ -95,8 +91,7 @@ pub(crate) struct PooledSide {
 }
 
 impl PooledSide {
-    /// The upstream side of a client connection whose kill is `stop`.
-    pub(crate) fn new(ctx: Arc<Context>, pooled: Arc<Pooled>, stop: Stop) -> PooledSide {
+    pub(crate) fn new(ctx: Arc<Context>, pooled: Arc<Pooled>) -> PooledSide {
         let identity = ctx
             .config
             .auth
@@ -115,7 +110,6 @@ impl PooledSide {
             balanced_slot: None,
             opened_cursor: None,
             closed_cursor: None,
-            stop,
             last_pool: None,
             checkout_timer: None,
             pooled,
@@ -129,6 +123,7 @@ impl PooledSide {
         &self,
         request: &Request,
         routing: &Routing,
+        kill: &Stop,
     ) -> Result<Host, Option<(i32, &'static str, String)>> {
         if let Some(e) = &routing.read_pref_error {
             // mongod and mongos refuse it before running anything; so does mongoguard,
@@ -162,7 +157,7 @@ impl PooledSide {
         let timeout = self.ctx.config.upstream.server_selection_timeout;
         let host = tokio::select! {
             biased;
-            _ = self.stop.killed() => return Err(None),
+            _ = kill.killed() => return Err(None),
             h = p.topology.select_filtered(pref, filter, timeout) => h.map_err(|e| {
                 let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
                 Some((code, name, format!("mongoguard: {e}")))
@@ -177,13 +172,18 @@ impl PooledSide {
     /// Checks out a connection to `host` as `identity`, never waiting past the kill: an idle
     /// one at once when a slot is free, else (waiting for a slot, or connecting) until the
     /// connection is killed.
-    async fn checkout(&mut self, host: Host, identity: &Identity) -> Result<Conn, PoolError> {
+    async fn checkout(
+        &mut self,
+        host: Host,
+        identity: &Identity,
+        kill: &Stop,
+    ) -> Result<Conn, PoolError> {
         let pool = &self.pooled.pool;
         let handle = match &mut self.last_pool {
             Some(h) if h.key().server == host && h.key().identity == identity.name => &*h,
             slot => &*slot.insert(pool.handle(&PoolKey::new(host, identity.name.clone()))),
         };
-        if self.stop.is_killed() {
+        if kill.is_killed() {
             return Err(PoolError::Closed {
                 pool: handle.key().clone(),
             });
@@ -196,7 +196,7 @@ impl PooledSide {
         timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
         tokio::select! {
             biased;
-            _ = self.stop.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
+            _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
             c = pool.checkout_until(handle, timer.expired()) => c,
         }
     }
@@ -335,8 +335,7 @@ impl Strategy for PooledSide {
         request: &Request,
         route: &Routing,
         _obs: &mut SessionObs,
-        // Waited on through `self.stop`, the same kill without locks.
-        _kill: &CancellationToken,
+        kill: &Stop,
     ) -> Acquired<Conn> {
         self.on_kept = false;
         if let Some(kept) = self.for_last_error.take() {
@@ -370,7 +369,7 @@ impl Strategy for PooledSide {
                 end: None,
             };
         };
-        let host = match self.choose_server(request, route).await {
+        let host = match self.choose_server(request, route, kill).await {
             Ok(h) => h,
             Err(None) => return refused_end(SessionError::Killed),
             Err(Some((code, name, message))) => {
@@ -380,7 +379,7 @@ impl Strategy for PooledSide {
                 };
             }
         };
-        match self.checkout(host.clone(), &identity).await {
+        match self.checkout(host.clone(), &identity, kill).await {
             Ok(c) => Acquired::Link(c),
             Err(e) => self.checkout_failed(&host, e),
         }
@@ -392,7 +391,7 @@ impl Strategy for PooledSide {
         &mut self,
         route: &Routing,
         _obs: &mut SessionObs,
-        _kill: &CancellationToken,
+        kill: &Stop,
     ) -> Option<Conn> {
         let txn = route.txn.as_ref()?;
         if self.pooled.topology.load_balanced() {
@@ -402,7 +401,7 @@ impl Strategy for PooledSide {
         }
         let host = self.pooled.pins.txn_server(txn, Instant::now())?;
         let identity = self.identity.clone()?;
-        self.checkout(host, &identity).await.ok()
+        self.checkout(host, &identity, kill).await.ok()
     }
 
     fn wants_reply_facts(&self) -> bool {

@@ -396,7 +396,7 @@ impl<S: Strategy> Session<S> {
         loop {
             let acquired = self
                 .strategy
-                .acquire(request, route, &mut self.obs, &self.client.kill)
+                .acquire(request, route, &mut self.obs, &self.client.stop)
                 .await;
             let mut link = match acquired {
                 Acquired::Link(link) => link,

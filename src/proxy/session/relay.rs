@@ -276,7 +276,7 @@ impl<S: Strategy> Session<S> {
     /// effort, in both modes: the client gets its error whatever happens here; a connection
     /// whose abort failed is not reused.
     pub(super) async fn abort_transaction(&mut self, abort: &RawDocumentBuf, route: &S::Route) {
-        let kill = &self.client.kill;
+        let kill = &self.client.stop;
         let Some(mut link) = self
             .strategy
             .acquire_for_abort(route, &mut self.obs, kill)
@@ -296,7 +296,7 @@ impl<S: Strategy> Session<S> {
         };
         let ok = tokio::select! {
             biased;
-            _ = kill.cancelled() => None,
+            _ = kill.killed() => None,
             r = tokio::time::timeout(timeout, exchange) => r.ok().flatten(),
         };
         match ok {
