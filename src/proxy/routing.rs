@@ -280,7 +280,10 @@ impl ReplyFacts {
     /// The facts of a reply whose (first) document is `body`; `legacy_cursor`: an OP_REPLY's
     /// cursor id.
     pub(crate) fn from_body(body: &RawDocument, legacy_cursor: Option<i64>) -> ReplyFacts {
-        let [ok, code, cursor] = crate::wire::get_each(body, ["ok", "code", "cursor"]);
+        let body = Index::new(body);
+        // A malformed value reads as absent here: these facts only steer routing and pins.
+        let field = |key| body.get(key).ok().flatten();
+        let (ok, code, cursor) = (field("ok"), field("code"), field("cursor"));
         let error = says_not_ok(ok);
         let code = match code {
             Some(RawBsonRef::Int32(c)) if error => Some(c),

@@ -158,36 +158,48 @@ pub(crate) fn first_key(doc: &RawDocument) -> Option<Option<&str>> {
     }
 }
 
+/// The keys a walk has met, up to `N` of them.
+struct SeenKeys<'a, const N: usize> {
+    keys: [&'a [u8]; N],
+    count: usize,
+}
+
+impl<'a, const N: usize> SeenKeys<'a, N> {
+    fn new() -> Self {
+        SeenKeys {
+            keys: [&[]; N],
+            count: 0,
+        }
+    }
+
+    /// `Some(true)`: `key` is new (and now seen); `Some(false)`: met before; `None`: more
+    /// than `N` keys (not decided).
+    fn first_time(&mut self, key: &'a [u8]) -> Option<bool> {
+        if self.keys.iter().take(self.count).any(|k| *k == key) {
+            return Some(false);
+        }
+        *self.keys.get_mut(self.count)? = key;
+        self.count += 1;
+        Some(true)
+    }
+}
+
 /// Whether every top-level key of `doc` is distinct, for a document of at most `N` keys
 /// that the walk decides; `None` otherwise (then the caller uses the bson crate's iteration).
 pub(crate) fn keys_distinct<const N: usize>(doc: &RawDocument) -> Option<Result<(), &str>> {
-    let mut seen: [&[u8]; N] = [&[]; N];
-    let mut count = 0usize;
-    let mut too_many = false;
-    let dup = walk(doc, |e| {
-        if seen[..count].contains(&e.key) {
-            return Some(e.key);
-        }
-        match seen.get_mut(count) {
-            Some(slot) => {
-                *slot = e.key;
-                count += 1;
-                None
-            }
-            None => {
-                too_many = true;
-                Some(e.key)
-            }
-        }
+    let mut seen = SeenKeys::<N>::new();
+    // Stops with `Some(key)` at a repeated key, `None` when there are too many to tell.
+    let stopped = walk(doc, |e| match seen.first_time(e.key) {
+        Some(true) => None,
+        Some(false) => Some(Some(e.key)),
+        None => Some(None),
     })
     .ok()?;
-    if too_many {
-        return None;
-    }
-    Some(match dup {
-        // Keys met by the walk are valid UTF-8.
-        Some(k) => Err(std::str::from_utf8(k).ok()?),
+    Some(match stopped {
         None => Ok(()),
+        // Keys met by the walk are valid UTF-8.
+        Some(Some(k)) => Err(std::str::from_utf8(k).ok()?),
+        Some(None) => return None,
     })
 }
 
@@ -227,19 +239,9 @@ pub(crate) fn elements_valid(doc: &RawDocument) -> bool {
 /// [`elements_valid`] and, in the same walk, [`keys_distinct`] for a document of at most
 /// [`INDEX_CAP`] keys: `true` when both hold. `false` decides nothing (ask them apart).
 pub(crate) fn elements_valid_and_distinct(doc: &RawDocument) -> bool {
-    let mut seen: [&[u8]; INDEX_CAP] = [&[]; INDEX_CAP];
-    let mut count = 0usize;
+    let mut seen = SeenKeys::<INDEX_CAP>::new();
     let stopped = walk(doc, |e| {
-        if !element_valid(&e) || seen.iter().take(count).any(|k| *k == e.key) {
-            return Some(());
-        }
-        // More keys than it tracks: not decided here.
-        let Some(slot) = seen.get_mut(count) else {
-            return Some(());
-        };
-        *slot = e.key;
-        count += 1;
-        None
+        (!element_valid(&e) || seen.first_time(e.key) != Some(true)).then_some(())
     });
     matches!(stopped, Ok(None))
 }
@@ -380,35 +382,6 @@ impl<'a> Index<'a> {
             _ => get(self.doc, key),
         }
     }
-}
-
-/// `get(key).ok().flatten()` of each of `keys`, in one walk: for documents where a malformed
-/// value and an absent one mean the same (a reply's `ok`, `code` and `cursor`).
-pub(crate) fn get_each<'a, const N: usize>(
-    doc: &'a RawDocument,
-    keys: [&str; N],
-) -> [Option<RawBsonRef<'a>>; N] {
-    // Per key: not met yet (None), met with the value decoded, or met and left to `get`.
-    let mut met: [Option<Option<RawBsonRef<'a>>>; N] = [None; N];
-    let walked = walk(doc, |e| {
-        for (key, slot) in keys.iter().zip(met.iter_mut()) {
-            if slot.is_none() && e.key == key.as_bytes() {
-                *slot = Some(decode(e.tag, e.value));
-            }
-        }
-        None::<()>
-    });
-    let complete = matches!(walked, Ok(None));
-    let mut out = [None; N];
-    for ((key, slot), value) in keys.iter().zip(met).zip(out.iter_mut()) {
-        *value = match slot {
-            Some(Some(v)) => Some(v),
-            None if complete => None,
-            // Not decoded here, or the walk stopped before deciding: the bson crate answers.
-            _ => doc.get(key).ok().flatten(),
-        };
-    }
-    out
 }
 
 /// [`get`] as a method of borrowed documents (and, through `Deref`, of owned ones).
@@ -633,29 +606,6 @@ mod tests {
         let mut dup = find.clone();
         dup.append(bson::cstr!("find"), "other");
         assert!(elements_valid(&dup) && !elements_valid_and_distinct(&dup));
-    }
-
-    /// `get_each` answers what `RawDocument::get` answers for each key (an error as absent),
-    /// on every corrupted and cut copy of the sample.
-    #[test]
-    fn get_each_agrees_with_the_bson_crate() {
-        let good = sample().into_bytes();
-        let mut checked = 0usize;
-        let mut try_bytes = |bytes: Vec<u8>| {
-            let Ok(doc) = RawDocument::from_bytes(&bytes) else {
-                return;
-            };
-            let keys = ["lsid", "find", "re", "absent", "filter", "ünï"];
-            for (k, ours) in keys.iter().zip(get_each(doc, keys)) {
-                let theirs = doc.get(k).ok().flatten();
-                assert_eq!(ours, theirs, "{k} in {bytes:?}");
-                checked += 1;
-            }
-        };
-        for b in corruptions(&good) {
-            try_bytes(b);
-        }
-        assert!(checked > 10_000, "{checked}");
     }
 
     #[test]
