@@ -29,12 +29,6 @@ impl<'a> Fields<'a> for &'a RawDocument {
     }
 }
 
-impl<'a> Fields<'a> for &'a bson::RawDocumentBuf {
-    fn lookup(self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
-        crate::wire::GetFast::get_fast(&**self, key)
-    }
-}
-
 impl<'a> Fields<'a> for &Index<'a> {
     fn lookup(self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
         self.get(key)
@@ -306,10 +300,10 @@ mod tests {
     #[test]
     fn null_and_undefined_are_absent_where_mongod_reads_them_so() {
         let d = bson::rawdoc! {"n": null, "u": bson::RawBson::Undefined, "d": {"a": 1}, "s": "x"};
-        assert!(get_opt_doc(&d, "n", "t").unwrap().is_none());
-        assert!(get_opt_doc(&d, "u", "t").unwrap().is_none());
-        assert!(get_opt_doc(&d, "missing", "t").unwrap().is_none());
-        assert!(get_opt_doc(&d, "d", "t").unwrap().is_some());
-        assert!(get_opt_doc(&d, "s", "t").is_err());
+        assert!(get_opt_doc(&*d, "n", "t").unwrap().is_none());
+        assert!(get_opt_doc(&*d, "u", "t").unwrap().is_none());
+        assert!(get_opt_doc(&*d, "missing", "t").unwrap().is_none());
+        assert!(get_opt_doc(&*d, "d", "t").unwrap().is_some());
+        assert!(get_opt_doc(&*d, "s", "t").is_err());
     }
 }
