@@ -128,6 +128,8 @@ pub fn init(level: &str, format: LogFormat) -> Result<LogGuard, LogError> {
         .with_ansi(ansi)
         .with_writer(writer);
     // The builder alone filters at INFO; under `Targets` it passes everything on to it.
+    // Four arms rather than both filters as `Option` layers: two more layers cost ~260
+    // instructions per request on a find (callgrind), every span enter and exit crossing them.
     let open = tracing_subscriber::filter::LevelFilter::TRACE;
     let installed = match (format, targets) {
         (LogFormat::Human, Some(t)) => builder
