@@ -1101,14 +1101,15 @@ async fn a_session_killed_while_waiting_for_a_primary_ends_at_once() {
     })
     .await
     .unwrap();
+    // No primary for ten minutes, before mongoguard first looks at the set (a proxy started
+    // earlier could still believe in the old primary for a heartbeat and answer at once).
+    rs.step_down(1, Duration::from_secs(600));
     let mut config = Config::for_upstream(&rs.uri()).unwrap();
     config.audit.sink = mongoguard::audit::SinkSpec::None;
     config.upstream.server_selection_timeout = Duration::from_secs(600);
     config.upstream.heartbeat_interval = Duration::from_millis(200);
     let proxy = Proxy::start(Arc::new(config)).await.unwrap();
     let admin = proxy.admin_addr().unwrap();
-    // No primary for ten minutes.
-    rs.step_down(1, Duration::from_secs(600));
     let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
     c.send(0, &doc! {"ping": 1, "$db": "admin"}).await;
     // Until the session has read its request (it then waits for a primary).
@@ -1123,6 +1124,14 @@ async fn a_session_killed_while_waiting_for_a_primary_ends_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let id = id.expect("the session never read its request");
+    // The precondition: no answer, the session waits for a primary.
+    let mut buf = [0u8; 1];
+    let early =
+        tokio::time::timeout(Duration::from_millis(300), c.stream_mut().read(&mut buf)).await;
+    assert!(
+        early.is_err(),
+        "answered or closed without a primary: {early:?}"
+    );
     let (status, _, body) = http(admin, "POST", &format!("/connections/{id}/kill"), None).await;
     assert_eq!(status, 200, "{body}");
     let closed = tokio::time::timeout(Duration::from_secs(10), async {
