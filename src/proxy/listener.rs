@@ -160,22 +160,24 @@ async fn client_task(
             }
         },
     };
-    let mut accounting = Accounting::open(ctx.clone(), peer, opened, permit);
+    let accounting = Accounting::open(ctx.clone(), peer, opened, permit);
     let registered = ctx.control.register(peer, &ctx.kill);
     let conn = registered.connection.clone();
-    let result = match (ctx.config.proxy.mode, ctx.pooled.clone()) {
+    let finish = move |result| {
+        drop(registered);
+        accounting.finish(result);
+    };
+    match (ctx.config.proxy.mode, ctx.pooled.clone()) {
         (crate::config::Mode::Pooled, Some(pooled)) => {
             let side = super::pooled::strategy::PooledSide::new(ctx.clone(), pooled);
-            session::run(ctx.clone(), socket, peer, side, conn).await
+            session::run(ctx.clone(), socket, peer, side, conn, finish).await
         }
-        (crate::config::Mode::Pooled, None) => Err(super::SessionError::UpstreamClosed),
+        (crate::config::Mode::Pooled, None) => finish(Err(super::SessionError::UpstreamClosed)),
         (crate::config::Mode::Passthrough, _) => {
             let side = super::passthrough::Passthrough::new(ctx.clone());
-            session::run(ctx.clone(), socket, peer, side, conn).await
+            session::run(ctx.clone(), socket, peer, side, conn, finish).await
         }
-    };
-    drop(registered);
-    accounting.result = Some(result);
+    }
 }
 
 /// A session's accounting: counted active while it lives, and on drop — whatever ended the
@@ -204,6 +206,13 @@ impl Accounting {
             result: None,
             _permit: permit,
         }
+    }
+}
+
+impl Accounting {
+    /// The session ended with `result`: counted, logged and its close event written now.
+    fn finish(mut self, result: Result<session::End, super::SessionError>) {
+        self.result = Some(result);
     }
 }
 

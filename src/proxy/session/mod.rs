@@ -153,13 +153,18 @@ const PAUSED: (i32, &str) = (262, "ExceededTimeLimit");
 /// state for its whole life next to the session built from them, and this future is most of
 /// an idle client's memory (docs/memory.md). The session is built here, synchronously, and
 /// the future owns only it and the request loop.
+///
+/// `finish` gets the session's result before the client's socket is closed, so that a client
+/// that sees the close also sees it counted (the session runs on its own thread, beside
+/// whoever reads the counters).
 pub(crate) fn run<S: Strategy>(
     ctx: Arc<Context>,
     socket: ClientStream,
     peer: SocketAddr,
     strategy: S,
     conn: Arc<crate::proxy::control::Connection>,
-) -> impl std::future::Future<Output = Result<End, SessionError>> + Send {
+    finish: impl FnOnce(Result<End, SessionError>) + Send,
+) -> impl std::future::Future<Output = ()> + Send {
     let (read, write) = socket.split();
     let max = ctx.config.proxy.max_message_size;
     let mut session = Session {
@@ -189,7 +194,8 @@ pub(crate) fn run<S: Strategy>(
     async move {
         let result = session.serve().await;
         session.strategy.close();
-        result
+        finish(result);
+        // The session (the client's socket) is dropped here, after `finish`.
     }
 }
 
