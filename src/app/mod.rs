@@ -92,7 +92,8 @@ impl Proxy {
             poller.spawn(ctx.topology.clone(), background.clone());
         }
         info!(listen = %listeners.local_addr, upstream = %config.upstream.uri,
-            mode = ?config.proxy.mode, policy = %policy.source(),
+            mode = ?config.proxy.mode, threads = ctx.loops.as_ref().map_or(0, |l| l.len()),
+            policy = %policy.source(),
             policy_mode = policy.current().mode().as_str(), "mongoguard listening");
         let reloader = Arc::new(reload::Reloader::new(ctx.clone()));
         // Installed before anything else can be signalled: SIGHUP's default action kills.
@@ -199,6 +200,19 @@ fn proxy_context(
         plan,
     );
     ctx.allowlist = allowlist;
+    // Passthrough sessions are independent: each on one event loop thread. Pooled sessions
+    // share upstream connections and stay on the work-stealing runtime (`proxy::loops`).
+    if config.proxy.mode == Mode::Passthrough && !config.proxy.work_stealing {
+        let threads = proxy::loops::resolve_threads(config.proxy.threads);
+        let loops = proxy::loops::SessionLoops::start(threads).map_err(ProxyError::Threads)?;
+        ctx.loops = Some(loops);
+    } else if config.proxy.threads != 0 {
+        warn!(
+            threads = config.proxy.threads,
+            "proxy.threads is ignored: pooled mode and proxy.work_stealing run sessions on the \
+             shared runtime (TOKIO_WORKER_THREADS sizes it)"
+        );
+    }
     Ok(Arc::new(ctx))
 }
 
@@ -370,6 +384,9 @@ impl ProxyHandle {
                     "sessions still running after the kill; exiting without them"
                 );
             }
+        }
+        if let Some(loops) = &ctx.loops {
+            loops.stop(KILL_GRACE).await;
         }
         self.reload.abort();
         let _ = self.learn.await;

@@ -14,6 +14,9 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;
 /// `HEADER_LEN`; a compile-time assertion there checks they agree).
 pub const MIN_MAX_MESSAGE_SIZE: usize = 16;
 
+/// The most session threads `proxy.threads` may ask for.
+pub const MAX_THREADS: usize = 1024;
+
 /// How clients are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -92,6 +95,16 @@ pub struct ProxyConfig {
         serialize_with = "duration::serialize"
     )]
     pub request_time_limit: Duration,
+    /// Passthrough mode: threads serving client sessions, each its own event loop; a session
+    /// stays on the thread it was placed on at accept (the one with the fewest sessions).
+    /// `0`: one per CPU this process may use (its affinity mask and cgroup CPU quota). Pooled
+    /// mode's sessions run on the shared runtime and ignore it.
+    pub threads: usize,
+    /// Passthrough mode: run sessions on the shared work-stealing runtime instead of
+    /// `threads` event loops (how every session ran before the loops; pooled mode always
+    /// does). Measured to cost more CPU per request; kept as a fallback for a workload where
+    /// one client's heavy requests would hold up the others of its thread.
+    pub work_stealing: bool,
 }
 
 impl Default for ProxyConfig {
@@ -110,6 +123,8 @@ impl Default for ProxyConfig {
             allow_insecure_listener: false,
             reuse_port: false,
             request_time_limit: Duration::ZERO,
+            threads: 0,
+            work_stealing: false,
         }
     }
 }
@@ -128,6 +143,11 @@ impl ProxyConfig {
                  always refused)"
                     .into(),
             ));
+        }
+        if self.threads > MAX_THREADS {
+            return Err(ConfigError::Invalid(format!(
+                "proxy.threads must be at most {MAX_THREADS} (0: one per CPU)"
+            )));
         }
         if self.max_message_size < MIN_MAX_MESSAGE_SIZE || self.max_message_size > i32::MAX as usize
         {

@@ -52,6 +52,11 @@ fn bad_values_rejected() {
     .is_err());
     assert!(Config::from_toml_str("[upstream]\nuri = \"http://x\"\n", "t").is_err());
     assert!(Config::from_toml_str("[proxy]\nmax_client_connections = 0\n", "t").is_err());
+    let err = Config::from_toml_str("[proxy]\nthreads = 1025\n", "t").unwrap_err();
+    assert!(err.to_string().contains("proxy.threads"), "{err}");
+    assert!(Config::from_toml_str("[proxy]\nthreads = -1\n", "t").is_err());
+    let c = Config::from_toml_str("[proxy]\nthreads = 3\n", "t").unwrap();
+    assert_eq!(c.proxy.threads, 3);
 }
 
 #[test]

@@ -18,6 +18,9 @@ pub enum ProxyError {
         /// The socket error.
         source: std::io::Error,
     },
+    /// The session threads (`proxy.threads`) could not be started.
+    #[error("cannot start the session threads (proxy.threads): {0}")]
+    Threads(std::io::Error),
     /// The policy file could not be loaded (never replaced by defaults).
     #[error("policy: {0}")]
     Policy(crate::policy::PolicyError),

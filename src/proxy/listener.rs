@@ -124,11 +124,39 @@ fn admit(ctx: &Arc<Context>, socket: tokio::net::TcpStream, peer: std::net::Sock
         app = tracing::field::Empty,
         driver = tracing::field::Empty
     );
+    let opened = std::time::Instant::now();
+    let Some(loops) = &ctx.loops else {
+        ctx.audit
+            .event(crate::audit::Event::ConnectionOpened { client: peer });
+        let task = client_task(ctx.clone(), socket, peer, opened, (permit, network));
+        ctx.tracker.spawn(task.instrument(span));
+        return;
+    };
+    // The socket moves to a session loop: out of this runtime's reactor here, into the
+    // loop's on its thread.
+    let socket = match socket.into_std() {
+        Ok(socket) => socket,
+        Err(e) => {
+            error!(error = %e, %peer, "could not hand the connection to a session thread; closed");
+            return;
+        }
+    };
     ctx.audit
         .event(crate::audit::Event::ConnectionOpened { client: peer });
-    let opened = std::time::Instant::now();
-    let task = client_task(ctx.clone(), socket, peer, opened, (permit, network));
-    ctx.tracker.spawn(task.instrument(span));
+    let session_ctx = ctx.clone();
+    let task = async move {
+        match tokio::net::TcpStream::from_std(socket) {
+            Ok(socket) => client_task(session_ctx, socket, peer, opened, (permit, network)).await,
+            Err(e) => {
+                // The loop's reactor refused the socket (epoll's watch limit): closed.
+                error!(error = %e, "could not register the connection on its session thread; closed");
+                let failed = Err(super::SessionError::ClientIo(e));
+                let event = super::close_event(peer, opened.elapsed(), Some(&failed));
+                session_ctx.audit.event(event);
+            }
+        }
+    };
+    loops.spawn(ctx.tracker.track_future(task.instrument(span)));
 }
 
 /// One client connection: its TLS handshake, then its session, accounted for by a drop

@@ -15,6 +15,7 @@ pub mod guard;
 pub(crate) mod hello;
 pub(crate) mod inspect;
 mod listener;
+pub(crate) mod loops;
 mod measure;
 mod observe;
 mod passthrough;
@@ -122,6 +123,9 @@ pub(crate) struct Context {
     pub kill: CancellationToken,
     pub limiter: Arc<Semaphore>,
     pub tracker: TaskTracker,
+    /// The threads sessions run on (`None`: on the runtime that accepted them, as in tests
+    /// that build a context by hand).
+    pub loops: Option<loops::SessionLoops>,
     /// TLS on the listener.
     pub server_tls: Option<crate::tls::ServerTls>,
     /// TLS toward the upstream (from the URI).
@@ -173,6 +177,7 @@ impl Context {
             drain: CancellationToken::new(),
             kill: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            loops: None,
             config,
             policy,
             audit,
