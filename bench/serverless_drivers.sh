@@ -217,13 +217,25 @@ print(json.dumps(out))
 PY
 }
 
+# cpu_ticks: user + system clock ticks so far of the stand-in, the relay and the pooled
+# mongoguard, as "standin relay mongoguard" (from /proc/PID/stat; 0 if unreadable).
+cpu_ticks() {
+    local pid out=()
+    for pid in "$STANDIN_PID" "$RELAY_PID" "$POOLED_PID"; do
+        out+=("$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2>/dev/null || echo 0)")
+    done
+    echo "${out[*]}"
+}
+CLK_TCK="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+
 measure() {
-    local driver="$1" target="$2" c="$3" uri
+    local driver="$1" target="$2" c="$3" uri ticks_before ticks_after
     uri="$(uri_of "$target")"
     standin_stats >/dev/null # zero the counters
     local mg_before='{}'
     [[ "$target" != pooled ]] || mg_before="$(mongoguard_metrics)"
     log "$driver $target concurrency=$c"
+    ticks_before="$(cpu_ticks)"
     case "$driver" in
         pymongo)
             "$VENV/bin/python" "$SD/pymongo_serverless.py" --uri "$uri" --concurrency "$c" \
@@ -239,12 +251,15 @@ measure() {
             ;;
         *) die "unknown driver $driver (pymongo, node)" ;;
     esac
+    ticks_after="$(cpu_ticks)"
     local stats mg_after='{}'
     stats="$(standin_stats)"
     [[ "$target" != pooled ]] || mg_after="$(mongoguard_metrics)"
-    python3 - "$WORK/run.json" "$stats" "$target" "$mg_before" "$mg_after" >>"$RESULTS" <<'PY'
+    python3 - "$WORK/run.json" "$stats" "$target" "$mg_before" "$mg_after" "$ticks_before" "$ticks_after" "$CLK_TCK" >>"$RESULTS" <<'PY'
 import json, sys
 row = json.load(open(sys.argv[1]))
+tb, ta, tck = sys.argv[6].split(), sys.argv[7].split(), float(sys.argv[8])
+row["server_cpu_s"] = {name: (int(a) - int(b)) / tck for name, b, a in zip(("standin", "relay", "mongoguard"), tb, ta)}
 row["standin"] = json.loads(sys.argv[2]) if sys.argv[2].strip() else {}
 row["target"] = sys.argv[3]
 before, after = json.loads(sys.argv[4]), json.loads(sys.argv[5])
@@ -306,8 +321,8 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def n(v, f="{:,.0f}"):
     return f.format(v) if isinstance(v, (int, float)) else "-"
 
-print("| driver | target | conc | ops/s | p50 µs | p99 µs | errors | ops (all) | upstream conns/op | auths/op | messages/op | upstream commands per op | pooled: driver conns/op, requests per op |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+print("| driver | target | conc | ops/s | p50 µs | p99 µs | errors | ops (all) | upstream conns/op | auths/op | messages/op | upstream commands per op | pooled: driver conns/op, requests per op | CPU ms/op: driver / relay / stand-in / mongoguard |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
 for r in rows:
     s, ops = r.get("standin") or {}, r.get("ops_all") or 0
     def per(k):
@@ -321,8 +336,12 @@ for r in rows:
     if mg and ops:
         client = f"conns {mg['connectionsAccepted'] / ops:.2f}; " + ", ".join(
             f"{k} {v / ops:.2f}" for k, v in sorted(mg["commands"].items()))
+    sc = r.get("server_cpu_s") or {}
+    ms = lambda v: f"{1000 * v / ops:.2f}" if isinstance(v, (int, float)) and ops else "-"
+    cpu = " / ".join([ms(r.get("client_cpu_s")), ms(sc.get("relay")), ms(sc.get("standin")),
+                      ms(sc.get("mongoguard")) if r["target"] == "pooled" else "-"])
     print(f"| {r['driver']} | {r['target']} | {r['concurrency']} | {n(r['ops_per_sec'])} | {n(r['p50_us'])} | {n(r['p99_us'])} "
-          f"| {r['errors']} | {n(ops)} | {per('connectionsAccepted')} | {per('authentications')} | {per('messages')} | {', '.join(parts) or '-'} | {client} |")
+          f"| {r['errors']} | {n(ops)} | {per('connectionsAccepted')} | {per('authentications')} | {per('messages')} | {', '.join(parts) or '-'} | {client} | {cpu} |")
 print()
 print("Pooled against direct (same driver, same concurrency): ops/s ratio = pooled / direct;")
 print("p50 and p99 ratios = direct / pooled (above 1: pooled is faster).")

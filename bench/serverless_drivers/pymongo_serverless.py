@@ -10,7 +10,8 @@ process), each repeating the operation back to back. All workers start together;
 that *complete* in the measured window (after the warmup, for --duration seconds) count for
 ops/s and the latency percentiles. Every operation started is finished before the workers
 exit, and "ops_all" counts them all (warmup included), so per-operation server counters can
-be divided by it. Prints one JSON object on stdout.
+be divided by it. "client_cpu_s" is the CPU time (user + system) of this process and its
+worker processes, startup and warmup included. Prints one JSON object on stdout.
 
 Nothing is tuned: MongoClient(uri) with the URI's options only. Note that pymongo keeps the
 SCRAM key cache per MongoClient (pymongo/auth_shared.py: a new _Cache() per credential), so
@@ -113,6 +114,9 @@ def main():
         for t in ts:
             t.join()
 
+    import resource
+    ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu_s = sum(r.ru_utime + r.ru_stime for r in ru)
     lat = sorted(x for r in results for x in r[0])
     errors = sum(r[2] for r in results)
     first_error = next((r[3] for r in results if r[3]), None)
@@ -132,6 +136,7 @@ def main():
         "p50_us": us(pct(lat, 0.50)),
         "p99_us": us(pct(lat, 0.99)),
         "mean_us": us(sum(lat) / len(lat)) if lat else None,
+        "client_cpu_s": cpu_s,
         "errors": errors,
         "first_error": first_error,
     }))

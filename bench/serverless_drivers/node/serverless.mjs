@@ -61,6 +61,7 @@ async function loop() {
 }
 
 await Promise.all(Array.from({ length: conc }, loop));
+const cpu = process.cpuUsage(); // this process, startup and warmup included
 lat.sort((x, y) => x - y);
 const pct = (q) =>
   lat.length ? lat[Math.min(lat.length - 1, Math.max(0, Math.round(q * lat.length + 0.5) - 1))] : null;
@@ -82,6 +83,7 @@ console.log(
     p50_us: us(pct(0.5)),
     p99_us: us(pct(0.99)),
     mean_us: lat.length ? us(lat.reduce((s, v) => s + v, 0) / lat.length) : null,
+    client_cpu_s: (cpu.user + cpu.system) / 1e6,
     errors,
     first_error: firstError,
   }),
