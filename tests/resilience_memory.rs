@@ -81,11 +81,14 @@ async fn passthrough(standin: &StandIn, extra_proxy: &str) -> ProxyHandle {
 // ---------------------------------------------------------------------------------------------
 // Compression bombs and the memory budget.
 
-/// Fails today: decompression (and the decompressed copy) runs inline on the runtime
-/// threads, so 20 connections sending 16 MB bombs keep a bystander from being answered for
-/// seconds (on the 2-worker test runtime, debug build). Proves, after the fix, that bombs do
-/// not starve the runtime: a request mongoguard answers by itself (a blocked delete, no
-/// upstream involved) is answered within 2 s every time over a 5 s window.
+/// Failed once: decompression (and the decompressed copy) ran inline on the runtime
+/// threads, so 20 connections sending 16 MB bombs kept a bystander from being answered for
+/// seconds (on the 2-worker test runtime, debug build). Failed again when sessions moved to
+/// per-thread loops: judging each 16 MB message (the policy scans it for JavaScript
+/// operators) ran on the bombs' thread, which the bystander shares. Proves that bombs do not
+/// starve the bystander: a request mongoguard answers by itself (a blocked delete, no upstream
+/// involved) is answered within 2 s every time over a 5 s window. One session thread
+/// (`threads = 1`), so the bystander shares its thread with every bomb.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compression_bombs_do_not_stall_a_bystander() {
     const SIZE: usize = 15_900_000;
@@ -93,7 +96,7 @@ async fn compression_bombs_do_not_stall_a_bystander() {
     // answers it itself (blocked by the standard policy), so the upstream never sees them and
     // only the proxy is measured. The stand-in runs on a runtime of its own anyway.
     let (standin, _standin_rt) = standin_on_own_runtime();
-    let proxy = passthrough(&standin, "max_message_size = 16000000").await;
+    let proxy = passthrough(&standin, "max_message_size = 16000000\nthreads = 1").await;
     let addr = proxy.local_addr();
     let t0 = Instant::now();
     let blocked = || doc! {"delete": "c", "$db": "bomb", "deletes": [{"q": {}, "limit": 0}]};

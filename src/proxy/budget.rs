@@ -14,7 +14,7 @@ pub(crate) struct MemoryBudget {
     total_kib: usize,
     /// Decompressions running on the blocking pool at once: one per core, so a burst of
     /// compression bombs cannot crowd the runtime threads out of the CPU.
-    decompressors: Semaphore,
+    off_thread: Semaphore,
 }
 
 /// Bytes held from the budget; given back when dropped.
@@ -35,7 +35,7 @@ impl MemoryBudget {
         MemoryBudget {
             permits: Arc::new(Semaphore::new(total_kib)),
             total_kib,
-            decompressors: Semaphore::new(cores),
+            off_thread: Semaphore::new(cores),
         }
     }
 
@@ -63,15 +63,16 @@ impl MemoryBudget {
         }
     }
 
-    /// A slot to decompress on the blocking pool (`None`: shutting down).
-    pub(crate) async fn decompressor(
+    /// A slot for CPU-heavy work on the blocking pool — decompressing a large message,
+    /// judging one — one per core (`None`: shutting down).
+    pub(crate) async fn off_thread_slot(
         &self,
         kill: &super::stop::Stop,
     ) -> Option<tokio::sync::SemaphorePermit<'_>> {
         tokio::select! {
             biased;
             _ = kill.killed() => None,
-            p = self.decompressors.acquire() => p.ok(),
+            p = self.off_thread.acquire() => p.ok(),
         }
     }
 

@@ -125,7 +125,7 @@ pub(crate) async fn decompress_off_thread(
         decompress(frame.bytes().clone())?
     } else {
         let bytes = frame.bytes().clone();
-        let Some(_slot) = budget.decompressor(kill).await else {
+        let Some(_slot) = budget.off_thread_slot(kill).await else {
             return Err(WireError::Decompression(
                 "mongoguard is shutting down".into(),
             ));

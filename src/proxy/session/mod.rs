@@ -143,6 +143,19 @@ fn compressor_of(frame: &Frame) -> Option<crate::wire::Compressor> {
         .filter(|c| *c != crate::wire::Compressor::Noop)
 }
 
+/// Messages of this size or more (after decompression) are judged on the blocking pool
+/// ([`Session::inspect`]): judging a 16 MB message takes milliseconds, during which the
+/// session's thread would serve nobody else.
+const JUDGE_OFF_THREAD_MIN: usize = 1 << 20;
+
+/// The judgement of a request that could not be judged: refused (fail closed).
+fn not_judged() -> Judgement {
+    Judgement::Block {
+        errmsg: "mongoguard could not judge this request (internal error); it was not sent".into(),
+        abort: None,
+    }
+}
+
 /// What a request held past the pause limit gets: ExceededTimeLimit, in the set of codes
 /// drivers retry (the retryable reads and writes specifications).
 const PAUSED: (i32, &str) = (262, "ExceededTimeLimit");
@@ -221,7 +234,9 @@ impl<S: Strategy> Session<S> {
                 self.ctx.metrics.compressed_requests.inc();
             }
             self.client.conn.active.store(true, Relaxed);
-            let (request, route) = self.inspect(&received.frame, received.inner.as_ref())?;
+            let (request, route) = self
+                .inspect(&received.frame, received.inner.as_ref())
+                .await?;
             if let Some(meta) = &request.metadata {
                 self.metadata = Some(record_handshake(&self.ctx, self.client.peer, meta));
                 let conn = &self.client.conn;
@@ -328,12 +343,38 @@ impl<S: Strategy> Session<S> {
         .await
     }
 
-    /// Parses, validates and judges a client message; the strategy reads its route.
-    fn inspect(
+    /// Parses, validates and judges a client message; the strategy reads its route. A
+    /// message of [`JUDGE_OFF_THREAD_MIN`] bytes or more (after decompression) is parsed and
+    /// routed here and judged on the blocking pool: judging walks what the message holds
+    /// (16 MB for a compression bomb), and this thread serves other clients.
+    async fn inspect(
         &mut self,
         frame: &Frame,
         inner: Option<&Frame>,
     ) -> Result<(Request, S::Route), SessionError> {
+        let message = inner.unwrap_or(frame).bytes();
+        if message.len() < JUDGE_OFF_THREAD_MIN {
+            let (request, route, _) = self.inspect_here(frame, inner, false)?;
+            return Ok((request, route));
+        }
+        let (mut request, route, deferred) = self.inspect_here(frame, inner, true)?;
+        if deferred {
+            request.judgement = self
+                .judge_off_thread(message.clone(), request.request_id)
+                .await?;
+        }
+        Ok((request, route))
+    }
+
+    /// [`Session::inspect`] on this thread. With `defer`, a message the strategy wants judged
+    /// is not: its judgement is a block ("not judged") for the caller to replace, and the
+    /// third value is true.
+    fn inspect_here(
+        &mut self,
+        frame: &Frame,
+        inner: Option<&Frame>,
+        defer: bool,
+    ) -> Result<(Request, S::Route, bool), SessionError> {
         let meta = self.metadata.as_ref();
         let strategy = &self.strategy;
         let who = Who {
@@ -345,6 +386,7 @@ impl<S: Strategy> Session<S> {
         };
         let request_id = frame.header().request_id;
         let mut route = S::Route::default();
+        let mut deferred = false;
         let (ctx, scratch) = (&self.ctx, &mut self.obs.scratch);
         let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg| {
             // The body's top-level keys, indexed once for routing and judging.
@@ -354,14 +396,72 @@ impl<S: Strategy> Session<S> {
             };
             let (r, judge) = strategy.route(msg, body.as_ref());
             route = r;
-            if judge {
-                guard::judge(ctx, msg, body, &who, request_id, scratch)
-            } else {
-                Judgement::Forward
+            match (judge, defer) {
+                (true, false) => guard::judge(ctx, msg, body, &who, request_id, scratch),
+                (true, true) => {
+                    deferred = true;
+                    not_judged()
+                }
+                (false, _) => Judgement::Forward,
             }
         })
         .map_err(SessionError::ClientProtocol)?;
-        Ok((request, route))
+        Ok((request, route, deferred))
+    }
+
+    /// Judges `message` (a client message already parsed and validated by
+    /// [`Session::inspect_here`], decompressed) on the blocking pool, in one of the slots
+    /// that bound CPU-heavy work off the session threads. A judge that panics blocks the
+    /// request (fail closed).
+    async fn judge_off_thread(
+        &mut self,
+        message: bytes::Bytes,
+        request_id: i32,
+    ) -> Result<Judgement, SessionError> {
+        let Some(_slot) = self.ctx.budget.off_thread_slot(&self.client.stop).await else {
+            return Err(SessionError::Killed);
+        };
+        let meta = self.metadata.as_ref();
+        let owned = |s: Option<&str>| s.map(str::to_owned);
+        let app = owned(meta.and_then(|m| m.application.as_deref()));
+        let driver = owned(meta.and_then(|m| m.driver.as_deref()));
+        let user = owned(self.strategy.user());
+        let peer = self.client.peer;
+        let wire_version = self.wire_version.or_else(|| self.strategy.wire_version());
+        let (ctx, max) = (self.ctx.clone(), self.max);
+        let mut scratch = std::mem::take(&mut self.obs.scratch);
+        let judged = tokio::task::spawn_blocking(move || {
+            let who = Who {
+                peer,
+                app: app.as_deref(),
+                driver: driver.as_deref(),
+                user: user.as_deref(),
+                upstream_wire_version: wire_version,
+            };
+            let judgement = match Message::parse(&message, max) {
+                Ok(msg) => {
+                    let body = match &msg {
+                        Message::Msg(m) => Some(Index::new(m.body())),
+                        _ => None,
+                    };
+                    guard::judge(&ctx, &msg, body, &who, request_id, &mut scratch)
+                }
+                // It parsed on the session thread; the same bytes cannot fail here.
+                Err(_) => not_judged(),
+            };
+            (judgement, scratch)
+        })
+        .await;
+        Ok(match judged {
+            Ok((judgement, scratch)) => {
+                self.obs.scratch = scratch;
+                judgement
+            }
+            Err(e) => {
+                warn!(error = %e, "judging a large request failed; it is refused");
+                not_judged()
+            }
+        })
     }
 
     /// Answers a blocked command (or drops it when it expects no reply), first aborting its
