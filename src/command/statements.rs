@@ -254,7 +254,14 @@ impl<'a> CommandView<'a> {
         f: &mut dyn FnMut(usize, &'a RawDocument) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, CommandError> {
         let mut index = 0usize;
-        if let Some(array) = value::get_array(body, field, command)? {
+        // The view's own body is read through its index (one walk for every field).
+        let array = match self.fields() {
+            Some(fields) if std::ptr::eq(fields.doc(), body) => {
+                value::get_array(fields, field, command)?
+            }
+            _ => value::get_array(body, field, command)?,
+        };
+        if let Some(array) = array {
             for item in array {
                 match item.map_err(|_| CommandError::Malformed)? {
                     RawBsonRef::Document(d) => {

@@ -249,14 +249,11 @@ impl<S: Strategy> Session<S> {
         // reply of a replica-set request), the metrics and the strategy.
         let replica_set = matches!(self.ctx.topology.kind(), Kind::ReplicaSet(_));
         let check_primary = first && !more && replica_set && !request.is_hello;
-        let wants_facts = check_primary
-            || self.strategy.wants_reply_facts()
-            || (first && self.obs.wants_first_reply());
-        let facts = wants_facts.then(|| match &msg {
-            Some(m) => ReplyFacts::from_body(m.body(), None),
-            None => ReplyFacts::read(reply),
-        });
-        if let Some(facts) = facts {
+        if check_primary || self.strategy.wants_reply_facts() {
+            let facts = match &msg {
+                Some(m) => ReplyFacts::from_body(m.body(), None),
+                None => ReplyFacts::read(reply),
+            };
             if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
                 return Ok(None);
             }
@@ -264,6 +261,13 @@ impl<S: Strategy> Session<S> {
                 self.obs.first_reply_error(facts.error);
             }
             self.strategy.observe_reply(host, route, &facts);
+        } else if first && self.obs.wants_first_reply() {
+            // Only the metrics read this reply: whether it is an error.
+            let error = match &msg {
+                Some(m) => ReplyFacts::error_of(m.body()),
+                None => ReplyFacts::read(reply).error,
+            };
+            self.obs.first_reply_error(error);
         }
         if more && stream.exhaust.is_none() {
             stream.exhaust = Some(self.strategy.exhaust_started());
