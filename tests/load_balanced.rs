@@ -8,7 +8,14 @@
 
 mod support;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use bson::{doc, Document};
 use futures::TryStreamExt;
@@ -248,4 +255,149 @@ fn load_balanced_uri_rules() {
     }
     let cfg = Config::for_upstream("mongodb://a:1/?loadBalanced=true").unwrap();
     cfg.validate().unwrap();
+}
+
+/// A layer-4 load balancer that sends each new connection to the backend `target` names at
+/// that moment, so a test decides where mongoguard's next upstream connection lands.
+async fn switch_relay(backends: Vec<SocketAddr>, target: Arc<AtomicUsize>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let backend = backends[target.load(Ordering::SeqCst) % backends.len()];
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Pooled mode in front of `relay` with no idle connections opened ahead (every upstream
+/// connection is opened for a request, where the relay's target says).
+async fn start_lazy(relay: SocketAddr) -> ProxyHandle {
+    let mut cfg = Config::for_upstream(&format!("mongodb://{relay}/?loadBalanced=true")).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 6;
+    cfg.pool.min_idle = 0;
+    cfg.auth.allow_unauthenticated = true;
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    Proxy::start(Arc::new(cfg)).await.unwrap()
+}
+
+fn batch_ids(reply: &Document, batch: &str) -> Vec<i32> {
+    let cursor = reply
+        .get_document("cursor")
+        .unwrap_or_else(|_| panic!("{reply}"));
+    cursor
+        .get_array(batch)
+        .unwrap()
+        .iter()
+        .map(|d| d.as_document().unwrap().get_i32("i").unwrap())
+        .collect()
+}
+
+/// A getMore that arrives while its cursor's connection is busy (here: the previous getMore
+/// of the cursor, held 1 s by mongos A; in the field: the round trip whose reply the client
+/// already has, not yet settled) waits for that connection. Every connection opened after the
+/// find goes to mongos B, which does not know the cursor: a getMore sent on any other
+/// connection would get CursorNotFound there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_more_waits_for_its_busy_cursor_connection() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let target = Arc::new(AtomicUsize::new(0));
+    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let proxy = start_lazy(relay).await;
+    let mut first = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let mut second = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let found = first
+        .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+        .await;
+    let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(id, 0, "{found}");
+    let mut seen = batch_ids(&found, "firstBatch");
+    // From now on every new upstream connection reaches B.
+    target.store(1, Ordering::SeqCst);
+    let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", a.addr()))
+        .await
+        .unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": 1},
+            "data": {"failCommands": ["getMore"], "blockConnection": true, "blockTimeMS": 1000},
+        })
+        .await
+        .unwrap();
+    let get_more = doc! {"getMore": id, "collection": "c", "batchSize": 2, "$db": "lb"};
+    let held = {
+        let get_more = get_more.clone();
+        tokio::spawn(async move {
+            let reply = first.command(get_more).await;
+            (first, reply)
+        })
+    };
+    // The first getMore is on A's connection, held there.
+    while a.stats().command_count("getMore") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waited = second.command(get_more).await;
+    let (_first, held) = held.await.unwrap();
+    seen.extend(batch_ids(&held, "nextBatch"));
+    seen.extend(batch_ids(&waited, "nextBatch"));
+    seen.sort_unstable();
+    assert_eq!(seen, (0..6).collect::<Vec<_>>(), "{held} / {waited}");
+    assert_eq!(a.stats().command_count("getMore"), 2);
+    assert_eq!(
+        b.stats().command_count("getMore"),
+        0,
+        "no getMore reached B"
+    );
+    direct.shutdown().await;
+    proxy.shutdown().await;
+}
+
+/// A getMore of a cursor open on no upstream connection is answered CursorNotFound by
+/// mongoguard: it is not sent on some other connection, which may reach another mongos.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_more_of_an_unknown_cursor_fails_closed() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
+    let proxy = start_lazy(relay).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let reply = raw
+        .command(doc! {"getMore": 4_242_424_242i64, "collection": "c", "$db": "lb"})
+        .await;
+    assert_eq!(reply.get_i32("code").unwrap_or(0), 43, "{reply}");
+    assert!(
+        reply.get_str("errmsg").unwrap().contains("mongoguard"),
+        "{reply}"
+    );
+    // A cursor that finished is unknown again.
+    let done = raw
+        .command(doc! {"find": "c", "batchSize": 50, "$db": "lb"})
+        .await;
+    let id = done.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let last = raw
+        .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
+        .await;
+    assert_eq!(batch_ids(&last, "nextBatch").len(), 10, "{last}");
+    let again = raw
+        .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
+        .await;
+    assert_eq!(again.get_i32("code").unwrap_or(0), 43, "{again}");
+    let sent = a.stats().command_count("getMore") + b.stats().command_count("getMore");
+    assert_eq!(sent, 1, "only the cursor's own getMore reached a mongos");
+    proxy.shutdown().await;
 }

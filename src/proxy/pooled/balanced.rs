@@ -7,6 +7,12 @@
 //! whichever client session continues one of them takes it, then parks it again or gives it
 //! back to the pool once nothing lives on it.
 //!
+//! A cursor (or transaction) is recorded on its connection's slot while its reply is read,
+//! before that reply reaches the client ([`Parked::reserve`]): the client may send the next
+//! getMore on another of its connections as soon as it has the batch, before the round trip
+//! that answered it is settled. Such a getMore finds the slot busy and waits for the
+//! connection ([`Parked::changed`]); it never runs on another one.
+//!
 //! A parked connection stays checked out of its pool (it counts against `pool_size`, as a
 //! driver's pinned connection counts against its maxPoolSize). One unused for
 //! [`PARKED_TTL`] — longer than mongos keeps an idle cursor (10 minutes) — is closed, which
@@ -18,7 +24,10 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{
+    sync::{futures::Notified, Notify},
+    time::Instant,
+};
 
 /// A parked connection unused this long is closed (mongos's cursorTimeoutMillis is 10 min).
 pub(crate) const PARKED_TTL: Duration = Duration::from_secs(11 * 60);
@@ -59,9 +68,23 @@ struct Inner<C> {
     by_txn: HashMap<Vec<u8>, u64>,
 }
 
+/// What [`Parked::take`] found for a cursor or transaction.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Take<C> {
+    /// Its connection (out of the slot until [`Parked::settle`]).
+    Got(u64, C),
+    /// It lives on a connection a request is using now: wait for [`Parked::changed`], then
+    /// take again.
+    Busy,
+    /// Neither the cursor nor the transaction is on any connection here.
+    Unknown,
+}
+
 /// The parked connections of a load-balanced upstream.
 pub(crate) struct Parked<C> {
     inner: Mutex<Inner<C>>,
+    /// Woken whenever a slot's connection comes back or a slot goes away.
+    changed: Notify,
 }
 
 impl<C> Default for Parked<C> {
@@ -73,6 +96,7 @@ impl<C> Default for Parked<C> {
                 by_cursor: HashMap::new(),
                 by_txn: HashMap::new(),
             }),
+            changed: Notify::new(),
         }
     }
 }
@@ -83,17 +107,76 @@ impl<C> Parked<C> {
     }
 
     /// Takes the connection cursor `cursor` (else the transaction of session `lsid`) lives
-    /// on: `Some((slot, conn))`. `None` when neither is parked, or its connection is busy
-    /// with another request of the same cursor or transaction (the request then runs on a
-    /// fresh connection, where mongos answers CursorNotFound / NoSuchTransaction as it would
-    /// to a driver doing the same).
-    pub(crate) fn take(&self, cursor: Option<i64>, lsid: Option<&[u8]>) -> Option<(u64, C)> {
+    /// on. [`Take::Busy`] while a request runs on it — the previous getMore of the same
+    /// cursor, whose reply may already be with the client, or another request of the same
+    /// transaction: the caller waits ([`Parked::changed`], enabled before this call) rather
+    /// than run it on another connection, which may reach another mongos.
+    pub(crate) fn take(&self, cursor: Option<i64>, lsid: Option<&[u8]>) -> Take<C> {
         let mut g = self.lock();
         let slot = cursor
             .and_then(|id| g.by_cursor.get(&id).copied())
-            .or_else(|| lsid.and_then(|l| g.by_txn.get(l).copied()))?;
-        let conn = g.slots.get_mut(&slot)?.conn.take()?;
-        Some((slot, conn))
+            .or_else(|| lsid.and_then(|l| g.by_txn.get(l).copied()));
+        let Some(slot) = slot else {
+            return Take::Unknown;
+        };
+        match g.slots.get_mut(&slot) {
+            Some(s) => match s.conn.take() {
+                Some(conn) => Take::Got(slot, conn),
+                None => Take::Busy,
+            },
+            None => Take::Unknown,
+        }
+    }
+
+    /// Resolves at the next change a [`Take::Busy`] waits for (a connection settled back
+    /// into its slot, a slot gone). Enable it before [`Parked::take`] so that no change
+    /// between the two is missed.
+    pub(crate) fn changed(&self) -> Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// While the reply of a request on a connection (from `slot`, or fresh when `None`) is
+    /// read, before it is relayed: records the cursor it `opened` and the transaction of
+    /// session `txn` it continues on the connection's slot (a new one, busy, for a fresh
+    /// connection). Returns the slot, for [`Parked::settle`].
+    pub(crate) fn reserve(
+        &self,
+        slot: Option<u64>,
+        opened: Option<i64>,
+        txn: Option<&[u8]>,
+        now: Instant,
+    ) -> Option<u64> {
+        if opened.is_none() && txn.is_none() {
+            return slot;
+        }
+        let mut g = self.lock();
+        let g = &mut *g;
+        let id = slot.unwrap_or_else(|| {
+            let id = g.next;
+            g.next += 1;
+            id
+        });
+        let entry = g.slots.entry(id).or_insert_with(|| Slot {
+            conn: None,
+            cursors: Vec::new(),
+            txn: None,
+            used: now,
+        });
+        if let Some(c) = opened {
+            if !entry.cursors.contains(&c) {
+                entry.cursors.push(c);
+            }
+            g.by_cursor.insert(c, id);
+        }
+        if let Some(lsid) = txn {
+            if entry.txn.as_deref() != Some(lsid) {
+                if let Some(old) = entry.txn.replace(lsid.to_vec()) {
+                    g.by_txn.remove(&old);
+                }
+                g.by_txn.insert(lsid.to_vec(), id);
+            }
+        }
+        Some(id)
     }
 
     /// After a complete round trip on `conn` (taken from `slot`, or fresh when `None`):
@@ -118,7 +201,9 @@ impl<C> Parked<C> {
             used: now,
         });
         if let Some(c) = s.opened {
-            entry.cursors.push(c);
+            if !entry.cursors.contains(&c) {
+                entry.cursors.push(c);
+            }
             g.by_cursor.insert(c, id);
         }
         if let Some(c) = s.closed {
@@ -143,13 +228,16 @@ impl<C> Parked<C> {
                 }
             }
         }
-        if entry.cursors.is_empty() && entry.txn.is_none() {
+        let back = if entry.cursors.is_empty() && entry.txn.is_none() {
             g.slots.remove(&id);
-            return Some(conn);
-        }
-        entry.conn = Some(conn);
-        entry.used = now;
-        None
+            Some(conn)
+        } else {
+            entry.conn = Some(conn);
+            entry.used = now;
+            None
+        };
+        self.changed.notify_waiters();
+        back
     }
 
     /// Forgets `slot` and everything on it (its connection broke: mongos ended them).
@@ -164,6 +252,7 @@ impl<C> Parked<C> {
                 g.by_txn.remove(&l);
             }
         }
+        self.changed.notify_waiters();
     }
 
     /// Removes the parked connections unused for `ttl`; the caller closes them.
@@ -198,6 +287,13 @@ impl<C> Parked<C> {
 mod tests {
     use super::*;
 
+    fn got<C>(t: Take<C>) -> (u64, C) {
+        match t {
+            Take::Got(slot, conn) => (slot, conn),
+            _ => panic!("not parked"),
+        }
+    }
+
     fn settle(opened: Option<i64>, closed: Option<i64>, txn: TxnChange) -> Settle {
         Settle {
             opened,
@@ -222,18 +318,18 @@ mod tests {
         );
         assert_eq!(p.counts(), (1, 1, 0));
         // Another cursor's getMore finds nothing; cursor 7's finds "b".
-        assert!(p.take(Some(8), None).is_none());
-        let (slot, conn) = p.take(Some(7), None).unwrap();
+        assert_eq!(p.take(Some(8), None), Take::Unknown);
+        let (slot, conn) = got(p.take(Some(7), None));
         assert_eq!(conn, "b");
-        // While it runs, a concurrent getMore of 7 finds it busy.
-        assert!(p.take(Some(7), None).is_none());
+        // While it runs, a concurrent getMore of 7 finds it busy (and waits).
+        assert_eq!(p.take(Some(7), None), Take::Busy);
         // A middle batch: parked again.
         assert_eq!(
             p.settle(Some(slot), conn, settle(None, None, TxnChange::None), now),
             None
         );
         // The last batch closes the cursor: back to the pool, nothing left.
-        let (slot, conn) = p.take(Some(7), None).unwrap();
+        let (slot, conn) = got(p.take(Some(7), None));
         assert_eq!(
             p.settle(
                 Some(slot),
@@ -256,7 +352,7 @@ mod tests {
             ),
             None
         );
-        let (slot, conn) = p.take(None, Some(&lsid)).unwrap();
+        let (slot, conn) = got(p.take(None, Some(&lsid)));
         assert_eq!(
             p.settle(
                 Some(slot),
@@ -266,13 +362,13 @@ mod tests {
             ),
             None
         );
-        let (slot, conn) = p.take(None, Some(&lsid)).unwrap();
+        let (slot, conn) = got(p.take(None, Some(&lsid)));
         assert_eq!(
             p.settle(Some(slot), conn, settle(None, None, TxnChange::Ended), now),
             None
         );
         assert_eq!(p.counts(), (1, 1, 0));
-        let (slot, conn) = p.take(Some(9), None).unwrap();
+        let (slot, conn) = got(p.take(Some(9), None));
         assert_eq!(
             p.settle(
                 Some(slot),
@@ -285,13 +381,62 @@ mod tests {
 
         // A broken connection forgets its cursors; an abandoned one expires.
         p.settle(None, "d", settle(Some(11), None, TxnChange::None), now);
-        let (slot, _) = p.take(Some(11), None).unwrap();
+        let (slot, _) = got(p.take(Some(11), None));
         p.forget(slot);
-        assert!(p.take(Some(11), None).is_none());
+        assert_eq!(p.take(Some(11), None), Take::Unknown);
         assert_eq!(p.counts(), (0, 0, 0));
         p.settle(None, "e", settle(Some(12), None, TxnChange::None), now);
         assert!(p.expire(now, PARKED_TTL).is_empty());
         assert_eq!(p.expire(now + PARKED_TTL, PARKED_TTL), vec!["e"]);
+        assert_eq!(p.counts(), (0, 0, 0));
+    }
+
+    /// A cursor is recorded while its reply is read: a getMore that comes before the round
+    /// trip is settled finds it busy, and is woken when the connection is parked.
+    #[tokio::test]
+    async fn a_cursor_is_known_before_its_round_trip_settles() {
+        let p: Parked<&str> = Parked::default();
+        let now = Instant::now();
+        // The find's reply on a fresh connection opened cursor 5: recorded, busy.
+        let slot = p.reserve(None, Some(5), None, now);
+        assert!(slot.is_some());
+        assert_eq!(p.reserve(slot, Some(5), None, now), slot, "idempotent");
+        let changed = p.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        assert_eq!(p.take(Some(5), None), Take::Busy);
+        assert_eq!(p.counts(), (1, 1, 0));
+        // The round trip settles: the waiter is woken and gets the connection.
+        assert_eq!(
+            p.settle(slot, "a", settle(None, None, TxnChange::None), now),
+            None
+        );
+        tokio::time::timeout(Duration::from_secs(1), changed)
+            .await
+            .expect("woken");
+        let (s, conn) = got(p.take(Some(5), None));
+        assert_eq!((Some(s), conn), (slot, "a"));
+        // Its last getMore: recorded nothing new, then settled closed: gone, and a
+        // waiter is woken to find it unknown.
+        assert_eq!(p.reserve(Some(s), None, None, now), Some(s));
+        let changed = p.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        assert_eq!(
+            p.settle(Some(s), conn, settle(None, Some(5), TxnChange::None), now),
+            Some("a")
+        );
+        tokio::time::timeout(Duration::from_secs(1), changed)
+            .await
+            .expect("woken");
+        assert_eq!(p.take(Some(5), None), Take::Unknown);
+        // A transaction statement is recorded the same way.
+        let lsid = vec![2u8; 16];
+        let slot = p.reserve(None, None, Some(&lsid), now);
+        assert_eq!(p.take(None, Some(&lsid)), Take::Busy);
+        // A broken connection: forgotten, waiters find nothing.
+        p.forget(slot.unwrap());
+        assert_eq!(p.take(None, Some(&lsid)), Take::Unknown);
         assert_eq!(p.counts(), (0, 0, 0));
     }
 }

@@ -35,6 +35,7 @@ use crate::{
 pub(super) const UNAUTHORIZED: (i32, &str) = (13, "Unauthorized");
 pub(super) const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
 const FAILED_TO_SATISFY_READ_PREFERENCE: (i32, &str) = (133, "FailedToSatisfyReadPreference");
+const CURSOR_NOT_FOUND: (i32, &str) = (43, "CursorNotFound");
 
 type Conn = Checkout<UpstreamConn>;
 
@@ -76,10 +77,9 @@ pub(crate) struct PooledSide {
     for_last_error: Option<Conn>,
     /// The current round trip runs on the kept legacy-write connection: never re-sent.
     on_kept: bool,
-    /// Behind a load balancer: the parked slot the current request's connection came from,
-    /// and the cursor its reply opened (see [`super::balanced`]).
+    /// Behind a load balancer: the parked slot of the current request's connection (taken
+    /// from it, or made when its reply opened a cursor; see [`super::balanced`]).
     balanced_slot: Option<u64>,
-    opened_cursor: Option<i64>,
     /// The cursor the current request's reply finished (a last getMore: id 0).
     closed_cursor: Option<i64>,
     /// The pool of the last (server, identity) checked out from, so that the next checkout
@@ -108,7 +108,6 @@ impl PooledSide {
             for_last_error: None,
             on_kept: false,
             balanced_slot: None,
-            opened_cursor: None,
             closed_cursor: None,
             last_pool: None,
             checkout_timer: None,
@@ -221,6 +220,46 @@ impl PooledSide {
         }
     }
 
+    /// Load-balanced upstream: the parked connection of cursor `cursor` (else of the
+    /// transaction of session `lsid`), waiting while a request runs on it — never past the
+    /// checkout timeout or the kill.
+    async fn take_parked(
+        &mut self,
+        cursor: Option<i64>,
+        lsid: Option<&[u8]>,
+        kill: &Stop,
+    ) -> ParkedTake {
+        let parked = &self.pooled.balanced;
+        let mut waited = false;
+        loop {
+            let changed = parked.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match parked.take(cursor, lsid) {
+                balanced::Take::Got(slot, conn) => return ParkedTake::Got(slot, conn),
+                balanced::Take::Unknown => return ParkedTake::Unknown,
+                balanced::Take::Busy => {}
+            }
+            let timer = self.checkout_timer.get_or_insert_with(LazyTimer::new);
+            if !waited {
+                waited = true;
+                timer.arm(
+                    self.pooled
+                        .pool
+                        .config()
+                        .checkout_timeout
+                        .max(Duration::from_nanos(1)),
+                );
+            }
+            tokio::select! {
+                biased;
+                _ = kill.killed() => return ParkedTake::Killed,
+                _ = changed => {}
+                _ = timer.expired() => return ParkedTake::StayedBusy,
+            }
+        }
+    }
+
     fn release_kept(&mut self) {
         if let Some(c) = self.for_last_error.take() {
             c.release();
@@ -242,7 +281,6 @@ impl PooledSide {
         txn_aborted: bool,
     ) -> Option<Conn> {
         let slot = self.balanced_slot.take();
-        let opened = self.opened_cursor.take();
         if matches!(outcome, Outcome::Broken) {
             if let Some(slot) = slot {
                 self.pooled.balanced.forget(slot);
@@ -258,7 +296,8 @@ impl PooledSide {
             None => balanced::TxnChange::None,
         };
         let settle = balanced::Settle {
-            opened,
+            // Recorded while the reply was read (observe_reply), before the client had it.
+            opened: None,
             // A last getMore's reply reports its cursor finished (id 0); killCursors ends it.
             closed: killed.or(closed),
             txn,
@@ -267,6 +306,15 @@ impl PooledSide {
             .balanced
             .settle(slot, link, settle, Instant::now())
     }
+}
+
+/// What a request for a parked cursor or transaction got.
+enum ParkedTake {
+    Got(u64, Conn),
+    Unknown,
+    /// Its connection stayed busy for the whole checkout timeout.
+    StayedBusy,
+    Killed,
 }
 
 fn refused_end(e: SessionError) -> Acquired<Conn> {
@@ -343,13 +391,48 @@ impl Strategy for PooledSide {
             return Acquired::Link(kept);
         }
         self.balanced_slot = None;
-        self.opened_cursor = None;
         self.closed_cursor = None;
         if self.pooled.topology.load_balanced() {
             let lsid = route.txn.as_ref().map(|t| t.lsid.as_slice());
-            if let Some((slot, conn)) = self.pooled.balanced.take(route.cursor, lsid) {
-                self.balanced_slot = Some(slot);
-                return Acquired::Link(conn);
+            match self.take_parked(route.cursor, lsid, kill).await {
+                ParkedTake::Got(slot, conn) => {
+                    self.balanced_slot = Some(slot);
+                    return Acquired::Link(conn);
+                }
+                ParkedTake::Killed => return refused_end(SessionError::Killed),
+                ParkedTake::StayedBusy => {
+                    let (code, name) = (CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME);
+                    let message = format!(
+                        "mongoguard: the upstream connection of this cursor or transaction \
+                         stayed busy for {:?} (checkout_timeout)",
+                        self.pooled.pool.config().checkout_timeout
+                    );
+                    warn!(
+                        cursor = route.cursor,
+                        "load-balanced: the connection of a cursor or transaction stayed busy"
+                    );
+                    return Acquired::Refused {
+                        answer: Some(error_document(code, name, &message)),
+                        end: None,
+                    };
+                }
+                // A getMore's cursor lives on one connection, to one mongos: one not parked
+                // here (finished, killed, or its connection closed) exists on no
+                // connection mongoguard can reach. Another connection may reach another
+                // mongos, so it is not sent anywhere.
+                ParkedTake::Unknown if route.cursor.is_some() && !route.kills_cursor => {
+                    let (code, name) = CURSOR_NOT_FOUND;
+                    let message = format!(
+                        "mongoguard: cursor id {} is open on no connection to the \
+                         load-balanced upstream",
+                        route.cursor.unwrap_or(0)
+                    );
+                    return Acquired::Refused {
+                        answer: Some(error_document(code, name, &message)),
+                        end: None,
+                    };
+                }
+                ParkedTake::Unknown => {}
             }
         }
         let identity = match (&self.identity, route.class()) {
@@ -395,7 +478,10 @@ impl Strategy for PooledSide {
     ) -> Option<Conn> {
         let txn = route.txn.as_ref()?;
         if self.pooled.topology.load_balanced() {
-            let (slot, conn) = self.pooled.balanced.take(None, Some(&txn.lsid))?;
+            let ParkedTake::Got(slot, conn) = self.take_parked(None, Some(&txn.lsid), kill).await
+            else {
+                return None;
+            };
             self.balanced_slot = Some(slot);
             return Some(conn);
         }
@@ -409,14 +495,35 @@ impl Strategy for PooledSide {
     }
 
     /// Cursor pins (several servers only): an open cursor is pinned to the server that
-    /// answered, a finished one forgotten.
+    /// answered, a finished one forgotten. Behind a load balancer: the cursor and the
+    /// transaction are recorded on the connection's slot before the reply is relayed.
     fn observe_reply(&mut self, host: &Host, route: &Routing, facts: &ReplyFacts) {
         if self.pooled.topology.load_balanced() {
-            match facts.cursor {
-                CursorReply::Open(id) if route.may_open_cursor => self.opened_cursor = Some(id),
-                CursorReply::Closed => self.closed_cursor = route.cursor,
-                _ => {}
-            }
+            // Any reply that opens a cursor, not only those of the commands may_open_cursor
+            // lists: `acquire` refuses a getMore of a cursor recorded nowhere.
+            let opened = match facts.cursor {
+                CursorReply::Open(id) if route.may_open_cursor || route.cursor.is_none() => {
+                    Some(id)
+                }
+                CursorReply::Closed => {
+                    self.closed_cursor = route.cursor;
+                    None
+                }
+                _ => None,
+            };
+            // Recorded now, before the reply is relayed: the client may send the next
+            // getMore (or statement) on another of its connections as soon as it has this
+            // reply, before this round trip is settled; it must find the slot (busy) and
+            // wait for this connection, not take another.
+            let txn = route
+                .txn
+                .as_ref()
+                .filter(|_| !route.ends_txn)
+                .map(|t| t.lsid.as_slice());
+            self.balanced_slot =
+                self.pooled
+                    .balanced
+                    .reserve(self.balanced_slot, opened, txn, Instant::now());
             return;
         }
         if !self.pooled.topology.is_multi_server() {
