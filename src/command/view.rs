@@ -3,7 +3,7 @@
 use bson::{RawBsonRef, RawDocument};
 
 use super::{error::CommandError, kind::Kind, value};
-use crate::wire::{first_key, DocumentSequence, Index, Message, OpMsg, OpQuery};
+use crate::wire::{DocumentSequence, Index, Message, OpMsg, OpQuery};
 
 /// A database and, for collection-level commands, a collection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,7 +168,7 @@ impl<'a> CommandView<'a> {
     }
 
     fn indexed(db: &'a str, index: Index<'a>) -> Result<CommandView<'a>, CommandError> {
-        let name = first_key(index.doc()).ok_or(CommandError::Malformed)?;
+        let name = index.first_key().ok_or(CommandError::Malformed)?;
         let coll = match index.get(name) {
             Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
             _ => None,
