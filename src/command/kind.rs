@@ -112,6 +112,16 @@ impl Kind {
         })
     }
 
+    /// The field of a command body holding the command's own filter: find `filter`; count,
+    /// distinct and mapReduce `query`.
+    pub(crate) fn own_filter_field(self) -> Option<&'static str> {
+        match self {
+            Kind::Find => Some("filter"),
+            Kind::Count | Kind::Distinct | Kind::MapReduce => Some("query"),
+            _ => None,
+        }
+    }
+
     /// Commands that change data or schema (explain of them is not).
     pub fn is_write(self) -> bool {
         matches!(

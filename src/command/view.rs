@@ -63,6 +63,11 @@ pub struct CommandView<'a> {
     pub(crate) source: Source<'a>,
     pub(crate) more_to_come: bool,
     pub(crate) explain: bool,
+    /// The command's own filter (find `filter`; count, distinct, mapReduce `query`), looked
+    /// up once when the view is built: the shape capture and the query rules both read it.
+    /// `None`: not looked up (other commands) or unreadable (then it is looked up again
+    /// where it is read, and the error given there).
+    pub(crate) own_filter: Option<Option<&'a RawDocument>>,
 }
 
 impl<'a> CommandView<'a> {
@@ -173,14 +178,20 @@ impl<'a> CommandView<'a> {
             Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
             _ => None,
         };
+        let kind = Kind::from_name(name);
+        let own_filter = match kind.own_filter_field() {
+            Some(field) => value::get_opt_doc(&index, field, "command").ok(),
+            None => None,
+        };
         Ok(CommandView {
-            kind: Kind::from_name(name),
+            kind,
             name,
             db,
             coll,
             source: Source::Command { index, msg: None },
             more_to_come: false,
             explain: false,
+            own_filter,
         })
     }
 
@@ -201,6 +212,7 @@ impl<'a> CommandView<'a> {
             source,
             more_to_come,
             explain: false,
+            own_filter: None,
         }
     }
 
