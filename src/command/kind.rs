@@ -122,6 +122,17 @@ impl Kind {
         }
     }
 
+    /// The array of statements of a write command and the command's name: insert
+    /// `documents`, update `updates`, delete `deletes`.
+    pub(crate) fn statements_field(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Kind::Insert => Some(("documents", "insert")),
+            Kind::Update => Some(("updates", "update")),
+            Kind::Delete => Some(("deletes", "delete")),
+            _ => None,
+        }
+    }
+
     /// Commands that change data or schema (explain of them is not).
     pub fn is_write(self) -> bool {
         matches!(

@@ -1,6 +1,6 @@
 //! The view itself.
 
-use bson::{RawBsonRef, RawDocument};
+use bson::{RawArray, RawBsonRef, RawDocument};
 
 use super::{error::CommandError, kind::Kind, value};
 use crate::wire::{DocumentSequence, Index, Message, OpMsg, OpQuery};
@@ -68,6 +68,11 @@ pub struct CommandView<'a> {
     /// `None`: not looked up (other commands) or unreadable (then it is looked up again
     /// where it is read, and the error given there).
     pub(crate) own_filter: Option<Option<&'a RawDocument>>,
+    /// The body's array of statements (insert `documents`, update `updates`, delete
+    /// `deletes`), looked up once when the view is built: the write and document rules both
+    /// walk the statements, and the bson crate answers an array lookup (the fast scan does
+    /// not build arrays). `None` as for `own_filter`.
+    pub(crate) own_statements: Option<Option<&'a RawArray>>,
 }
 
 impl<'a> CommandView<'a> {
@@ -183,6 +188,10 @@ impl<'a> CommandView<'a> {
             Some(field) => value::get_opt_doc(&index, field, "command").ok(),
             None => None,
         };
+        let own_statements = match kind.statements_field() {
+            Some((field, command)) => value::get_array(&index, field, command).ok(),
+            None => None,
+        };
         Ok(CommandView {
             kind,
             name,
@@ -192,6 +201,7 @@ impl<'a> CommandView<'a> {
             more_to_come: false,
             explain: false,
             own_filter,
+            own_statements,
         })
     }
 
@@ -213,6 +223,7 @@ impl<'a> CommandView<'a> {
             more_to_come,
             explain: false,
             own_filter: None,
+            own_statements: None,
         }
     }
 
