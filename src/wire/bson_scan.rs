@@ -315,7 +315,7 @@ impl<'a> Index<'a> {
             // An element starts one byte (its type) before its key; offsets are within `doc`.
             let start = (e.key.as_ptr() as usize).wrapping_sub(base).wrapping_sub(1);
             let end = (e.value.as_ptr() as usize).wrapping_sub(base) + e.value.len();
-            let key_len = u8::try_from(e.key.len()).map_or(LONG_KEY, |n| n.min(LONG_KEY));
+            let key_len = u8::try_from(e.key.len()).unwrap_or(LONG_KEY);
             match (u32::try_from(start), u32::try_from(end)) {
                 (Ok(s), Ok(e)) => {
                     *slot = s;
@@ -360,7 +360,7 @@ impl<'a> Index<'a> {
         }
         let bytes = self.doc.as_bytes();
         let len = usize::from(self.len);
-        let want_len = u8::try_from(want.len()).map_or(LONG_KEY, |n| n.min(LONG_KEY));
+        let want_len = u8::try_from(want.len()).unwrap_or(LONG_KEY);
         let key_lens = self.key_lens.get(..len).unwrap_or_default();
         for (i, &key_len) in key_lens.iter().enumerate() {
             // Most keys are ruled out by their length alone.
