@@ -112,6 +112,27 @@ impl Kind {
         })
     }
 
+    /// The field of a command body holding the command's own filter: find `filter`; count,
+    /// distinct and mapReduce `query`.
+    pub(crate) fn own_filter_field(self) -> Option<&'static str> {
+        match self {
+            Kind::Find => Some("filter"),
+            Kind::Count | Kind::Distinct | Kind::MapReduce => Some("query"),
+            _ => None,
+        }
+    }
+
+    /// The array of statements of a write command and the command's name: insert
+    /// `documents`, update `updates`, delete `deletes`.
+    pub(crate) fn statements_field(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Kind::Insert => Some(("documents", "insert")),
+            Kind::Update => Some(("updates", "update")),
+            Kind::Delete => Some(("deletes", "delete")),
+            _ => None,
+        }
+    }
+
     /// Commands that change data or schema (explain of them is not).
     pub fn is_write(self) -> bool {
         matches!(

@@ -130,15 +130,15 @@ impl<'a> CommandView<'a> {
             return Ok(f(None, filter));
         }
         if let Some(body) = self.fields() {
-            let field = match self.kind {
-                Kind::Find => Some("filter"),
-                Kind::Count | Kind::Distinct | Kind::MapReduce => Some("query"),
-                _ => None,
-            };
-            if let Some(field) = field {
+            if let Some(field) = self.kind.own_filter_field() {
                 // An optional field: null is absent (find_command.idl `filter`, count and
-                // distinct `query`), and absent is no filter at all.
-                if let Some(filter) = get_opt_doc(body, field, "command")? {
+                // distinct `query`), and absent is no filter at all. Usually read when the
+                // view was built.
+                let filter = match self.own_filter {
+                    Some(filter) => filter,
+                    None => get_opt_doc(body, field, "command")?,
+                };
+                if let Some(filter) = filter {
                     if f(None, filter).is_break() {
                         return Ok(ControlFlow::Break(()));
                     }

@@ -244,6 +244,29 @@ impl<'a> CommandView<'a> {
         }
     }
 
+    /// `get_array(body, field)`, answered by the view when `body` is its own and `field` its
+    /// statements (looked up when the view was built).
+    fn statement_array(
+        &self,
+        body: &'a RawDocument,
+        field: &'static str,
+        command: &'static str,
+    ) -> Result<Option<&'a RawArray>, CommandError> {
+        if let (Some(cached), Some((own, _))) = (self.own_statements, self.kind.statements_field())
+        {
+            if own == field && self.body().is_some_and(|b| std::ptr::eq(b, body)) {
+                return Ok(cached);
+            }
+        }
+        // The view's own body is read through its index (one walk for every field).
+        match self.fields() {
+            Some(fields) if std::ptr::eq(fields.doc(), body) => {
+                value::get_array(fields, field, command)
+            }
+            _ => value::get_array(body, field, command),
+        }
+    }
+
     /// Each document of `field`, from the body array and then from the kind-1 sequence of
     /// the same name, numbered across both.
     pub(crate) fn each_entry(
@@ -254,14 +277,7 @@ impl<'a> CommandView<'a> {
         f: &mut dyn FnMut(usize, &'a RawDocument) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, CommandError> {
         let mut index = 0usize;
-        // The view's own body is read through its index (one walk for every field).
-        let array = match self.fields() {
-            Some(fields) if std::ptr::eq(fields.doc(), body) => {
-                value::get_array(fields, field, command)?
-            }
-            _ => value::get_array(body, field, command)?,
-        };
-        if let Some(array) = array {
+        if let Some(array) = self.statement_array(body, field, command)? {
             for item in array {
                 match item.map_err(|_| CommandError::Malformed)? {
                     RawBsonRef::Document(d) => {

@@ -1,9 +1,9 @@
 //! The view itself.
 
-use bson::{RawBsonRef, RawDocument};
+use bson::{RawArray, RawBsonRef, RawDocument};
 
 use super::{error::CommandError, kind::Kind, value};
-use crate::wire::{first_key, DocumentSequence, Index, Message, OpMsg, OpQuery};
+use crate::wire::{DocumentSequence, Index, Message, OpMsg, OpQuery};
 
 /// A database and, for collection-level commands, a collection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +63,16 @@ pub struct CommandView<'a> {
     pub(crate) source: Source<'a>,
     pub(crate) more_to_come: bool,
     pub(crate) explain: bool,
+    /// The command's own filter (find `filter`; count, distinct, mapReduce `query`), looked
+    /// up once when the view is built: the shape capture and the query rules both read it.
+    /// `None`: not looked up (other commands) or unreadable (then it is looked up again
+    /// where it is read, and the error given there).
+    pub(crate) own_filter: Option<Option<&'a RawDocument>>,
+    /// The body's array of statements (insert `documents`, update `updates`, delete
+    /// `deletes`), looked up once when the view is built: the write and document rules both
+    /// walk the statements, and the bson crate answers an array lookup (the fast scan does
+    /// not build arrays). `None` as for `own_filter`.
+    pub(crate) own_statements: Option<Option<&'a RawArray>>,
 }
 
 impl<'a> CommandView<'a> {
@@ -168,19 +178,30 @@ impl<'a> CommandView<'a> {
     }
 
     fn indexed(db: &'a str, index: Index<'a>) -> Result<CommandView<'a>, CommandError> {
-        let name = first_key(index.doc()).ok_or(CommandError::Malformed)?;
+        let name = index.first_key().ok_or(CommandError::Malformed)?;
         let coll = match index.get(name) {
             Ok(Some(RawBsonRef::String(s))) if !s.is_empty() => Some(s),
             _ => None,
         };
+        let kind = Kind::from_name(name);
+        let own_filter = match kind.own_filter_field() {
+            Some(field) => value::get_opt_doc(&index, field, "command").ok(),
+            None => None,
+        };
+        let own_statements = match kind.statements_field() {
+            Some((field, command)) => value::get_array(&index, field, command).ok(),
+            None => None,
+        };
         Ok(CommandView {
-            kind: Kind::from_name(name),
+            kind,
             name,
             db,
             coll,
             source: Source::Command { index, msg: None },
             more_to_come: false,
             explain: false,
+            own_filter,
+            own_statements,
         })
     }
 
@@ -201,6 +222,8 @@ impl<'a> CommandView<'a> {
             source,
             more_to_come,
             explain: false,
+            own_filter: None,
+            own_statements: None,
         }
     }
 

@@ -200,6 +200,25 @@ struct Entry {
     plan: Option<std::sync::Arc<str>>,
 }
 
+impl Entry {
+    /// Counts one request of this shape (`tick`: the shard's clock, for the LRU).
+    fn count_one(&mut self, s: &ShapeScratch, tick: u64, micros: u64, error: bool) {
+        if let Some(v) = &s.plan {
+            if self.plan.as_ref() != Some(&v.summary) {
+                self.plan = Some(v.summary.clone());
+            }
+        }
+        self.last_used = tick;
+        self.count += 1;
+        self.errors += u64::from(error);
+        self.violations += s.violations;
+        self.total_time_us = self.total_time_us.saturating_add(micros);
+        if let Some(h) = &mut self.latency {
+            h.saturating_record(micros.clamp(1, HIST_MAX_US));
+        }
+    }
+}
+
 /// One row of `/shapes`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShapeRow {
@@ -236,8 +255,62 @@ pub enum ShapeSort {
 
 #[derive(Debug, Default)]
 struct Inner {
-    map: HashMap<u64, Entry>,
+    map: HashMap<u64, Entry, KeyHasher>,
     tick: u64,
+}
+
+/// The table's keys are already 64-bit hashes (FNV-1a of namespace, command and shape), so
+/// SipHash over them again was most of what a lookup cost (two per request). A keyed
+/// folded multiply spreads them over the table instead: clients choose shapes, so the key
+/// is mixed with a per-process random seed, and a shard holds at most its capacity anyway
+/// (a full shard is already scanned whole to evict).
+#[derive(Clone, Copy, Debug)]
+struct KeyHasher {
+    seed: u64,
+}
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        KeyHasher {
+            seed: rand::random(),
+        }
+    }
+}
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = KeyHash;
+
+    fn build_hasher(&self) -> KeyHash {
+        KeyHash {
+            seed: self.seed,
+            hash: 0,
+        }
+    }
+}
+
+/// See [`KeyHasher`]; `u64` keys only (any other input is folded in byte by byte).
+struct KeyHash {
+    seed: u64,
+    hash: u64,
+}
+
+impl std::hash::Hasher for KeyHash {
+    fn write_u64(&mut self, key: u64) {
+        // Folded multiply (high and low halves of the 128-bit product XORed): every key bit
+        // reaches the low bits that pick the bucket and the high bits hashbrown tags with.
+        let m = u128::from(key ^ self.seed) * 0x9E37_79B9_7F4A_7C15_u128;
+        self.hash ^= (m as u64) ^ ((m >> 64) as u64);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(self.hash ^ u64::from(*b));
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.hash
+    }
 }
 
 /// The LRU-capped table, in shards: every forwarded request records into it, and one mutex
@@ -297,7 +370,12 @@ impl ShapeTable {
         let mut inner = Self::locked(shard);
         inner.tick += 1;
         let tick = inner.tick;
-        if !inner.map.contains_key(&s.key) && inner.map.len() >= self.shard_capacity {
+        // A known shape (the common case): one lookup.
+        if let Some(e) = inner.map.get_mut(&s.key) {
+            e.count_one(s, tick, micros, error);
+            return;
+        }
+        if inner.map.len() >= self.shard_capacity {
             // O(shard capacity), only when a new shape arrives at a full shard.
             if let Some(old) = inner
                 .map
@@ -324,19 +402,7 @@ impl ShapeTable {
             last_used: 0,
             plan: None,
         });
-        if let Some(v) = &s.plan {
-            if e.plan.as_ref() != Some(&v.summary) {
-                e.plan = Some(v.summary.clone());
-            }
-        }
-        e.last_used = tick;
-        e.count += 1;
-        e.errors += u64::from(error);
-        e.violations += s.violations;
-        e.total_time_us = e.total_time_us.saturating_add(micros);
-        if let Some(h) = &mut e.latency {
-            h.saturating_record(micros.clamp(1, HIST_MAX_US));
-        }
+        e.count_one(s, tick, micros, error);
     }
 
     /// The top `limit` rows by `sort`.

@@ -96,6 +96,10 @@ impl Seen {
     /// The violations counted but not listed, in rule order.
     fn unlisted(&self) -> Vec<Unlisted> {
         let mut out = Vec::new();
+        // Nothing fired (the common case): no table to scan.
+        if self.rules.is_empty() {
+            return out;
+        }
         for info in RULES.iter() {
             let Some(r) = self.rules.get(info.id as usize) else {
                 continue;

@@ -7,7 +7,7 @@ use bson::{RawBsonRef, RawDocument};
 
 use crate::{
     upstream::topology::{parse_read_preference, ReadFilter, ReadPref, ReadPrefError},
-    wire::{first_key, Frame, Index, Message, OpCode, OpMsg, OpReply},
+    wire::{Frame, Index, Message, OpCode, OpMsg, OpReply},
 };
 
 /// Commands pooled mode treats specially.
@@ -119,7 +119,7 @@ fn read_pref<'a>(doc: impl Fields<'a>) -> Option<ParsedPref> {
 /// Reads the routing facts of a command body.
 fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
     let mut r = Routing::default();
-    let Some(name) = first_key(body.doc()) else {
+    let Some(name) = body.first_key() else {
         return r;
     };
     r.class = Some(classify(name));

@@ -266,6 +266,9 @@ fn element_valid(e: &Element<'_>) -> bool {
 /// How many top-level elements an [`Index`] records; lookups of later keys walk as [`get`] does.
 const INDEX_CAP: usize = 16;
 
+/// [`Index::key_lens`] of a key of this length or longer (compared the long way).
+const LONG_KEY: u8 = u8::MAX;
+
 /// Whether an [`Index`] decided the whole document.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Coverage {
@@ -287,6 +290,9 @@ pub(crate) struct Index<'a> {
     doc: &'a RawDocument,
     /// Offset of each recorded element's type byte; element `i` ends where `i + 1` starts.
     starts: [u32; INDEX_CAP],
+    /// Length of each recorded element's key, [`LONG_KEY`] for a key that long or longer: a
+    /// lookup compares key bytes only where the length is the wanted key's.
+    key_lens: [u8; INDEX_CAP],
     /// Where the last recorded element ends.
     end_of_last: u32,
     len: u8,
@@ -298,6 +304,7 @@ impl<'a> Index<'a> {
     pub(crate) fn new(doc: &'a RawDocument) -> Index<'a> {
         let base = doc.as_bytes().as_ptr() as usize;
         let mut starts = [0u32; INDEX_CAP];
+        let mut key_lens = [0u8; INDEX_CAP];
         let mut len = 0usize;
         let mut end_of_last = 0u32;
         let mut fits = true;
@@ -308,9 +315,13 @@ impl<'a> Index<'a> {
             // An element starts one byte (its type) before its key; offsets are within `doc`.
             let start = (e.key.as_ptr() as usize).wrapping_sub(base).wrapping_sub(1);
             let end = (e.value.as_ptr() as usize).wrapping_sub(base) + e.value.len();
+            let key_len = u8::try_from(e.key.len()).unwrap_or(LONG_KEY);
             match (u32::try_from(start), u32::try_from(end)) {
                 (Ok(s), Ok(e)) => {
                     *slot = s;
+                    if let Some(k) = key_lens.get_mut(len) {
+                        *k = key_len;
+                    }
                     end_of_last = e;
                     len += 1;
                     None
@@ -329,6 +340,7 @@ impl<'a> Index<'a> {
         Index {
             doc,
             starts,
+            key_lens,
             end_of_last,
             len: u8::try_from(len).unwrap_or(0),
             coverage,
@@ -340,7 +352,7 @@ impl<'a> Index<'a> {
         self.doc
     }
 
-    /// `self.doc().get(key)`, comparing `key` at each recorded element.
+    /// `self.doc().get(key)`, comparing `key` at each recorded element of its length.
     pub(crate) fn get(&self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
         let want = key.as_bytes();
         if self.coverage == Coverage::Undecided {
@@ -348,21 +360,35 @@ impl<'a> Index<'a> {
         }
         let bytes = self.doc.as_bytes();
         let len = usize::from(self.len);
-        for (i, &start) in self.starts.iter().take(len).enumerate() {
+        let want_len = u8::try_from(want.len()).unwrap_or(LONG_KEY);
+        let key_lens = self.key_lens.get(..len).unwrap_or_default();
+        for (i, &key_len) in key_lens.iter().enumerate() {
+            // Most keys are ruled out by their length alone.
+            if key_len != want_len {
+                continue;
+            }
+            let Some(&start) = self.starts.get(i) else {
+                break;
+            };
             let start = start as usize;
             let key_at = start + 1;
             let terminator = key_at + want.len();
             let value_at = terminator + 1;
-            // The recorded key is NUL-terminated and NUL-free: it equals `want` exactly when
-            // `want` is followed by its terminator. The terminator is checked first: it rules
-            // out most keys for one byte.
-            if bytes.get(terminator) != Some(&0) || bytes.get(key_at..terminator) != Some(want) {
+            if bytes.get(key_at..terminator) != Some(want) {
                 continue;
             }
-            // A `want` holding NUL "matched" a shorter key and the bytes after it; no BSON key
-            // holds NUL, so the walk says absent (checked only here, off the common path).
-            if want.contains(&0) {
-                return get(self.doc, key);
+            // Of the same length, the recorded key (NUL-free) equals `want`, so `want` holds
+            // no NUL either. A long key's length is not recorded whole: the key must end
+            // where `want` does, and a `want` holding NUL "matched" a shorter key and the
+            // bytes after it (no BSON key holds NUL, so the walk says absent: checked only
+            // here, off the common path).
+            if key_len == LONG_KEY {
+                if bytes.get(terminator) != Some(&0) {
+                    continue;
+                }
+                if want.contains(&0) {
+                    return get(self.doc, key);
+                }
             }
             let end = match self.starts.get(i + 1) {
                 Some(&next) if i + 1 < len => next,
@@ -380,6 +406,28 @@ impl<'a> Index<'a> {
         match self.coverage {
             Coverage::Complete => Ok(None),
             _ => get(self.doc, key),
+        }
+    }
+
+    /// The first key of the indexed document: `crate::wire::first_key(self.doc())`, read
+    /// off the index when it decided the document.
+    pub(crate) fn first_key(&self) -> Option<&'a str> {
+        let recorded = match (self.coverage, self.starts.first(), self.key_lens.first()) {
+            (Coverage::Undecided, ..) => None,
+            // Decided, and nothing recorded: an empty document.
+            _ if self.len == 0 => return None,
+            (_, Some(&start), Some(&key_len)) if key_len != LONG_KEY => {
+                let start = start as usize;
+                self.doc
+                    .as_bytes()
+                    .get(start + 1..start + 1 + usize::from(key_len))
+            }
+            _ => None,
+        };
+        // Keys met by the walk are valid UTF-8.
+        match recorded.map(std::str::from_utf8) {
+            Some(Ok(key)) => Some(key),
+            _ => super::bson_util::first_key(self.doc),
         }
     }
 }
@@ -543,6 +591,11 @@ mod tests {
                     return;
                 };
                 let index = Index::new(doc);
+                assert_eq!(
+                    index.first_key(),
+                    crate::wire::first_key(doc),
+                    "first key of {bytes:?}"
+                );
                 for k in &keys {
                     let (ours, theirs) = (index.get(k), doc.get(k));
                     assert!(
@@ -639,6 +692,33 @@ mod tests {
         assert_eq!(index.get("$db").unwrap(), Some(RawBsonRef::String("d")));
         assert_eq!(index.get("$d").unwrap(), None);
         assert_eq!(index.get("filte").unwrap(), None);
+        // Keys of 255 bytes and more are compared to their end (their length is not kept
+        // whole), and a wanted key holding NUL never matches a shorter key.
+        let long = "k".repeat(300);
+        let entries = [
+            (&long[..255], 1),
+            (&long[..], 2),
+            (&long[..256], 3),
+            ("k", 4),
+        ];
+        let mut doc = bson::RawDocumentBuf::new();
+        for (k, v) in entries {
+            doc.append(bson::raw::CString::try_from(k).unwrap(), v);
+        }
+        let index = Index::new(&doc);
+        assert_eq!(index.coverage, Coverage::Complete);
+        assert_eq!(index.first_key(), Some(&long[..255]));
+        for (k, v) in entries {
+            let found = index.get(k).unwrap();
+            assert_eq!(found, Some(RawBsonRef::Int32(v)), "{}", k.len());
+        }
+        for k in [&long[..254], &long[..257], &long[..299]] {
+            assert_eq!(index.get(k).unwrap(), None, "{}", k.len());
+        }
+        let with_nul = format!("{}\0", &long[..255]);
+        assert_eq!(index.get(&with_nul).unwrap(), doc.get(&with_nul).unwrap());
+        assert_eq!(index.get("k\0").unwrap(), doc.get("k\0").unwrap());
+        assert_eq!(Index::new(&rawdoc! {}).first_key(), None);
         // A regex is not decoded by the index: the bson crate answers.
         let re = rawdoc! { "a": 1, "re": bson::Regex { pattern: "x".to_owned().try_into().unwrap(), options: String::new().try_into().unwrap() } };
         let index = Index::new(&re);
