@@ -89,3 +89,27 @@ wait_for_line() {
     done
     die "$name did not print '$text' within 30 s"
 }
+
+# rederive_scram_users FILE ITERATIONS: rewrites FILE's SCRAM-SHA-256 secrets for the password
+# in $APP_PASSWORD at another iteration count (RFC 5802: SaltedPassword = PBKDF2(password,
+# salt, i), StoredKey = H(HMAC(SaltedPassword, "Client Key")), ServerKey =
+# HMAC(SaltedPassword, "Server Key"); an ASCII password is its own SASLprep).
+rederive_scram_users() {
+    APP_PASSWORD="$APP_PASSWORD" python3 - "$1" "$2" <<'PY'
+import base64, hashlib, hmac, os, re, sys
+path, iters = sys.argv[1], int(sys.argv[2])
+pw = os.environ["APP_PASSWORD"].encode()
+salt = os.urandom(28)
+salted = hashlib.pbkdf2_hmac("sha256", pw, salt, iters)
+stored = hashlib.sha256(hmac.new(salted, b"Client Key", hashlib.sha256).digest()).digest()
+server = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+b64 = lambda b: base64.b64encode(b).decode()
+block = (f'[users.mechanisms.SCRAM-SHA-256]\nsalt = "{b64(salt)}"\niterations = {iters}\n'
+         f'stored_key = "{b64(stored)}"\nserver_key = "{b64(server)}"\n')
+text = open(path).read()
+new, n = re.subn(r'\[users\.mechanisms\.SCRAM-SHA-256\]\n(?:[a-z_]+ = .*\n)+', block, text)
+if n != 1:
+    sys.exit("no single SCRAM-SHA-256 block in the users file")
+open(path, "w").write(new)
+PY
+}

@@ -141,23 +141,7 @@ printf '%s' "$APP_PASSWORD" | "$BIN/mongoguard" users add --file "$USERS" "$APP_
     >"$WORK/users-add.log" 2>&1 || die "mongoguard users add failed: $(tail -n1 "$WORK/users-add.log")"
 if [[ -n "$USERS_ITERATIONS" ]]; then
     # As run_pooled.sh: re-derive the SCRAM-SHA-256 secrets at another iteration count (RFC 5802).
-    APP_PASSWORD="$APP_PASSWORD" python3 - "$USERS" "$USERS_ITERATIONS" <<'PY' || die "rewriting $USERS failed"
-import base64, hashlib, hmac, os, re, sys
-path, iters = sys.argv[1], int(sys.argv[2])
-pw = os.environ["APP_PASSWORD"].encode()
-salt = os.urandom(28)
-salted = hashlib.pbkdf2_hmac("sha256", pw, salt, iters)
-stored = hashlib.sha256(hmac.new(salted, b"Client Key", hashlib.sha256).digest()).digest()
-server = hmac.new(salted, b"Server Key", hashlib.sha256).digest()
-b64 = lambda b: base64.b64encode(b).decode()
-block = (f'[users.mechanisms.SCRAM-SHA-256]\nsalt = "{b64(salt)}"\niterations = {iters}\n'
-         f'stored_key = "{b64(stored)}"\nserver_key = "{b64(server)}"\n')
-text = open(path).read()
-new, n = re.subn(r'\[users\.mechanisms\.SCRAM-SHA-256\]\n(?:[a-z_]+ = .*\n)+', block, text)
-if n != 1:
-    sys.exit("no single SCRAM-SHA-256 block in the users file")
-open(path, "w").write(new)
-PY
+    rederive_scram_users "$USERS" "$USERS_ITERATIONS" || die "rewriting $USERS failed"
 fi
 cat >"$WORK/pooled.toml" <<TOML
 [proxy]
