@@ -80,6 +80,27 @@ pub(crate) enum Take<C> {
     Unknown,
 }
 
+/// The slot `slot`, or a new one (numbered from `next`) when `None`; created empty if absent.
+fn open_slot<'s, C>(
+    next: &mut u64,
+    slots: &'s mut HashMap<u64, Slot<C>>,
+    slot: Option<u64>,
+    now: Instant,
+) -> (u64, &'s mut Slot<C>) {
+    let id = slot.unwrap_or_else(|| {
+        let id = *next;
+        *next += 1;
+        id
+    });
+    let entry = slots.entry(id).or_insert_with(|| Slot {
+        conn: None,
+        cursors: Vec::new(),
+        txn: None,
+        used: now,
+    });
+    (id, entry)
+}
+
 /// The parked connections of a load-balanced upstream.
 pub(crate) struct Parked<C> {
     inner: Mutex<Inner<C>>,
@@ -151,17 +172,7 @@ impl<C> Parked<C> {
         }
         let mut g = self.lock();
         let g = &mut *g;
-        let id = slot.unwrap_or_else(|| {
-            let id = g.next;
-            g.next += 1;
-            id
-        });
-        let entry = g.slots.entry(id).or_insert_with(|| Slot {
-            conn: None,
-            cursors: Vec::new(),
-            txn: None,
-            used: now,
-        });
+        let (id, entry) = open_slot(&mut g.next, &mut g.slots, slot, now);
         if let Some(c) = opened {
             if !entry.cursors.contains(&c) {
                 entry.cursors.push(c);
@@ -189,17 +200,7 @@ impl<C> Parked<C> {
         }
         let mut g = self.lock();
         let g = &mut *g;
-        let id = slot.unwrap_or_else(|| {
-            let id = g.next;
-            g.next += 1;
-            id
-        });
-        let entry = g.slots.entry(id).or_insert_with(|| Slot {
-            conn: None,
-            cursors: Vec::new(),
-            txn: None,
-            used: now,
-        });
+        let (id, entry) = open_slot(&mut g.next, &mut g.slots, slot, now);
         if let Some(c) = s.opened {
             if !entry.cursors.contains(&c) {
                 entry.cursors.push(c);
