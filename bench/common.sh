@@ -113,3 +113,25 @@ if n != 1:
 open(path, "w").write(new)
 PY
 }
+
+# release_binaries NAME...: builds the release binaries (unless SKIP_BUILD=1), sets BIN to
+# their directory (BIN_DIR, else CARGO_TARGET_DIR's or the repository's target/release) and
+# dies naming the first of NAME that is missing there.
+release_binaries() {
+    if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+        local packages=(-p mongoguard-standin -p mongoguard) b
+        for b in "$@"; do
+            # loadgen and delayrelay are the bench crate's.
+            if [[ $b == loadgen || $b == delayrelay ]]; then
+                packages+=(-p mongoguard-bench)
+                break
+            fi
+        done
+        log "building release binaries"
+        cargo build --release "${packages[@]}"
+    fi
+    BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
+    for b in "$@"; do
+        [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
+    done
+}

@@ -55,14 +55,7 @@ if ! command -v haproxy >/dev/null 2>&1; then
     $SUDO apt-get install -y haproxy
 fi
 
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    log "building release binaries"
-    cargo build --release -p mongoguard-standin -p mongoguard -p mongoguard-bench
-fi
-BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
-for b in mongoguard-standin mongoguard loadgen; do
-    [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
-done
+release_binaries mongoguard-standin mongoguard loadgen
 
 PORT_A="$(pick_port "${STANDIN_PORT:-}" 27100)"
 PICKED+=("$PORT_A")

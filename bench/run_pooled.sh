@@ -90,14 +90,7 @@ BENCH_NAME=run_pooled.sh
 source "$ROOT/bench/common.sh"
 
 # --- build -------------------------------------------------------------------
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    log "building release binaries"
-    cargo build --release -p mongoguard-standin -p mongoguard -p mongoguard-bench
-fi
-BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
-for b in mongoguard-standin mongoguard loadgen delayrelay; do
-    [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
-done
+release_binaries mongoguard-standin mongoguard loadgen delayrelay
 
 PORT_S="$(pick_port "${STANDIN_PORT:-}" 27200)"
 PICKED+=("$PORT_S")

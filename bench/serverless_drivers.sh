@@ -96,14 +96,7 @@ if [[ ",$DRIVERS," == *,node,* ]]; then
 fi
 
 # --- build -------------------------------------------------------------------
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    log "building release binaries"
-    cargo build --release -p mongoguard-standin -p mongoguard -p mongoguard-bench
-fi
-BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
-for b in mongoguard-standin mongoguard loadgen delayrelay; do
-    [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
-done
+release_binaries mongoguard-standin mongoguard loadgen delayrelay
 
 PORT_S="$(pick_port "${STANDIN_PORT:-}" 27500)"
 PICKED+=("$PORT_S")

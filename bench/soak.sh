@@ -67,14 +67,7 @@ if [[ -z "${PY:-}" ]]; then
 fi
 "$PY" -c 'import pymongo' || die "$PY has no pymongo"
 
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-    log "building release binaries"
-    cargo build --release -p mongoguard-standin -p mongoguard
-fi
-BIN="${BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
-for b in mongoguard-standin mongoguard; do
-    [[ -x "$BIN/$b" ]] || die "missing binary $BIN/$b"
-done
+release_binaries mongoguard-standin mongoguard
 
 P0="$(pick_port "${STANDIN_PORT:-}" 27400)"
 for p in "$P0" $((P0 + 1)) $((P0 + 2)); do
