@@ -125,45 +125,38 @@ fn admit(ctx: &Arc<Context>, socket: tokio::net::TcpStream, peer: std::net::Sock
         driver = tracing::field::Empty
     );
     let opened = std::time::Instant::now();
-    let Some(loops) = &ctx.loops else {
-        ctx.audit
-            .event(crate::audit::Event::ConnectionOpened { client: peer });
-        let task = client_task(ctx.clone(), socket, peer, opened, (permit, network));
-        ctx.tracker.spawn(task.instrument(span));
-        return;
-    };
-    // The socket moves to a session loop: out of this runtime's reactor here, into the
-    // loop's on its thread.
-    let socket = match socket.into_std() {
-        Ok(socket) => socket,
-        Err(e) => {
-            error!(error = %e, %peer, "could not hand the connection to a session thread; closed");
-            return;
-        }
+    // A session loop registers the socket with its own reactor, on its own thread.
+    let accepted = match &ctx.loops {
+        None => Accepted::Registered(socket),
+        Some(_) => match socket.into_std() {
+            Ok(socket) => Accepted::Moved(socket),
+            Err(e) => {
+                error!(error = %e, %peer, "could not hand the connection to a session thread; closed");
+                return;
+            }
+        },
     };
     ctx.audit
         .event(crate::audit::Event::ConnectionOpened { client: peer });
-    let session_ctx = ctx.clone();
-    let task = async move {
-        match tokio::net::TcpStream::from_std(socket) {
-            Ok(socket) => client_task(session_ctx, socket, peer, opened, (permit, network)).await,
-            Err(e) => {
-                // The loop's reactor refused the socket (epoll's watch limit): closed.
-                error!(error = %e, "could not register the connection on its session thread; closed");
-                let failed = Err(super::SessionError::ClientIo(e));
-                let event = super::close_event(peer, opened.elapsed(), Some(&failed));
-                session_ctx.audit.event(event);
-            }
-        }
-    };
-    loops.spawn(ctx.tracker.track_future(task.instrument(span)));
+    let task = client_task(ctx.clone(), accepted, peer, opened, (permit, network)).instrument(span);
+    match &ctx.loops {
+        Some(loops) => loops.spawn(ctx.tracker.track_future(task)),
+        None => drop(ctx.tracker.spawn(task)),
+    }
+}
+
+/// An accepted client socket: registered with the accepting runtime's reactor, or taken out
+/// of it for a session loop.
+enum Accepted {
+    Registered(tokio::net::TcpStream),
+    Moved(std::net::TcpStream),
 }
 
 /// One client connection: its TLS handshake, then its session, accounted for by a drop
 /// guard.
 async fn client_task(
     ctx: Arc<Context>,
-    socket: tokio::net::TcpStream,
+    accepted: Accepted,
     peer: std::net::SocketAddr,
     opened: std::time::Instant,
     // The global permit and the client network's place, held for the connection's life.
@@ -172,6 +165,22 @@ async fn client_task(
         Option<super::control::NetworkClaim>,
     ),
 ) {
+    let closed = |e: std::io::Error| {
+        let failed = Err(super::SessionError::ClientIo(e));
+        let event = super::close_event(peer, opened.elapsed(), Some(&failed));
+        ctx.audit.event(event);
+    };
+    let socket = match accepted {
+        Accepted::Registered(socket) => socket,
+        Accepted::Moved(socket) => match tokio::net::TcpStream::from_std(socket) {
+            Ok(socket) => socket,
+            Err(e) => {
+                // The loop's reactor refused the socket (epoll's watch limit).
+                error!(error = %e, "could not register the connection on its session thread; closed");
+                return closed(e);
+            }
+        },
+    };
     let _ = socket.set_nodelay(true);
     let socket = match &ctx.server_tls {
         None => crate::net::Either::Plain(socket),
@@ -181,10 +190,7 @@ async fn client_task(
                 ctx.stats.tls_handshake_failures.inc();
                 ctx.metrics.tls_handshake_failed();
                 tracing::debug!(error = %e, "TLS handshake failed; connection closed");
-                let failed = Err(super::SessionError::ClientIo(e));
-                let event = super::close_event(peer, opened.elapsed(), Some(&failed));
-                ctx.audit.event(event);
-                return;
+                return closed(e);
             }
         },
     };
@@ -235,9 +241,7 @@ impl Accounting {
             _permit: permit,
         }
     }
-}
 
-impl Accounting {
     /// The session ended with `result`: counted, logged and its close event written now.
     fn finish(mut self, result: Result<session::End, super::SessionError>) {
         self.result = Some(result);

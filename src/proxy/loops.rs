@@ -101,9 +101,9 @@ impl SessionLoops {
             .collect()
     }
 
-    /// Runs `session` on the loop with the fewest live sessions. `session` is handed the
-    /// loop's number (from 1); it runs on that loop's thread, where it must register its
-    /// sockets. On a loop that has stopped, `session` is dropped unpolled.
+    /// Runs `session` on the loop with the fewest live sessions, on that loop's thread (where
+    /// it must register its sockets). On a loop that has stopped, `session` is dropped
+    /// unpolled.
     pub(crate) fn spawn<F>(&self, session: F)
     where
         F: Future<Output = ()> + Send + 'static,
