@@ -782,3 +782,131 @@ async fn compression_toward_clients() {
     }
     p.shutdown().await;
 }
+
+fn session(n: u8) -> Document {
+    doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![n; 16] }}
+}
+
+fn ok_reply(r: &Document) {
+    assert_eq!(r.get("ok").and_then(bson::Bson::as_f64), Some(1.0), "{r}");
+}
+
+/// A transaction statement on session `n` (a new transaction `txn`).
+fn txn_insert(n: u8, txn: i64) -> Document {
+    doc! {"insert": "ended", "documents": [{"txn": txn}], "lsid": session(n), "txnNumber": txn,
+    "autocommit": false, "startTransaction": true, "$db": "pooled"}
+}
+
+/// Session `n` at transaction number 5 on the upstream (a lower number is TransactionTooOld
+/// there until the session ends: the stand-in forgets an ended session, as mongod does).
+async fn session_at_five(c: &mut RawConn, n: u8) {
+    ok_reply(&c.command(txn_insert(n, 5)).await);
+    ok_reply(
+        &c.command(
+            doc! {"commitTransaction": 1, "lsid": session(n), "txnNumber": 5i64,
+            "autocommit": false, "$db": "admin"},
+        )
+        .await,
+    );
+    assert_eq!(
+        c.command(txn_insert(n, 1)).await.get_i32("code").ok(),
+        Some(225)
+    );
+}
+
+/// Until the upstream has forgotten session `n` (bounded).
+async fn until_ended_upstream(c: &mut RawConn, n: u8) {
+    tokio::time::timeout(BOUND, async {
+        loop {
+            let r = c.command(txn_insert(n, 1)).await;
+            if r.get_f64("ok").ok() == Some(1.0) {
+                return;
+            }
+            assert_eq!(r.get_i32("code").ok(), Some(225), "{r}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the upstream never ended the session");
+}
+
+/// Drivers end their sessions when a client closes: pymongo waits for the reply, which in
+/// pooled mode is a second upstream round trip for a serverless client that makes one
+/// request per connection. mongoguard answers a plain endSessions itself and ends the same
+/// sessions upstream in the background, as the identity that used them; a stalled upstream
+/// delays the upstream part only; anything unusual is forwarded and answered by the
+/// upstream (which refuses what mongod refuses: standin/tests/strict.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_sessions_is_answered_here_and_ends_the_sessions_upstream() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut c, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let stats = standin.stats();
+
+    // Awaited (pymongo), then with moreToCome (the Node.js driver).
+    session_at_five(&mut c, 1).await;
+    let r = c
+        .command(doc! {"endSessions": [session(1)], "$db": "admin",
+        "$readPreference": {"mode": "primaryPreferred"}})
+        .await;
+    ok_reply(&r);
+    until_ended_upstream(&mut c, 1).await;
+    session_at_five(&mut c, 2).await;
+    c.send(2, &doc! {"endSessions": [session(2)], "$db": "admin"})
+        .await;
+    ok_reply(&c.command(doc! {"ping": 1, "$db": "admin"}).await);
+    until_ended_upstream(&mut c, 2).await;
+    assert_eq!(stats.command_count("endSessions"), 2);
+
+    // What mongod would refuse is forwarded, and its error comes back.
+    let generic = bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes: vec![3; 16],
+    };
+    let r = c
+        .command(doc! {"endSessions": [{"id": generic}], "$db": "admin"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(14), "{r}");
+    let r = c
+        .command(doc! {"endSessions": [{"id": session(3).get("id").unwrap().clone(), "uid": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 32] }}], "$db": "admin"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    assert_eq!(stats.command_count("endSessions"), 4);
+
+    // The upstream stops answering: a forwarded endSessions would wait for the reply
+    // timeout (30 s here); this one is answered, and still reaches the upstream.
+    standin.set_fault(Fault::Stall);
+    let messages = stats.messages();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.command(doc! {"endSessions": [session(4)], "$db": "admin"}),
+    )
+    .await
+    .expect("endSessions waited for a stalled upstream");
+    ok_reply(&r);
+    tokio::time::timeout(BOUND, async {
+        while stats.messages() == messages {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the background endSessions never reached the upstream");
+    let text = proxy.metrics().encode();
+    for line in [
+        "mongoguard_end_sessions_total{outcome=\"answered\"} 3",
+        "mongoguard_end_sessions_total{outcome=\"sent\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+    // Shutdown does not wait for the stalled background endSessions.
+    tokio::time::timeout(BOUND, proxy.shutdown())
+        .await
+        .expect("shutdown hung on the background endSessions");
+}

@@ -128,6 +128,9 @@ pub struct Metrics {
     measurements: [Counter; 2],
     /// Reads sent with `maxTimeMS` set or lowered by `request_time_limit`.
     pub time_limited: Counter,
+    /// Pooled mode's endSessions answered by mongoguard: `[answered, sent, failed]` (see
+    /// [`EndSessions`]).
+    end_sessions: [Counter; 3],
     /// Client connections refused by a connection limit, by [`Limit`].
     refused: [Counter; 4],
     /// Client requests that arrived compressed (OP_COMPRESSED).
@@ -151,6 +154,18 @@ pub struct Metrics {
 fn latency_buckets() -> impl Iterator<Item = f64> {
     // 50 µs to ~105 s.
     exponential_buckets(0.000_05, 2.0, 22)
+}
+
+/// What became of the sessions of a client's endSessions in pooled mode
+/// (`mongoguard_end_sessions{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndSessions {
+    /// Answered by mongoguard and queued for the upstream.
+    Answered,
+    /// Ended on the upstream by mongoguard's own endSessions.
+    Sent,
+    /// Not ended upstream (no server, no connection, an error): the server expires them.
+    Failed,
 }
 
 /// A connection limit (`mongoguard_connections_refused{limit}`).
@@ -237,6 +252,19 @@ impl Metrics {
             "Reads sent with maxTimeMS set or lowered to [proxy] request_time_limit",
             time_limited.clone(),
         );
+        let by_outcome = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        // One statement each (see mongoguard_measurements).
+        let answered = by_outcome.get_or_create(&[("outcome", "answered")]).clone();
+        let sent = by_outcome.get_or_create(&[("outcome", "sent")]).clone();
+        let failed = by_outcome.get_or_create(&[("outcome", "failed")]).clone();
+        let end_sessions = [answered, sent, failed];
+        registry.register(
+            "mongoguard_end_sessions",
+            "Pooled mode: sessions of client endSessions commands mongoguard answered itself \
+             (answered), then ended upstream in the background (sent) or could not (failed: \
+             the server expires them after its session timeout)",
+            by_outcome,
+        );
         let by_limit = Family::<[(&'static str, &'static str); 1], Counter>::default();
         // One statement each (see mongoguard_measurements).
         let global = by_limit
@@ -284,6 +312,7 @@ impl Metrics {
             tls_handshake_failures,
             measurements,
             time_limited,
+            end_sessions,
             refused,
             compressed_requests,
             measure_seconds,
@@ -358,6 +387,18 @@ impl Metrics {
             answered.inc();
         }
         self.measure_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts `n` sessions of a client's endSessions at `outcome`.
+    pub fn end_sessions(&self, outcome: EndSessions, n: usize) {
+        let i = match outcome {
+            EndSessions::Answered => 0,
+            EndSessions::Sent => 1,
+            EndSessions::Failed => 2,
+        };
+        if let Some(c) = self.end_sessions.get(i) {
+            c.inc_by(n as u64);
+        }
     }
 
     /// Counts a failed TLS handshake.

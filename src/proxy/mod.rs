@@ -171,6 +171,9 @@ impl Context {
             budget: budget.clone(),
         });
         let metrics = Arc::new(Metrics::new(&config.admin, scrape));
+        if let Some(p) = &pooled {
+            p.start_ender(metrics.clone());
+        }
         Context {
             limiter: Arc::new(Semaphore::new(config.proxy.max_client_connections)),
             request_ids: RequestIds::default(),

@@ -31,6 +31,8 @@ pub(crate) enum Class {
     /// false in src/mongo/db/commands/generic.cpp through 7.0); drivers of the 3.x generation
     /// (the Java driver 3.6) send it during the handshake, before authenticating.
     BuildInfo,
+    /// endSessions: answered by mongoguard when plain (see `pooled::ender`).
+    EndSessions,
     /// A legacy fire-and-forget write (OP_INSERT, OP_UPDATE, OP_DELETE).
     LegacyWrite,
     /// Anything else: forwarded.
@@ -97,6 +99,7 @@ fn classify(name: &str) -> Class {
         "authenticate" | "logout" | "copydbsaslstart" | "copydbgetnonce" => Class::OtherAuth,
         "ping" => Class::Ping,
         "buildInfo" | "buildinfo" => Class::BuildInfo,
+        "endSessions" => Class::EndSessions,
         _ => Class::Other,
     }
 }

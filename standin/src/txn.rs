@@ -281,19 +281,76 @@ impl Sessions {
     }
 }
 
-/// `lsid.id` bytes of every `{id: UUID}` in an endSessions/killSessions array.
-pub(crate) fn session_ids(v: Option<&Bson>) -> Vec<Vec<u8>> {
-    match v {
-        Some(Bson::Array(a)) => a
-            .iter()
-            .filter_map(|x| match x {
-                Bson::Document(d) => match d.get("id") {
-                    Some(Bson::Binary(b)) => Some(b.bytes.clone()),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
+/// `lsid.id` bytes of every session in an endSessions/killSessions array, parsed as mongod's
+/// IDL does (`array<LogicalSessionFromClient>`, src/mongo/db/session/logical_session_id.idl;
+/// generated parser: src/mongo/idl/idl_parser.cpp): the argument must be an array (else
+/// TypeMismatch 14), each element an object (14) holding `id`, a UUID (binData subtype 4 of
+/// 16 bytes; another subtype is 14), and nothing but an optional `uid` (an unknown field is
+/// 40415, a missing `id` 40414). A `uid` names another user's session:
+/// mongod refuses it without the impersonate privilege (`makeLogicalSessionId`,
+/// src/mongo/db/session/logical_session_id_helpers.cpp: Unauthorized 13), and the stand-in's
+/// users hold no such privilege. (The element names of the array are not checked: the bson
+/// crate's `Document` drops them.)
+pub(crate) fn session_ids(command: &str, v: Option<&Bson>) -> Result<Vec<Vec<u8>>, CmdError> {
+    let Some(Bson::Array(a)) = v else {
+        let got = v.map_or("missing", |b| crate::bsonutil::type_name(b));
+        return Err(CmdError::type_mismatch(format!(
+            "BSON field '{command}.{command}' is the wrong type '{got}', expected type 'array'"
+        )));
+    };
+    let mut ids = Vec::with_capacity(a.len());
+    for x in a {
+        let Bson::Document(d) = x else {
+            return Err(CmdError::type_mismatch(format!(
+                "BSON field '{command}' is the wrong type '{}', expected type 'object'",
+                crate::bsonutil::type_name(x)
+            )));
+        };
+        let mut id = None;
+        for (k, v) in d {
+            match (k.as_str(), v) {
+                ("id", Bson::Binary(b))
+                    if b.subtype == bson::spec::BinarySubtype::Uuid && b.bytes.len() == 16 =>
+                {
+                    id = Some(b.bytes.clone());
+                }
+                ("id", Bson::Binary(_)) => {
+                    return Err(CmdError::type_mismatch(format!(
+                        "BSON field '{command}.id' is the wrong binData type, expected type 'UUID'"
+                    )))
+                }
+                ("id", other) => {
+                    return Err(CmdError::type_mismatch(format!(
+                        "BSON field '{command}.id' is the wrong type '{}', expected type 'binData'",
+                        crate::bsonutil::type_name(other)
+                    )))
+                }
+                ("uid", _) => {
+                    return Err(CmdError::new(
+                        13,
+                        "Unauthorized",
+                        "Unauthorized to set user digest in LogicalSessionId",
+                    ))
+                }
+                (other, _) => {
+                    return Err(CmdError::new(
+                        40415,
+                        "Location40415",
+                        format!("BSON field '{command}.{other}' is an unknown field."),
+                    ))
+                }
+            }
+        }
+        match id {
+            Some(id) => ids.push(id),
+            None => {
+                return Err(CmdError::new(
+                    40414,
+                    "Location40414",
+                    format!("BSON field '{command}.id' is missing but a required field"),
+                ))
+            }
+        }
     }
+    Ok(ids)
 }

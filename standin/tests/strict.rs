@@ -113,6 +113,54 @@ fn labels(r: &Document) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// endSessions and killSessions take `array<LogicalSessionFromClient>` (IDL:
+/// src/mongo/db/session/logical_session_id.idl, generated parser rules in
+/// src/mongo/idl/idl_parser.cpp; run in src/mongo/db/commands/end_sessions_command.cpp and
+/// `makeLogicalSessionId` in src/mongo/db/session/logical_session_id_helpers.cpp): a
+/// non-array argument or element is TypeMismatch, `id` must be a UUID, an unknown field is
+/// 40415, a missing `id` 40414, and a `uid` (someone else's session) Unauthorized without the
+/// impersonate privilege. Nothing is ended when the command is refused.
+#[tokio::test]
+async fn end_sessions_parses_its_sessions_as_mongod_does() {
+    let s = standin().await;
+    let mut c = Raw::connect(s.addr()).await;
+    let generic = Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: vec![1; 16],
+    };
+    let short = Binary {
+        subtype: BinarySubtype::Uuid,
+        bytes: vec![1; 15],
+    };
+    let cases = [
+        (Bson::Int32(1), 14),
+        (Bson::Array(vec![Bson::Int32(1)]), 14),
+        (bson::bson!([{"id": generic}]), 14),
+        (bson::bson!([{"id": short}]), 14),
+        (bson::bson!([{"id": "x"}]), 14),
+        (bson::bson!([{}]), 40414),
+        (
+            bson::bson!([lsid(1), {"id": lsid(2).get("id").unwrap().clone(), "x": 1}]),
+            40415,
+        ),
+        (
+            bson::bson!([{"id": lsid(2).get("id").unwrap().clone(), "uid": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 32] }}]),
+            13,
+        ),
+    ];
+    for name in ["endSessions", "killSessions"] {
+        for (arg, want) in &cases {
+            let r = c.command(doc! {name: arg.clone(), "$db": "admin"}).await;
+            assert_eq!(code(&r), *want, "{name}: {arg} -> {r}");
+        }
+        ok(&c
+            .command(doc! {name: [lsid(1), lsid(2)], "$db": "admin"})
+            .await);
+        ok(&c.command(doc! {name: [], "$db": "admin"}).await);
+    }
+    s.shutdown().await;
+}
+
 /// mongod 6.0+ (wire 17+): OP_QUERY serves only hello/isMaster and a few deprecated commands
 /// (src/mongo/rpc/check_allowed_op_query_cmd.cpp: 352 UnsupportedOpQueryCommand); OP_QUERY
 /// finds and OP_GET_MORE get an OP_REPLY `$err` with 5739101, the legacy writes are not

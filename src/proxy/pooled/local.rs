@@ -9,9 +9,11 @@ use tracing::{debug, warn};
 use super::strategy::{PooledSide, HOST_UNREACHABLE, UNAUTHORIZED};
 use crate::{
     auth::sasl,
+    metrics::EndSessions,
     proxy::{
         client_io::Received,
         error::SessionError,
+        guard::Judgement,
         hello::{self, HelloAuth},
         inspect::Request,
         routing::{Class, Routing},
@@ -62,6 +64,17 @@ impl PooledSide {
             }
             // Forwarded before authentication, as the default identity (acquire()).
             Class::BuildInfo if !routing.bad_lsid => return Ok(false),
+            // Answered at once, ended upstream in the background (see `ender`) — only when
+            // the policy lets it through.
+            Class::EndSessions if matches!(request.judgement, Judgement::Forward) => {
+                match self.end_sessions_here(client, received) {
+                    Some(n) => {
+                        self.ctx.metrics.end_sessions(EndSessions::Answered, n);
+                        bson::rawdoc! {"ok": 1.0}
+                    }
+                    None => return Ok(false),
+                }
+            }
             _ if routing.bad_lsid => error_document(
                 BAD_VALUE.0,
                 BAD_VALUE.1,
@@ -77,6 +90,16 @@ impl PooledSide {
         };
         client.reply(request, &doc).await?;
         Ok(true)
+    }
+
+    /// Queues the sessions of a plain endSessions of an authenticated client for the
+    /// background task; the number of sessions, or `None` (forward it).
+    fn end_sessions_here(&self, client: &Client, received: &Received) -> Option<usize> {
+        let identity = self.identity.as_ref()?;
+        let frame = received.inner.as_ref().unwrap_or(&received.frame);
+        let ids = super::ender::local_sessions(frame, client.ctx.config.proxy.max_message_size)?;
+        let n = ids.len();
+        self.pooled.ender.defer(identity, ids).then_some(n)
     }
 
     /// The emulated hello reply: the topology's facts, this connection's id, and the

@@ -10,6 +10,7 @@
 //! [`local`] answers hello and authentication.
 
 mod balanced;
+mod ender;
 mod local;
 pub(crate) mod strategy;
 
@@ -51,6 +52,12 @@ pub(crate) struct Pooled {
     pub(crate) balanced:
         balanced::Parked<crate::upstream::pool::Checkout<crate::upstream::UpstreamConn>>,
     pub(crate) connection_ids: AtomicI32,
+    /// Client endSessions answered here, ended upstream by [`ender::run`].
+    pub(crate) ender: ender::Ender,
+    /// The ender's queue until [`Pooled::start_ender`] starts its task.
+    ender_queue: std::sync::Mutex<Option<ender::Queue>>,
+    server_selection_timeout: Duration,
+    reply_timeout: Duration,
     cancel: CancellationToken,
 }
 
@@ -98,6 +105,7 @@ impl Pooled {
                 pool.register(&PoolKey::new(host.clone(), crate::config::DEFAULT_IDENTITY));
             }
         }
+        let (ender, ender_queue) = ender::Ender::new();
         let pooled = Arc::new(Pooled {
             users: std::sync::RwLock::new(users),
             users_file: config.auth.users_file.clone(),
@@ -107,10 +115,27 @@ impl Pooled {
             pins: Arc::new(Pins::default()),
             balanced: balanced::Parked::default(),
             connection_ids: AtomicI32::new(1),
+            ender,
+            ender_queue: std::sync::Mutex::new(Some(ender_queue)),
+            server_selection_timeout: config.upstream.server_selection_timeout,
+            reply_timeout: config.upstream.reply_timeout,
             cancel,
         });
         tokio::spawn(maintain(pooled.clone()));
         Ok(pooled)
+    }
+
+    /// Starts the task that ends client sessions upstream (see [`ender`]), counting them in
+    /// `metrics`; once (later calls do nothing).
+    pub(crate) fn start_ender(self: &Arc<Self>, metrics: Arc<crate::metrics::Metrics>) {
+        let queue = self
+            .ender_queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(queue) = queue {
+            tokio::spawn(ender::run(self.clone(), queue, metrics));
+        }
     }
 
     /// The users file in force.

@@ -587,7 +587,8 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
     match name {
         "hello" | "ismaster" => hello::hello(ctx, name, cmd),
         "endsessions" | "killsessions" => {
-            let ids = crate::txn::session_ids(cmd.values().next());
+            let command = if name == "endsessions" { "endSessions" } else { "killSessions" };
+            let ids = crate::txn::session_ids(command, cmd.values().next())?;
             ctx.shared.sessions.end(&ids);
             Ok(Document::new())
         }

@@ -1,0 +1,174 @@
+use bson::{rawdoc, spec::BinarySubtype, Binary, RawDocumentBuf};
+
+use super::*;
+use crate::wire::{
+    builder::{encode_query, MsgBuilder, Sequence},
+    DEFAULT_MAX_MESSAGE_SIZE,
+};
+
+fn uuid(n: u8) -> Binary {
+    Binary {
+        subtype: BinarySubtype::Uuid,
+        bytes: vec![n; 16],
+    }
+}
+
+fn msg(body: RawDocumentBuf) -> Frame {
+    Frame::from_bytes(MsgBuilder::new(body).encode(7, 0)).unwrap()
+}
+
+fn local(body: RawDocumentBuf) -> Option<Vec<[u8; 16]>> {
+    local_sessions(&msg(body), DEFAULT_MAX_MESSAGE_SIZE)
+}
+
+/// A body `{endSessions: <array whose bytes are those of doc>, $db: "admin"}`: the array's
+/// element names are whatever `doc`'s keys are.
+fn with_array_bytes(doc: &RawDocumentBuf) -> RawDocumentBuf {
+    let mut out = Vec::new();
+    out.extend_from_slice(&[0; 4]);
+    out.push(0x04);
+    out.extend_from_slice(b"endSessions\0");
+    out.extend_from_slice(doc.as_bytes());
+    out.push(0x02);
+    out.extend_from_slice(b"$db\0");
+    out.extend_from_slice(&6i32.to_le_bytes());
+    out.extend_from_slice(b"admin\0");
+    out.push(0);
+    let len = (out.len() as i32).to_le_bytes();
+    out.splice(0..4, len);
+    RawDocumentBuf::from_bytes(out).unwrap()
+}
+
+#[test]
+fn what_drivers_send_is_answered_here() {
+    // pymongo: $db, $readPreference primaryPreferred, $clusterTime on a replica set.
+    let body = rawdoc! {
+        "endSessions": [{"id": uuid(1)}, {"id": uuid(2)}],
+        "$db": "admin",
+        "$readPreference": {"mode": "primaryPreferred"},
+        "$clusterTime": {"clusterTime": bson::Timestamp { time: 1, increment: 1 }},
+        "apiVersion": "1",
+    };
+    assert_eq!(local(body), Some(vec![[1; 16], [2; 16]]));
+    // The Node.js driver: moreToCome (flags do not matter here); an empty list is valid.
+    let frame = Frame::from_bytes(
+        MsgBuilder::new(rawdoc! {"endSessions": [], "$db": "admin"})
+            .flags(2)
+            .encode(8, 0),
+    )
+    .unwrap();
+    assert_eq!(
+        local_sessions(&frame, DEFAULT_MAX_MESSAGE_SIZE),
+        Some(vec![])
+    );
+    // The array's names in order, as a well-formed array has them.
+    let named = rawdoc! {"0": {"id": uuid(1)}, "1": {"id": uuid(2)}};
+    assert_eq!(
+        local(with_array_bytes(&named)),
+        Some(vec![[1; 16], [2; 16]])
+    );
+}
+
+/// Everything mongod might answer otherwise than `{ok: 1}` — or that means more than ending
+/// the caller's own sessions — is forwarded, for mongod to answer.
+#[test]
+fn anything_else_is_forwarded() {
+    let id = |n| rawdoc! {"id": uuid(n)};
+    let generic = Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: vec![1; 16],
+    };
+    let short = Binary {
+        subtype: BinarySubtype::Uuid,
+        bytes: vec![1; 15],
+    };
+    let cases = [
+        // another user's session (uid), an unknown field, a missing id
+        rawdoc! {"endSessions": [{"id": uuid(1), "uid": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 32] }}], "$db": "admin"},
+        rawdoc! {"endSessions": [{"id": uuid(1), "x": 1}], "$db": "admin"},
+        rawdoc! {"endSessions": [{}], "$db": "admin"},
+        rawdoc! {"endSessions": [{"uid": uuid(1)}], "$db": "admin"},
+        // not a UUID
+        rawdoc! {"endSessions": [{"id": generic}], "$db": "admin"},
+        rawdoc! {"endSessions": [{"id": short}], "$db": "admin"},
+        rawdoc! {"endSessions": [{"id": "x"}], "$db": "admin"},
+        rawdoc! {"endSessions": [1], "$db": "admin"},
+        rawdoc! {"endSessions": {"0": id(1)}, "$db": "admin"},
+        rawdoc! {"endSessions": 1, "$db": "admin"},
+        // a field that is not a generic argument, a session or transaction of its own,
+        // a write concern (endSessions does not support one)
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "comment": "x"},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "lsid": id(2)},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "writeConcern": {"w": 0}},
+        // another database, no database, the name not first
+        rawdoc! {"endSessions": [id(1)], "$db": "test"},
+        rawdoc! {"endSessions": [id(1)]},
+        rawdoc! {"$db": "admin", "endSessions": [id(1)]},
+    ];
+    for body in cases {
+        assert_eq!(local(body.clone()), None, "{body:?}");
+    }
+    // Element names out of order, or not numbers.
+    let swapped = rawdoc! {"1": {"id": uuid(1)}, "0": {"id": uuid(2)}};
+    assert_eq!(local(with_array_bytes(&swapped)), None);
+    let named = rawdoc! {"a": {"id": uuid(1)}};
+    assert_eq!(local(with_array_bytes(&named)), None);
+    // More sessions than one command answered here may hold.
+    let mut many = bson::RawArrayBuf::new();
+    for _ in 0..=LOCAL_MAX {
+        many.push(rawdoc! {"id": uuid(3)});
+    }
+    assert_eq!(local(rawdoc! {"endSessions": many, "$db": "admin"}), None);
+    // A document sequence, OP_QUERY.
+    let seq = MsgBuilder::new(rawdoc! {"endSessions": [], "$db": "admin"})
+        .sequence(Sequence::new("x", vec![id(1)]))
+        .encode(9, 0);
+    let frame = Frame::from_bytes(seq).unwrap();
+    assert_eq!(local_sessions(&frame, DEFAULT_MAX_MESSAGE_SIZE), None);
+    let query = encode_query(
+        10,
+        0,
+        "admin.$cmd",
+        0,
+        -1,
+        &rawdoc! {"endSessions": [id(1)]},
+        None,
+    );
+    let frame = Frame::from_bytes(query).unwrap();
+    assert_eq!(local_sessions(&frame, DEFAULT_MAX_MESSAGE_SIZE), None);
+}
+
+#[test]
+fn the_upstream_command_carries_every_session() {
+    let ids = [[1u8; 16], [2; 16], [3; 16]];
+    let cmd = end_sessions_command(&ids);
+    let doc = bson::Document::try_from(cmd.as_ref()).unwrap();
+    let sessions = doc.get_array("endSessions").unwrap();
+    assert_eq!(sessions.len(), 3);
+    for (s, id) in sessions.iter().zip(ids) {
+        let s = s.as_document().unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.get("id"), Some(&bson::Bson::Binary(uuid(id[0]))));
+    }
+    assert_eq!(doc.get_str("$db").unwrap(), "admin");
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_and_the_caller_forwards() {
+    let (ender, _queue) = Ender::new();
+    let identity = Identity {
+        name: "default".into(),
+        credentials: None,
+    };
+    for _ in 0..QUEUE {
+        assert!(ender.defer(&identity, vec![[1; 16]]));
+    }
+    assert!(!ender.defer(&identity, vec![[1; 16]]));
+    drop(_queue);
+    let (ender, queue) = Ender::new();
+    drop(queue);
+    assert!(
+        !ender.defer(&identity, vec![[1; 16]]),
+        "the task has stopped"
+    );
+}
