@@ -401,3 +401,100 @@ async fn a_get_more_of_an_unknown_cursor_fails_closed() {
     assert_eq!(sent, 1, "only the cursor's own getMore reached a mongos");
     proxy.shutdown().await;
 }
+
+/// Pooled mode parks a load-balanced connection for its cursors, and a getMore takes it by
+/// cursor id. That connection is authenticated as one upstream identity: a client mapped to
+/// another identity must not get it, or its getMore would run as the cursor owner's user
+/// and mongod's own ownership check (the cursor's user must be the caller,
+/// src/mongo/db/commands/getmore_cmd.cpp) would be bypassed. It gets CursorNotFound, as for a
+/// cursor open on no connection its identity can reach; the owner continues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_connection_serves_only_its_own_identity() {
+    let users = vec![
+        ("app".to_string(), "apppw".to_string()),
+        ("bob".to_string(), "bobpw".to_string()),
+    ];
+    let lb = || {
+        StandIn::start(StandInConfig {
+            load_balanced: true,
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    let (a, b) = (lb().await.unwrap(), lb().await.unwrap());
+    for s in [&a, &b] {
+        let direct = Client::with_uri_str(format!(
+            "mongodb://app:apppw@{}/?loadBalanced=true&authSource=admin",
+            s.addr()
+        ))
+        .await
+        .unwrap();
+        direct
+            .database("lb")
+            .collection::<Document>("c")
+            .insert_many((0..60).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+        direct.shutdown().await;
+    }
+    let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
+    let dir = std::env::temp_dir().join(format!("mg-lb-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let users_file = dir.join("users.toml");
+    let _ = std::fs::remove_file(&users_file);
+    mongoguard::auth::users::add(&users_file, "alice", "alicepw", "admin").unwrap();
+    mongoguard::auth::users::add(&users_file, "mallory", "mallorypw", "admin").unwrap();
+    let text = std::fs::read_to_string(&users_file).unwrap();
+    let text = text.replace(
+        "name = \"mallory\"\n",
+        "name = \"mallory\"\nupstream = \"other\"\n",
+    );
+    std::fs::write(&users_file, text).unwrap();
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://app:apppw@{relay}/?loadBalanced=true&authSource=admin"
+    ))
+    .unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 6;
+    cfg.pool.min_idle = 0;
+    cfg.upstream.identities.insert(
+        "other".into(),
+        toml::from_str("username = \"bob\"\npassword = \"bobpw\"").unwrap(),
+    );
+    cfg.auth.users_file = Some(users_file);
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let connect = |user: &str, pw: &str| {
+        let uri = format!(
+            "mongodb://{user}:{pw}@{}/?authSource=admin&maxPoolSize=1",
+            proxy.local_addr()
+        );
+        async move { Client::with_uri_str(uri).await.unwrap() }
+    };
+    let alice = connect("alice", "alicepw").await;
+    let mallory = connect("mallory", "mallorypw").await;
+    let lbdb = |c: &Client| c.database("lb");
+    let found = lbdb(&alice)
+        .run_command(doc! {"find": "c", "batchSize": 2})
+        .await
+        .unwrap();
+    let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(id, 0, "{found}");
+    let get_more = doc! {"getMore": id, "collection": "c", "batchSize": 2};
+    let stolen = lbdb(&mallory).run_command(get_more.clone()).await;
+    match stolen {
+        Err(e) => match e.kind.as_ref() {
+            mongodb::error::ErrorKind::Command(c) => assert_eq!(c.code, 43, "{e}"),
+            other => panic!("{other:?}"),
+        },
+        Ok(reply) => panic!("another identity's getMore got the cursor: {reply}"),
+    }
+    let mine = lbdb(&alice).run_command(get_more).await.unwrap();
+    assert_eq!(batch_ids(&mine, "nextBatch"), vec![2, 3], "{mine}");
+    let sent = a.stats().command_count("getMore") + b.stats().command_count("getMore");
+    assert_eq!(sent, 1, "only the owner's getMore reached a mongos");
+    alice.shutdown().await;
+    mallory.shutdown().await;
+    proxy.shutdown().await;
+}

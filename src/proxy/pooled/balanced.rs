@@ -132,7 +132,17 @@ impl<C> Parked<C> {
     /// cursor, whose reply may already be with the client, or another request of the same
     /// transaction: the caller waits ([`Parked::changed`], enabled before this call) rather
     /// than run it on another connection, which may reach another mongos.
-    pub(crate) fn take(&self, cursor: Option<i64>, lsid: Option<&[u8]>) -> Take<C> {
+    ///
+    /// Only a connection `mine` accepts is taken (the asking client's upstream identity: a
+    /// parked connection is authenticated as the identity that opened its cursor or
+    /// transaction, and another identity's request on it would run as that user). Any other
+    /// is [`Take::Unknown`] to the caller, as a cursor open on no connection it may use.
+    pub(crate) fn take(
+        &self,
+        cursor: Option<i64>,
+        lsid: Option<&[u8]>,
+        mine: impl Fn(&C) -> bool,
+    ) -> Take<C> {
         let mut g = self.lock();
         let slot = cursor
             .and_then(|id| g.by_cursor.get(&id).copied())
@@ -141,8 +151,12 @@ impl<C> Parked<C> {
             return Take::Unknown;
         };
         match g.slots.get_mut(&slot) {
-            Some(s) => match s.conn.take() {
-                Some(conn) => Take::Got(slot, conn),
+            Some(s) => match &s.conn {
+                Some(conn) if !mine(conn) => Take::Unknown,
+                Some(_) => match s.conn.take() {
+                    Some(conn) => Take::Got(slot, conn),
+                    None => Take::Busy,
+                },
                 None => Take::Busy,
             },
             None => Take::Unknown,
@@ -295,12 +309,31 @@ mod tests {
         }
     }
 
+    fn any(_: &&str) -> bool {
+        true
+    }
+
     fn settle(opened: Option<i64>, closed: Option<i64>, txn: TxnChange) -> Settle {
         Settle {
             opened,
             closed,
             txn,
         }
+    }
+
+    /// A parked connection is taken only by a request of its own identity; to any other it
+    /// is unknown, and it stays parked for its owner.
+    #[test]
+    fn only_its_identity_takes_a_parked_connection() {
+        let p: Parked<&str> = Parked::default();
+        let now = Instant::now();
+        assert_eq!(
+            p.settle(None, "alice", settle(Some(7), None, TxnChange::None), now),
+            None
+        );
+        assert_eq!(p.take(Some(7), None, |c| *c == "bob"), Take::Unknown);
+        let (_, conn) = got(p.take(Some(7), None, |c| *c == "alice"));
+        assert_eq!(conn, "alice");
     }
 
     #[test]
@@ -319,18 +352,18 @@ mod tests {
         );
         assert_eq!(p.counts(), (1, 1, 0));
         // Another cursor's getMore finds nothing; cursor 7's finds "b".
-        assert_eq!(p.take(Some(8), None), Take::Unknown);
-        let (slot, conn) = got(p.take(Some(7), None));
+        assert_eq!(p.take(Some(8), None, any), Take::Unknown);
+        let (slot, conn) = got(p.take(Some(7), None, any));
         assert_eq!(conn, "b");
         // While it runs, a concurrent getMore of 7 finds it busy (and waits).
-        assert_eq!(p.take(Some(7), None), Take::Busy);
+        assert_eq!(p.take(Some(7), None, any), Take::Busy);
         // A middle batch: parked again.
         assert_eq!(
             p.settle(Some(slot), conn, settle(None, None, TxnChange::None), now),
             None
         );
         // The last batch closes the cursor: back to the pool, nothing left.
-        let (slot, conn) = got(p.take(Some(7), None));
+        let (slot, conn) = got(p.take(Some(7), None, any));
         assert_eq!(
             p.settle(
                 Some(slot),
@@ -353,7 +386,7 @@ mod tests {
             ),
             None
         );
-        let (slot, conn) = got(p.take(None, Some(&lsid)));
+        let (slot, conn) = got(p.take(None, Some(&lsid), any));
         assert_eq!(
             p.settle(
                 Some(slot),
@@ -363,13 +396,13 @@ mod tests {
             ),
             None
         );
-        let (slot, conn) = got(p.take(None, Some(&lsid)));
+        let (slot, conn) = got(p.take(None, Some(&lsid), any));
         assert_eq!(
             p.settle(Some(slot), conn, settle(None, None, TxnChange::Ended), now),
             None
         );
         assert_eq!(p.counts(), (1, 1, 0));
-        let (slot, conn) = got(p.take(Some(9), None));
+        let (slot, conn) = got(p.take(Some(9), None, any));
         assert_eq!(
             p.settle(
                 Some(slot),
@@ -382,9 +415,9 @@ mod tests {
 
         // A broken connection forgets its cursors; an abandoned one expires.
         p.settle(None, "d", settle(Some(11), None, TxnChange::None), now);
-        let (slot, _) = got(p.take(Some(11), None));
+        let (slot, _) = got(p.take(Some(11), None, any));
         p.forget(slot);
-        assert_eq!(p.take(Some(11), None), Take::Unknown);
+        assert_eq!(p.take(Some(11), None, any), Take::Unknown);
         assert_eq!(p.counts(), (0, 0, 0));
         p.settle(None, "e", settle(Some(12), None, TxnChange::None), now);
         assert!(p.expire(now, PARKED_TTL).is_empty());
@@ -405,7 +438,7 @@ mod tests {
         let changed = p.changed();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        assert_eq!(p.take(Some(5), None), Take::Busy);
+        assert_eq!(p.take(Some(5), None, any), Take::Busy);
         assert_eq!(p.counts(), (1, 1, 0));
         // The round trip settles: the waiter is woken and gets the connection.
         assert_eq!(
@@ -415,7 +448,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), changed)
             .await
             .expect("woken");
-        let (s, conn) = got(p.take(Some(5), None));
+        let (s, conn) = got(p.take(Some(5), None, any));
         assert_eq!((Some(s), conn), (slot, "a"));
         // Its last getMore: recorded nothing new, then settled closed: gone, and a
         // waiter is woken to find it unknown.
@@ -430,14 +463,14 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), changed)
             .await
             .expect("woken");
-        assert_eq!(p.take(Some(5), None), Take::Unknown);
+        assert_eq!(p.take(Some(5), None, any), Take::Unknown);
         // A transaction statement is recorded the same way.
         let lsid = vec![2u8; 16];
         let slot = p.reserve(None, None, Some(&lsid), now);
-        assert_eq!(p.take(None, Some(&lsid)), Take::Busy);
+        assert_eq!(p.take(None, Some(&lsid), any), Take::Busy);
         // A broken connection: forgotten, waiters find nothing.
         p.forget(slot.unwrap());
-        assert_eq!(p.take(None, Some(&lsid)), Take::Unknown);
+        assert_eq!(p.take(None, Some(&lsid), any), Take::Unknown);
         assert_eq!(p.counts(), (0, 0, 0));
     }
 }

@@ -227,6 +227,7 @@ impl PooledSide {
         &mut self,
         cursor: Option<i64>,
         lsid: Option<&[u8]>,
+        identity: &str,
         kill: &Stop,
     ) -> ParkedTake {
         let parked = &self.pooled.balanced;
@@ -235,7 +236,7 @@ impl PooledSide {
             let changed = parked.changed();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            match parked.take(cursor, lsid) {
+            match parked.take(cursor, lsid, |c: &Conn| c.key().identity == identity) {
                 balanced::Take::Got(slot, conn) => return ParkedTake::Got(slot, conn),
                 balanced::Take::Unknown => return ParkedTake::Unknown,
                 balanced::Take::Busy => {}
@@ -392,9 +393,29 @@ impl Strategy for PooledSide {
         }
         self.balanced_slot = None;
         self.closed_cursor = None;
+        let identity = match (&self.identity, route.class()) {
+            (Some(identity), _) => Some(identity.clone()),
+            // buildInfo before authentication (mongod allows it; 3.x drivers send it in
+            // their handshake): read-only server facts, run as the default identity.
+            (None, Class::BuildInfo) => Some(self.pooled.identities.default_identity().clone()),
+            (None, _) => None,
+        };
+        let Some(identity) = identity else {
+            return Acquired::Refused {
+                answer: Some(error_document(
+                    UNAUTHORIZED.0,
+                    UNAUTHORIZED.1,
+                    "command requires authentication",
+                )),
+                end: None,
+            };
+        };
         if self.pooled.topology.load_balanced() {
             let lsid = route.txn.as_ref().map(|t| t.lsid.as_slice());
-            match self.take_parked(route.cursor, lsid, kill).await {
+            match self
+                .take_parked(route.cursor, lsid, &identity.name, kill)
+                .await
+            {
                 ParkedTake::Got(slot, conn) => {
                     self.balanced_slot = Some(slot);
                     return Acquired::Link(conn);
@@ -435,23 +456,6 @@ impl Strategy for PooledSide {
                 ParkedTake::Unknown => {}
             }
         }
-        let identity = match (&self.identity, route.class()) {
-            (Some(identity), _) => Some(identity.clone()),
-            // buildInfo before authentication (mongod allows it; 3.x drivers send it in
-            // their handshake): read-only server facts, run as the default identity.
-            (None, Class::BuildInfo) => Some(self.pooled.identities.default_identity().clone()),
-            (None, _) => None,
-        };
-        let Some(identity) = identity else {
-            return Acquired::Refused {
-                answer: Some(error_document(
-                    UNAUTHORIZED.0,
-                    UNAUTHORIZED.1,
-                    "command requires authentication",
-                )),
-                end: None,
-            };
-        };
         let host = match self.choose_server(request, route, kill).await {
             Ok(h) => h,
             Err(None) => return refused_end(SessionError::Killed),
@@ -477,8 +481,11 @@ impl Strategy for PooledSide {
         kill: &Stop,
     ) -> Option<Conn> {
         let txn = route.txn.as_ref()?;
+        let identity = self.identity.clone()?;
         if self.pooled.topology.load_balanced() {
-            let ParkedTake::Got(slot, conn) = self.take_parked(None, Some(&txn.lsid), kill).await
+            let ParkedTake::Got(slot, conn) = self
+                .take_parked(None, Some(&txn.lsid), &identity.name, kill)
+                .await
             else {
                 return None;
             };
@@ -486,7 +493,6 @@ impl Strategy for PooledSide {
             return Some(conn);
         }
         let host = self.pooled.pins.txn_server(txn, Instant::now())?;
-        let identity = self.identity.clone()?;
         self.checkout(host, &identity, kill).await.ok()
     }
 
