@@ -99,6 +99,18 @@ pub type UpstreamRead = Either<OwnedReadHalf, ReadHalf<tokio_rustls::client::Tls
 pub type UpstreamWrite =
     Either<OwnedWriteHalf, WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>>;
 
+impl<T> Either<OwnedWriteHalf, T> {
+    /// Drops a write half whose peer has already closed its side, without tokio's
+    /// `shutdown(2)` on drop: the socket's close (when the read half goes) sends the FIN just
+    /// the same, one syscall fewer per connection. A TLS half is dropped as usual.
+    pub fn drop_after_peer_closed(self) {
+        match self {
+            Either::Plain(w) => w.forget(),
+            Either::Tls(t) => drop(t),
+        }
+    }
+}
+
 impl<T: AsyncRead + AsyncWrite> Either<TcpStream, T> {
     /// Splits into halves: tokio's lock-free TCP halves for plain connections, tokio's
     /// generic (locking) split for TLS, whose reads and writes share one session state.

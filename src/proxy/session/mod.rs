@@ -207,8 +207,13 @@ pub(crate) fn run<S: Strategy>(
     async move {
         let result = session.serve().await;
         session.strategy.close();
+        let peer_closed = matches!(result, Ok(End::ClientClosed));
         finish(result);
         // The session (the client's socket) is dropped here, after `finish`.
+        if peer_closed {
+            let Session { client, .. } = session;
+            client.out.drop_after_peer_closed();
+        }
     }
 }
 
