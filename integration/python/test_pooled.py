@@ -387,6 +387,42 @@ def test_pooled_transaction_completes(client, db):
     assert coll.find_one({"_id": "before"}) is not None
 
 
+class Succeeded(monitoring.CommandListener):
+    """Names of the commands that succeeded."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.names: list[str] = []
+
+    def started(self, event) -> None:
+        pass
+
+    def succeeded(self, event) -> None:
+        with self.lock:
+            self.names.append(event.command_name)
+
+    def failed(self, event) -> None:
+        pass
+
+
+def test_pooled_end_sessions_on_close_is_answered_and_reaches_the_upstream(db):
+    """pymongo ends its sessions in close() and waits for the reply: mongoguard answers a plain
+    endSessions itself and ends the sessions upstream in the background (one upstream round
+    trip less per short-lived client). The reply succeeds, and the upstream still gets it."""
+    before = standin_stats()
+    done = Succeeded()
+    c = proxy_client(event_listeners=[done])
+    with c.start_session() as s:
+        c[db]["ended"].insert_one({"x": 1}, session=s)
+    c.close()
+    assert "endSessions" in done.names, done.names
+    poll(
+        lambda: standin_stats()["commands"].get("endsessions", 0)
+        > before["commands"].get("endsessions", 0),
+        "the upstream to receive endSessions",
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The guard, in pooled mode
 # --------------------------------------------------------------------------------------------
