@@ -233,8 +233,10 @@ fn warn_when_a001_is_off(allowlist: &crate::allowlist::Allowlist, policy: &Polic
 const LISTEN_BACKLOG: u32 = 1024;
 
 /// A listening socket on `addr`: `SO_REUSEADDR` as every server sets it (a restart binds while
-/// old connections sit in TIME_WAIT), and `SO_REUSEPORT` when asked.
-fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
+/// old connections sit in TIME_WAIT), and `SO_REUSEPORT` when asked. `TCP_NODELAY` too: Linux
+/// copies it to every accepted socket, which then needs no `setsockopt` of its own (one
+/// syscall per client connection; see `proxy::listener`).
+pub(crate) fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
     let err = |source| ProxyError::Bind { addr, source };
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
@@ -243,6 +245,7 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
     }
     .map_err(err)?;
     socket.set_reuseaddr(true).map_err(err)?;
+    socket.set_nodelay(true).map_err(err)?;
     if reuse_port {
         socket.set_reuseport(true).map_err(err)?;
     }
@@ -411,5 +414,19 @@ impl ProxyHandle {
         wait_for_signal().await?;
         self.shutdown().await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// What `proxy::listener` relies on to skip `set_nodelay` per connection on Linux: an
+    /// accepted socket inherits `TCP_NODELAY` from the listener `bind` made.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_nodelay() {
+        let listener = super::bind("127.0.0.1:0".parse().unwrap(), false).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
     }
 }

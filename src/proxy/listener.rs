@@ -181,6 +181,8 @@ async fn client_task(
             }
         },
     };
+    // Linux: inherited from the listening socket (`app::bind`; tested there).
+    #[cfg(not(target_os = "linux"))]
     let _ = socket.set_nodelay(true);
     let socket = match &ctx.server_tls {
         None => crate::net::Either::Plain(socket),
