@@ -292,6 +292,79 @@ async fn discard_frees_a_slot_for_a_waiter() {
     assert_eq!(stats(&pool).discards, 1);
 }
 
+/// A waiter checking out a connection and releasing it, returning the connection's id.
+fn waiter(pool: &Pool<Dummy>) -> tokio::task::JoinHandle<Result<usize, PoolError>> {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let conn = pool.checkout(&key("app")).await?;
+        let id = conn.id;
+        conn.release();
+        Ok(id)
+    })
+}
+
+/// A released connection goes straight to the oldest waiter; if that waiter is gone before
+/// it runs (its future dropped after it was served), the connection passes on to the next
+/// waiter: nothing leaks and nothing is lost. The same for the bare slot of a discarded
+/// connection.
+#[tokio::test]
+async fn a_waiter_dropped_after_being_served_passes_it_on() {
+    for release in [true, false] {
+        let (pool, control) = pool(config(1));
+        let held = pool.checkout(&key("app")).await.unwrap();
+        let first = waiter(&pool);
+        until("the first waiter to queue", || stats(&pool).waiting == 1).await;
+        let second = waiter(&pool);
+        until("the second waiter to queue", || stats(&pool).waiting == 2).await;
+        let held_id = held.id;
+        // This test's runtime has one thread and this task does not yield between the two
+        // calls: the first waiter is served, then dropped before it runs.
+        if release {
+            held.release();
+        } else {
+            held.discard();
+        }
+        assert_eq!(stats(&pool).waiting, 1, "the first waiter was served");
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        let got = tokio::time::timeout(BOUND, second).await.unwrap().unwrap();
+        let s = stats(&pool);
+        if release {
+            assert_eq!(got.unwrap(), held_id, "the released connection, passed on");
+            assert_eq!((control.connects(), s.discards), (1, 0));
+        } else {
+            assert_eq!(got.unwrap(), 2, "a new connection in the slot passed on");
+            assert_eq!((control.connects(), s.discards), (2, 1));
+        }
+        assert_eq!(
+            (s.in_use, s.waiting, s.total, s.idle),
+            (0, 0, 1, 1),
+            "{s:?}"
+        );
+    }
+}
+
+/// A connection released to a waiter is checked before the waiter uses it: one the server
+/// closed meanwhile is closed, and the waiter opens another in its slot.
+#[tokio::test]
+async fn a_released_connection_the_server_closed_is_not_handed_to_a_waiter() {
+    let (pool, control) = pool(config(1));
+    let held = pool.checkout(&key("app")).await.unwrap();
+    let next = waiter(&pool);
+    until("the waiter to queue", || stats(&pool).waiting == 1).await;
+    held.release();
+    control.kill_all();
+    let got = tokio::time::timeout(BOUND, next).await.unwrap().unwrap();
+    assert_eq!(got.unwrap(), 2);
+    let s = stats(&pool);
+    assert_eq!(
+        (s.unusable, s.total, s.idle, s.in_use),
+        (1, 1, 1, 0),
+        "{s:?}"
+    );
+    assert_eq!(control.closed.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn idle_connection_closed_by_server_is_not_handed_out() {
     let (pool, control) = pool(config(2));

@@ -82,12 +82,95 @@ pub(crate) struct PooledSide {
     balanced_slot: Option<u64>,
     /// The cursor the current request's reply finished (a last getMore: id 0).
     closed_cursor: Option<i64>,
+    /// The session's checkouts (apart, so that a checkout borrows the identity in place).
+    checkouts: Checkouts,
+}
+
+/// A session's checkouts.
+#[derive(Default)]
+struct Checkouts {
     /// The pool of the last (server, identity) checked out from, so that the next checkout
     /// there does not look it up again (a session's requests mostly go to one server).
     last_pool: Option<PoolHandle<UpstreamConn>>,
     /// Bounds waits for a pooled connection (`checkout_timeout`): one timer re-armed per
     /// wait, made at the first wait (see [`LazyTimer`]).
-    checkout_timer: Option<LazyTimer>,
+    timer: Option<LazyTimer>,
+}
+
+impl Checkouts {
+    /// Load-balanced upstream: the parked connection of cursor `cursor` (else of the
+    /// transaction of session `lsid`), waiting while a request runs on it — never past the
+    /// checkout timeout or the kill.
+    async fn take_parked(
+        &mut self,
+        pooled: &Pooled,
+        cursor: Option<i64>,
+        lsid: Option<&[u8]>,
+        identity: &str,
+        kill: &Stop,
+    ) -> ParkedTake {
+        let parked = &pooled.balanced;
+        let mut waited = false;
+        loop {
+            let changed = parked.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match parked.take(cursor, lsid, |c: &Conn| c.key().identity == identity) {
+                balanced::Take::Got(slot, conn) => return ParkedTake::Got(slot, conn),
+                balanced::Take::Unknown => return ParkedTake::Unknown,
+                balanced::Take::Busy => {}
+            }
+            let timer = self.timer.get_or_insert_with(LazyTimer::new);
+            if !waited {
+                waited = true;
+                timer.arm(
+                    pooled
+                        .pool
+                        .config()
+                        .checkout_timeout
+                        .max(Duration::from_nanos(1)),
+                );
+            }
+            tokio::select! {
+                biased;
+                _ = kill.killed() => return ParkedTake::Killed,
+                _ = changed => {}
+                _ = timer.expired() => return ParkedTake::StayedBusy,
+            }
+        }
+    }
+
+    /// Checks out a connection to `host` as `identity`, never waiting past the kill: an
+    /// idle one at once when a slot is free, else (waiting for a slot, or connecting) until
+    /// the connection is killed.
+    async fn checkout(
+        &mut self,
+        pool: &crate::upstream::pool::Pool<crate::upstream::topology::MongoConnector>,
+        host: &Host,
+        identity: &str,
+        kill: &Stop,
+    ) -> Result<Conn, PoolError> {
+        let handle = match &mut self.last_pool {
+            Some(h) if &h.key().server == host && h.key().identity == identity => &*h,
+            slot => &*slot.insert(pool.handle(&PoolKey::new(host.clone(), identity))),
+        };
+        if kill.is_killed() {
+            return Err(PoolError::Closed {
+                pool: handle.key().clone(),
+            });
+        }
+        if let Some(c) = pool.checkout_ready(handle)? {
+            return Ok(c);
+        }
+        let timer = self.timer.get_or_insert_with(LazyTimer::new);
+        // A zero duration leaves a LazyTimer unarmed; a zero checkout_timeout means no wait.
+        timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
+        tokio::select! {
+            biased;
+            _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
+            c = pool.checkout_until(handle, timer.expired()) => c,
+        }
+    }
 }
 
 impl PooledSide {
@@ -109,8 +192,7 @@ impl PooledSide {
             on_kept: false,
             balanced_slot: None,
             closed_cursor: None,
-            last_pool: None,
-            checkout_timer: None,
+            checkouts: Checkouts::default(),
             pooled,
             ctx,
         }
@@ -168,38 +250,6 @@ impl PooledSide {
         Ok(host)
     }
 
-    /// Checks out a connection to `host` as `identity`, never waiting past the kill: an idle
-    /// one at once when a slot is free, else (waiting for a slot, or connecting) until the
-    /// connection is killed.
-    async fn checkout(
-        &mut self,
-        host: Host,
-        identity: &Identity,
-        kill: &Stop,
-    ) -> Result<Conn, PoolError> {
-        let pool = &self.pooled.pool;
-        let handle = match &mut self.last_pool {
-            Some(h) if h.key().server == host && h.key().identity == identity.name => &*h,
-            slot => &*slot.insert(pool.handle(&PoolKey::new(host, identity.name.clone()))),
-        };
-        if kill.is_killed() {
-            return Err(PoolError::Closed {
-                pool: handle.key().clone(),
-            });
-        }
-        if let Some(c) = pool.checkout_ready(handle)? {
-            return Ok(c);
-        }
-        let timer = self.checkout_timer.get_or_insert_with(LazyTimer::new);
-        // A zero duration leaves a LazyTimer unarmed; a zero checkout_timeout means no wait.
-        timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
-        tokio::select! {
-            biased;
-            _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
-            c = pool.checkout_until(handle, timer.expired()) => c,
-        }
-    }
-
     /// The answer to a request whose checkout failed.
     fn checkout_failed(&self, host: &Host, e: PoolError) -> Acquired<Conn> {
         let (code, name) = match &e {
@@ -217,47 +267,6 @@ impl PooledSide {
         Acquired::Refused {
             answer: Some(error_document(code, name, &format!("mongoguard: {e}"))),
             end: None,
-        }
-    }
-
-    /// Load-balanced upstream: the parked connection of cursor `cursor` (else of the
-    /// transaction of session `lsid`), waiting while a request runs on it — never past the
-    /// checkout timeout or the kill.
-    async fn take_parked(
-        &mut self,
-        cursor: Option<i64>,
-        lsid: Option<&[u8]>,
-        identity: &str,
-        kill: &Stop,
-    ) -> ParkedTake {
-        let parked = &self.pooled.balanced;
-        let mut waited = false;
-        loop {
-            let changed = parked.changed();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            match parked.take(cursor, lsid, |c: &Conn| c.key().identity == identity) {
-                balanced::Take::Got(slot, conn) => return ParkedTake::Got(slot, conn),
-                balanced::Take::Unknown => return ParkedTake::Unknown,
-                balanced::Take::Busy => {}
-            }
-            let timer = self.checkout_timer.get_or_insert_with(LazyTimer::new);
-            if !waited {
-                waited = true;
-                timer.arm(
-                    self.pooled
-                        .pool
-                        .config()
-                        .checkout_timeout
-                        .max(Duration::from_nanos(1)),
-                );
-            }
-            tokio::select! {
-                biased;
-                _ = kill.killed() => return ParkedTake::Killed,
-                _ = changed => {}
-                _ = timer.expired() => return ParkedTake::StayedBusy,
-            }
         }
     }
 
@@ -393,11 +402,11 @@ impl Strategy for PooledSide {
         }
         self.balanced_slot = None;
         self.closed_cursor = None;
-        let identity = match (&self.identity, route.class()) {
-            (Some(identity), _) => Some(identity.clone()),
+        let identity: Option<&Identity> = match (&self.identity, route.class()) {
+            (Some(identity), _) => Some(identity),
             // buildInfo before authentication (mongod allows it; 3.x drivers send it in
             // their handshake): read-only server facts, run as the default identity.
-            (None, Class::BuildInfo) => Some(self.pooled.identities.default_identity().clone()),
+            (None, Class::BuildInfo) => Some(self.pooled.identities.default_identity()),
             (None, _) => None,
         };
         let Some(identity) = identity else {
@@ -412,10 +421,10 @@ impl Strategy for PooledSide {
         };
         if self.pooled.topology.load_balanced() {
             let lsid = route.txn.as_ref().map(|t| t.lsid.as_slice());
-            match self
-                .take_parked(route.cursor, lsid, &identity.name, kill)
-                .await
-            {
+            let take =
+                self.checkouts
+                    .take_parked(&self.pooled, route.cursor, lsid, &identity.name, kill);
+            match take.await {
                 ParkedTake::Got(slot, conn) => {
                     self.balanced_slot = Some(slot);
                     return Acquired::Link(conn);
@@ -466,7 +475,11 @@ impl Strategy for PooledSide {
                 };
             }
         };
-        match self.checkout(host.clone(), &identity, kill).await {
+        let checkout = self
+            .checkouts
+            .checkout(&self.pooled.pool, &host, &identity.name, kill)
+            .await;
+        match checkout {
             Ok(c) => Acquired::Link(c),
             Err(e) => self.checkout_failed(&host, e),
         }
@@ -481,19 +494,26 @@ impl Strategy for PooledSide {
         kill: &Stop,
     ) -> Option<Conn> {
         let txn = route.txn.as_ref()?;
-        let identity = self.identity.clone()?;
+        let identity = self.identity.as_ref()?;
         if self.pooled.topology.load_balanced() {
-            let ParkedTake::Got(slot, conn) = self
-                .take_parked(None, Some(&txn.lsid), &identity.name, kill)
-                .await
-            else {
+            let take = self.checkouts.take_parked(
+                &self.pooled,
+                None,
+                Some(&txn.lsid),
+                &identity.name,
+                kill,
+            );
+            let ParkedTake::Got(slot, conn) = take.await else {
                 return None;
             };
             self.balanced_slot = Some(slot);
             return Some(conn);
         }
         let host = self.pooled.pins.txn_server(txn, Instant::now())?;
-        self.checkout(host, &identity, kill).await.ok()
+        self.checkouts
+            .checkout(&self.pooled.pool, &host, &identity.name, kill)
+            .await
+            .ok()
     }
 
     fn wants_reply_facts(&self) -> bool {

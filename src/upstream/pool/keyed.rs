@@ -1,17 +1,25 @@
-//! One pool (one [`PoolKey`]): the idle stack, the slot semaphore, and [`Checkout`].
+//! One pool (one [`PoolKey`]): the idle stack, the slots, the FIFO queue of waiters, and
+//! [`Checkout`] — all under one lock.
 //!
-//! Slots are semaphore permits, `pool_size` of them. A checkout holds one from the moment it
-//! stops waiting until its [`Checkout`] ends; idle connections hold none. Tokio's semaphore
-//! hands permits to waiters in FIFO order and forgets a waiter whose future is dropped, which
-//! gives fairness and cancellation safety. Connections are counted in `State::total`, which is
-//! only raised by a permit holder that found no idle connection (or by a prefill that checked
-//! it), so `total` never exceeds `pool_size`.
+//! A pool has `pool_size` slots. A checkout holds one from the moment it stops waiting until
+//! its [`Checkout`] ends; idle connections hold none. A checkout that finds every slot held
+//! queues as a waiter, and a checkout that ends hands its slot to the oldest waiter directly:
+//! with the connection itself when it is released in good health (no trip through the idle
+//! stack), as a bare slot when the connection is closed. A freed slot therefore goes to a
+//! waiter whenever there is one, so a free slot means an empty queue, and the queue is served
+//! in arrival order. A waiter whose future is dropped leaves the queue, and gives back
+//! whatever it was handed and did not take (the next waiter gets it), so no slot leaks and no
+//! release is lost. Connections are counted in `State::total`, which is only raised by a
+//! slot holder that found no idle connection (or by a prefill that holds a slot), so `total`
+//! never exceeds `pool_size`.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 mod checkout;
@@ -19,18 +27,19 @@ mod checkout;
 pub use checkout::Checkout;
 use checkout::Reservation;
 
-use super::stats::{Gauges, WaitingGuard};
+use super::stats::Gauges;
 use super::{Connector, PoolConfig, PoolError, PoolKey, PoolStats, PooledConn};
 
 /// The pool of one key.
 pub(super) struct KeyPool<T> {
     key: PoolKey,
     config: PoolConfig,
-    permits: Arc<Semaphore>,
     state: Mutex<State<T>>,
     gauges: Gauges,
     /// Its server is drained: no idle connection is kept, none is opened ahead.
-    drained: std::sync::atomic::AtomicBool,
+    drained: AtomicBool,
+    /// Closed (set under the state's lock): checkouts fail, released connections close.
+    closed: AtomicBool,
 }
 
 struct State<T> {
@@ -38,6 +47,33 @@ struct State<T> {
     idle: Vec<Idle<T>>,
     /// Connections idle, checked out or being opened.
     total: usize,
+    /// Slots held: by checkouts (in use or connecting), by checkouts between taking a slot and
+    /// an idle connection, and by waiters handed one they have not taken yet.
+    held: usize,
+    /// Checkouts alive (the `in_use` gauge).
+    in_use: usize,
+    /// Waiters not served yet, oldest first: indices into `cells`.
+    queue: VecDeque<usize>,
+    /// One cell per waiter that has not finished (reused; `free` lists the unused ones).
+    cells: Vec<Cell<T>>,
+    free: Vec<usize>,
+}
+
+/// What a waiter's cell holds.
+enum Cell<T> {
+    Free,
+    /// Queued; woken through this waker when served.
+    Waiting(Waker),
+    /// Served: the slot, and the connection handed over with it if any.
+    Granted(Option<Handed<T>>),
+    /// The pool closed while it waited.
+    Closed,
+}
+
+/// A connection handed from a checkout that ended to the waiter taking its slot.
+struct Handed<T> {
+    conn: Box<T>,
+    created: Instant,
 }
 
 struct Idle<T> {
@@ -58,18 +94,26 @@ enum Closed {
     NeverOpened,
 }
 
+/// Wakers to wake once the pool's lock is released.
+type Woken = Option<Waker>;
+
 impl<T: PooledConn> KeyPool<T> {
     pub(super) fn new(key: PoolKey, config: PoolConfig) -> Self {
         KeyPool {
             key,
-            permits: Arc::new(Semaphore::new(config.pool_size)),
-            config,
             state: Mutex::new(State {
                 idle: Vec::new(),
                 total: 0,
+                held: 0,
+                in_use: 0,
+                queue: VecDeque::new(),
+                cells: Vec::new(),
+                free: Vec::new(),
             }),
+            config,
             gauges: Gauges::default(),
-            drained: std::sync::atomic::AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -104,26 +148,25 @@ impl<T: PooledConn> KeyPool<T> {
     // The same error type as the async checkouts return (only the closed case occurs).
     #[allow(clippy::result_large_err)]
     pub(super) fn checkout_ready(self: &Arc<Self>) -> Result<Option<Checkout<T>>, PoolError> {
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(TryAcquireError::Closed) => return Err(self.closed_error()),
-            Err(TryAcquireError::NoPermits) => return Ok(None),
-        };
-        Ok(self.take_idle(permit, false).ok())
+        {
+            let mut state = self.lock();
+            if self.is_closed() {
+                return Err(self.closed_error());
+            }
+            if state.held >= self.config.pool_size || state.idle.is_empty() {
+                return Ok(None);
+            }
+            state.held += 1;
+        }
+        Ok(self.take_idle(false).ok())
     }
 
     pub(super) async fn checkout<C: Connector<Conn = T>>(
         self: &Arc<Self>,
         connector: &C,
     ) -> Result<Checkout<T>, PoolError> {
-        let permit = match self.try_acquire()? {
-            Some(permit) => permit,
-            None => {
-                let expired = tokio::time::sleep(self.config.checkout_timeout);
-                self.wait_for_slot(expired).await?
-            }
-        };
-        self.checkout_with(connector, permit).await
+        let expired = tokio::time::sleep(self.config.checkout_timeout);
+        self.checkout_until(connector, expired).await
     }
 
     /// [`KeyPool::checkout`] whose wait for a slot ends when `expired` completes (which the
@@ -133,59 +176,72 @@ impl<T: PooledConn> KeyPool<T> {
         connector: &C,
         expired: impl Future<Output = ()>,
     ) -> Result<Checkout<T>, PoolError> {
-        let permit = match self.try_acquire()? {
-            Some(permit) => permit,
-            None => self.wait_for_slot(expired).await?,
+        let handed = match self.wait_for_slot(expired).await? {
+            Some(handed) => handed,
+            None => return self.checkout_with(connector).await,
         };
-        self.checkout_with(connector, permit).await
+        let mut conn = handed.conn;
+        if conn.is_usable() {
+            // Counted in use when it was taken from the queue.
+            return Ok(Checkout::new(conn, handed.created, self.clone()));
+        }
+        drop(conn);
+        // Still holding the slot: an idle connection or a new one.
+        self.unusable_in_hand();
+        self.checkout_with(connector).await
     }
 
+    /// With a slot held: an idle connection, else a new one.
     async fn checkout_with<C: Connector<Conn = T>>(
         self: &Arc<Self>,
         connector: &C,
-        permit: OwnedSemaphorePermit,
     ) -> Result<Checkout<T>, PoolError> {
-        match self.take_idle(permit, true) {
+        match self.take_idle(true) {
             Ok(checkout) => Ok(checkout),
             // Rare (the pool grows): boxed, so that the connector's future does not enlarge
             // every checkout's.
-            Err(permit) => Box::pin(self.connect_new(connector, permit)).await,
+            Err(slot) => Box::pin(self.connect_new(connector, slot)).await,
         }
     }
 
-    /// With `permit`: the most recently used idle connection that is usable. `Err(permit)`
-    /// when there is none; with `count`, the slot is then counted in `total` for a connect.
-    fn take_idle(
-        self: &Arc<Self>,
-        permit: OwnedSemaphorePermit,
-        count: bool,
-    ) -> Result<Checkout<T>, OwnedSemaphorePermit> {
+    /// With a slot held (handed to the result, or freed): the most recently used idle
+    /// connection that is usable and not expired. `Err` when there is none; with `count`,
+    /// the slot is then counted in `total` for a connect and stays held by the returned
+    /// [`HeldSlot`].
+    fn take_idle(self: &Arc<Self>, count: bool) -> Result<Checkout<T>, HeldSlot<'_, T>> {
+        let slot = HeldSlot { pool: self };
         loop {
-            let popped = {
-                let mut state = self.lock();
-                let stale = self.take_expired(&mut state, Instant::now());
-                let popped = state.idle.pop();
-                if popped.is_none() && count {
+            let mut state = self.lock();
+            let Some(entry) = state.idle.pop() else {
+                if count {
                     state.total += 1;
+                    self.publish(&state);
+                    return Err(slot);
                 }
+                // Nothing to take: the slot is freed (`slot`'s drop) after the lock is.
+                drop(state);
+                return Err(slot);
+            };
+            if self.expired(&entry, Instant::now()) {
+                state.total = state.total.saturating_sub(1);
                 self.publish(&state);
                 drop(state);
-                drop(stale);
-                popped
-            };
-            let Some(mut entry) = popped else {
-                return Err(permit);
-            };
-            if !entry.conn.is_usable() {
-                self.uncount(Closed::Unusable);
+                Gauges::bump(&self.gauges.expired);
+                drop(entry);
                 continue;
             }
-            return Ok(Checkout::new(
-                entry.conn,
-                entry.created,
-                self.clone(),
-                permit,
-            ));
+            // Counted in use before the lock is released: the checkout is made below.
+            state.in_use += 1;
+            self.publish(&state);
+            drop(state);
+            let mut entry = entry;
+            if !entry.conn.is_usable() {
+                drop(entry);
+                self.unusable_in_hand();
+                continue;
+            }
+            slot.keep();
+            return Ok(Checkout::new(entry.conn, entry.created, self.clone()));
         }
     }
 
@@ -193,10 +249,15 @@ impl<T: PooledConn> KeyPool<T> {
     async fn connect_new<C: Connector<Conn = T>>(
         self: &Arc<Self>,
         connector: &C,
-        permit: OwnedSemaphorePermit,
+        slot: HeldSlot<'_, T>,
     ) -> Result<Checkout<T>, PoolError> {
         let conn = Box::new(self.connect_counted(connector).await?);
-        Ok(Checkout::new(conn, Instant::now(), self.clone(), permit))
+        slot.keep();
+        let mut state = self.lock();
+        state.in_use += 1;
+        self.publish(&state);
+        drop(state);
+        Ok(Checkout::new(conn, Instant::now(), self.clone()))
     }
 
     /// Connects for a slot counted in `total`; uncounts it if the connect fails or is
@@ -220,34 +281,37 @@ impl<T: PooledConn> KeyPool<T> {
         }
     }
 
-    /// A free slot, if there is one (`None`: wait for one).
-    // The same error type as the async checkouts return (only the closed case occurs).
-    #[allow(clippy::result_large_err)]
-    fn try_acquire(&self) -> Result<Option<OwnedSemaphorePermit>, PoolError> {
-        match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => Ok(Some(permit)),
-            Err(TryAcquireError::Closed) => Err(self.closed_error()),
-            Err(TryAcquireError::NoPermits) => Ok(None),
-        }
-    }
-
-    /// Waits (FIFO) for a slot until `expired` completes (`checkout_timeout`).
+    /// A slot: at once if one is free, else waiting (FIFO) until `expired` completes
+    /// (`checkout_timeout`). `Some`: the slot came with a connection handed over by the
+    /// checkout that freed it (not yet checked with [`PooledConn::is_usable`]).
     async fn wait_for_slot(
         &self,
         expired: impl Future<Output = ()>,
-    ) -> Result<OwnedSemaphorePermit, PoolError> {
-        let _waiting = WaitingGuard::new(&self.gauges.waiting);
-        let start = Instant::now();
+    ) -> Result<Option<Handed<T>>, PoolError> {
+        let mut wait = Wait {
+            pool: self,
+            cell: None,
+            start: None,
+        };
         let acquired = tokio::select! {
             biased;
-            acquired = self.permits.clone().acquire_owned() => Some(acquired),
+            acquired = &mut wait => Some(acquired),
             () = expired => None,
         };
+        let Some(start) = wait.start else {
+            // Served at once, without waiting.
+            return match acquired {
+                Some(Ok(handed)) => Ok(handed),
+                _ => Err(self.closed_error()),
+            };
+        };
+        // Leaves the queue (giving back whatever it was handed) before the error is built.
+        drop(wait);
         let waited = start.elapsed();
         self.gauges.observe_wait(waited);
         match acquired {
-            Some(Ok(permit)) => Ok(permit),
-            Some(Err(_closed)) => Err(self.closed_error()),
+            Some(Ok(handed)) => Ok(handed),
+            Some(Err(())) => Err(self.closed_error()),
             None => {
                 Gauges::bump(&self.gauges.timeouts);
                 Err(PoolError::CheckoutTimeout {
@@ -294,40 +358,50 @@ impl<T: PooledConn> KeyPool<T> {
             if self.drained.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            // Holding a permit keeps this connect within pool_size like a checkout's.
-            let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
-                return Ok(());
-            };
-            {
+            // Holding a slot keeps this connect within pool_size like a checkout's.
+            let slot = {
                 let mut state = self.lock();
-                if state.idle.len() >= self.config.min_idle || state.total >= self.config.pool_size
+                if self.is_closed()
+                    || state.held >= self.config.pool_size
+                    || state.idle.len() >= self.config.min_idle
+                    || state.total >= self.config.pool_size
                 {
                     return Ok(());
                 }
+                state.held += 1;
                 state.total += 1;
                 self.publish(&state);
-            }
+                HeldSlot { pool: self }
+            };
             let conn = Box::new(self.connect_counted(connector).await?);
+            slot.keep();
             let now = Instant::now();
             let mut state = self.lock();
-            state.idle.push(Idle {
-                conn,
-                created: now,
-                idle_since: now,
-            });
+            let woken = self.put_back(&mut state, conn, now, now);
             self.publish(&state);
+            drop(state);
+            wake(woken);
         }
     }
 
     /// Fails waiting and future checkouts and drops idle connections.
     pub(super) fn close(&self) {
-        self.permits.close();
         let mut state = self.lock();
+        self.closed.store(true, Ordering::Relaxed);
+        let mut woken = Vec::with_capacity(state.queue.len());
+        while let Some(i) = state.queue.pop_front() {
+            if let Some(cell) = state.cells.get_mut(i) {
+                if let Cell::Waiting(w) = std::mem::replace(cell, Cell::Closed) {
+                    woken.push(w);
+                }
+            }
+        }
         let idle = std::mem::take(&mut state.idle);
         state.total = state.total.saturating_sub(idle.len());
         self.publish(&state);
         drop(state);
         drop(idle);
+        woken.into_iter().for_each(Waker::wake);
     }
 
     /// Removes idle entries past `idle_timeout` or `max_lifetime`; the caller drops them
@@ -358,12 +432,43 @@ impl<T: PooledConn> KeyPool<T> {
         self.config.max_lifetime.is_some_and(|t| age >= t)
     }
 
-    /// One counted connection is gone.
-    fn uncount(&self, why: Closed) {
+    /// One counted connection is gone; its slot stays held by the caller.
+    fn uncount_holding(&self, why: Closed) {
         let mut state = self.lock();
         state.total = state.total.saturating_sub(1);
         self.publish(&state);
         drop(state);
+        self.count_closed(why);
+    }
+
+    /// The connection a slot holder took (counted in use) was unusable and is closed; the
+    /// slot stays held.
+    fn unusable_in_hand(&self) {
+        let mut state = self.lock();
+        state.in_use -= 1;
+        state.total = state.total.saturating_sub(1);
+        self.publish(&state);
+        drop(state);
+        self.count_closed(Closed::Unusable);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Whether a connection released now (or handed back) is closed instead of kept: the
+    /// pool is closed or its server drained, or the connection is past `max_lifetime`.
+    fn rejects(&self, created: Instant, now: Instant) -> Option<Closed> {
+        if self.past_lifetime(created, now) {
+            Some(Closed::Expired)
+        } else if self.is_closed() || self.drained.load(Ordering::Relaxed) {
+            Some(Closed::Discarded)
+        } else {
+            None
+        }
+    }
+
+    fn count_closed(&self, why: Closed) {
         let counter = match why {
             Closed::Discarded => &self.gauges.discards,
             Closed::Expired => &self.gauges.expired,
@@ -373,27 +478,105 @@ impl<T: PooledConn> KeyPool<T> {
         Gauges::bump(counter);
     }
 
-    /// Ends a checkout whose connection was released in good health.
-    fn check_in(&self, conn: Box<T>, created: Instant) {
+    /// Ends a checkout whose connection was released in good health: it goes to the oldest
+    /// waiter with the slot, or idles. `Err` gives it back, untouched, when it must close
+    /// instead (see [`KeyPool::rejects`]): the caller closes it, then ends the checkout with
+    /// [`KeyPool::end_discarded`].
+    fn end_released(&self, conn: Box<T>, created: Instant) -> Result<(), (Box<T>, Closed)> {
         let now = Instant::now();
-        if self.past_lifetime(created, now) {
-            return self.uncount(Closed::Expired);
-        }
-        if self.permits.is_closed() || self.drained.load(Ordering::SeqCst) {
-            return self.uncount(Closed::Discarded);
+        if let Some(why) = self.rejects(created, now) {
+            return Err((conn, why));
         }
         let mut state = self.lock();
-        state.idle.push(Idle {
-            conn,
-            created,
-            idle_since: now,
-        });
+        if self.is_closed() {
+            // Closed since the check above.
+            return Err((conn, Closed::Discarded));
+        }
+        state.in_use -= 1;
+        let woken = self.put_back(&mut state, conn, created, now);
         self.publish(&state);
+        drop(state);
+        wake(woken);
+        Ok(())
+    }
+
+    /// Ends a checkout whose connection was closed: uncounted, and the slot alone goes to the
+    /// oldest waiter, or is freed.
+    fn end_discarded(&self, why: Closed) {
+        let mut state = self.lock();
+        state.in_use -= 1;
+        state.total = state.total.saturating_sub(1);
+        let woken = self.free_slot(&mut state);
+        self.publish(&state);
+        drop(state);
+        self.count_closed(why);
+        wake(woken);
+    }
+
+    /// A slot holder's connection, released in good health: to the oldest waiter with the
+    /// slot, else idle (the slot freed).
+    fn put_back(
+        &self,
+        state: &mut State<T>,
+        conn: Box<T>,
+        created: Instant,
+        now: Instant,
+    ) -> Woken {
+        let handed = Handed { conn, created };
+        match Self::serve_next(state, Some(handed)) {
+            Ok(waker) => Some(waker),
+            Err(handed) => {
+                state.held -= 1;
+                if let Some(Handed { conn, created }) = handed {
+                    state.idle.push(Idle {
+                        conn,
+                        created,
+                        idle_since: now,
+                    });
+                }
+                None
+            }
+        }
+    }
+
+    /// A slot holder gives its slot up, without a connection: to the oldest waiter, else
+    /// free.
+    fn free_slot(&self, state: &mut State<T>) -> Woken {
+        match Self::serve_next(state, None) {
+            Ok(waker) => Some(waker),
+            Err(_) => {
+                state.held -= 1;
+                None
+            }
+        }
+    }
+
+    /// Serves the oldest waiter (taken off the queue) with the slot and `handed`; `Err`
+    /// gives `handed` back when no one waits.
+    fn serve_next(
+        state: &mut State<T>,
+        handed: Option<Handed<T>>,
+    ) -> Result<Waker, Option<Handed<T>>> {
+        while let Some(i) = state.queue.pop_front() {
+            let Some(cell) = state.cells.get_mut(i) else {
+                continue;
+            };
+            // Only waiting cells are queued; anything else is skipped, never overwritten.
+            if let Cell::Waiting(waker) = cell {
+                let waker = std::mem::replace(waker, Waker::noop().clone());
+                *cell = Cell::Granted(handed);
+                return Ok(waker);
+            }
+        }
+        Err(handed)
     }
 
     fn publish(&self, state: &State<T>) {
-        self.gauges.total.store(state.total, Ordering::Relaxed);
-        self.gauges.idle.store(state.idle.len(), Ordering::Relaxed);
+        let r = Ordering::Relaxed;
+        self.gauges.total.store(state.total, r);
+        self.gauges.idle.store(state.idle.len(), r);
+        self.gauges.in_use.store(state.in_use, r);
+        self.gauges.waiting.store(state.queue.len(), r);
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T>> {
@@ -404,6 +587,159 @@ impl<T: PooledConn> KeyPool<T> {
     fn closed_error(&self) -> PoolError {
         PoolError::Closed {
             pool: self.key.clone(),
+        }
+    }
+}
+
+fn wake(woken: Woken) {
+    if let Some(w) = woken {
+        w.wake();
+    }
+}
+
+/// A slot held between taking it and making a [`Checkout`] (taking an idle connection or
+/// connecting): freed — to the next waiter — if dropped before [`HeldSlot::keep`].
+struct HeldSlot<'a, T: PooledConn> {
+    pool: &'a KeyPool<T>,
+}
+
+impl<T: PooledConn> HeldSlot<'_, T> {
+    /// The slot goes on with the checkout made from it.
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<T: PooledConn> Drop for HeldSlot<'_, T> {
+    fn drop(&mut self) {
+        let mut state = self.pool.lock();
+        let woken = self.pool.free_slot(&mut state);
+        self.pool.publish(&state);
+        drop(state);
+        wake(woken);
+    }
+}
+
+/// A checkout's wait for a slot: takes a free one at its first poll, else queues; dropped
+/// while queued, it leaves the queue, and dropped after being served without taking what it
+/// was handed, it passes that on to the next waiter.
+struct Wait<'a, T: PooledConn> {
+    pool: &'a KeyPool<T>,
+    /// Its cell while queued or served but not yet taken.
+    cell: Option<usize>,
+    /// When it started to wait (it queued).
+    start: Option<Instant>,
+}
+
+impl<T: PooledConn> Future for Wait<'_, T> {
+    /// `Err`: the pool is closed.
+    type Output = Result<Option<Handed<T>>, ()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let pool = this.pool;
+        let mut state = pool.lock();
+        let state = &mut *state;
+        let Some(i) = this.cell else {
+            if pool.is_closed() {
+                return Poll::Ready(Err(()));
+            }
+            if state.held < pool.config.pool_size {
+                state.held += 1;
+                return Poll::Ready(Ok(None));
+            }
+            let i = match state.free.pop() {
+                Some(i) => i,
+                None => {
+                    state.cells.push(Cell::Free);
+                    state.cells.len() - 1
+                }
+            };
+            if let Some(cell) = state.cells.get_mut(i) {
+                *cell = Cell::Waiting(cx.waker().clone());
+            }
+            state.queue.push_back(i);
+            pool.publish(state);
+            this.cell = Some(i);
+            this.start = Some(Instant::now());
+            return Poll::Pending;
+        };
+        let Some(cell) = state.cells.get_mut(i) else {
+            return Poll::Ready(Err(()));
+        };
+        match cell {
+            Cell::Waiting(w) => {
+                if !w.will_wake(cx.waker()) {
+                    *w = cx.waker().clone();
+                }
+                Poll::Pending
+            }
+            Cell::Granted(_) | Cell::Closed | Cell::Free => {
+                let taken = std::mem::replace(cell, Cell::Free);
+                state.free.push(i);
+                this.cell = None;
+                match taken {
+                    Cell::Granted(handed) => {
+                        if handed.is_some() {
+                            // Counted in use under the same lock that takes it.
+                            state.in_use += 1;
+                            pool.publish(state);
+                        }
+                        Poll::Ready(Ok(handed))
+                    }
+                    _ => Poll::Ready(Err(())),
+                }
+            }
+        }
+    }
+}
+
+impl<T: PooledConn> Drop for Wait<'_, T> {
+    fn drop(&mut self) {
+        let Some(i) = self.cell.take() else {
+            return;
+        };
+        let pool = self.pool;
+        let mut state = pool.lock();
+        let taken = match state.cells.get_mut(i) {
+            Some(cell) => std::mem::replace(cell, Cell::Free),
+            None => Cell::Free,
+        };
+        state.free.push(i);
+        let (woken, handed) = match taken {
+            Cell::Waiting(_) => {
+                if let Some(at) = state.queue.iter().position(|&q| q == i) {
+                    state.queue.remove(at);
+                }
+                (None, None)
+            }
+            // Served but not taken: what it was handed goes on as a release would.
+            Cell::Granted(Some(handed)) => {
+                let now = Instant::now();
+                match pool.rejects(handed.created, now) {
+                    None => (
+                        pool.put_back(&mut state, handed.conn, handed.created, now),
+                        None,
+                    ),
+                    Some(why) => (None, Some((handed.conn, why))),
+                }
+            }
+            Cell::Granted(None) => (pool.free_slot(&mut state), None),
+            Cell::Closed | Cell::Free => (None, None),
+        };
+        pool.publish(&state);
+        drop(state);
+        wake(woken);
+        if let Some((conn, why)) = handed {
+            // Closed before its slot is passed on, as a discarded checkout's.
+            drop(conn);
+            let mut state = pool.lock();
+            state.total = state.total.saturating_sub(1);
+            let woken = pool.free_slot(&mut state);
+            pool.publish(&state);
+            drop(state);
+            pool.count_closed(why);
+            wake(woken);
         }
     }
 }

@@ -80,19 +80,3 @@ impl Gauges {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 }
-
-/// Counts one waiting checkout for as long as it lives, so a cancelled wait is uncounted too.
-pub(super) struct WaitingGuard<'a>(&'a AtomicUsize);
-
-impl<'a> WaitingGuard<'a> {
-    pub(super) fn new(gauge: &'a AtomicUsize) -> Self {
-        gauge.fetch_add(1, Ordering::Relaxed);
-        WaitingGuard(gauge)
-    }
-}
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}

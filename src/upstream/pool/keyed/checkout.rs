@@ -5,7 +5,6 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::{Closed, KeyPool};
@@ -35,36 +34,23 @@ impl<T: PooledConn> Drop for Reservation<'_, T> {
     fn drop(&mut self) {
         self.pool.gauges.connecting.fetch_sub(1, Ordering::Relaxed);
         if !self.opened {
-            self.pool.uncount(Closed::NeverOpened);
+            self.pool.uncount_holding(Closed::NeverOpened);
         }
     }
 }
 
-/// The slot of a checkout: on drop it uncounts the connection (a discard) unless it was
-/// checked in, then frees the permit, waking the next waiter.
+/// The slot of a checkout: on drop, unless its connection was released, it uncounts the
+/// connection (a discard) and passes the slot to the next waiter, or frees it.
 struct Slot<T: PooledConn> {
     pool: Arc<KeyPool<T>>,
-    _permit: OwnedSemaphorePermit,
-    checked_in: bool,
-}
-
-impl<T: PooledConn> Slot<T> {
-    fn new(pool: Arc<KeyPool<T>>, permit: OwnedSemaphorePermit) -> Self {
-        Slot {
-            pool,
-            _permit: permit,
-            checked_in: false,
-        }
-    }
+    released: bool,
 }
 
 impl<T: PooledConn> Drop for Slot<T> {
     fn drop(&mut self) {
-        self.pool.gauges.in_use.fetch_sub(1, Ordering::Relaxed);
-        if !self.checked_in {
-            self.pool.uncount(Closed::Discarded);
+        if !self.released {
+            self.pool.end_discarded(Closed::Discarded);
         }
-        // `_permit` is dropped after this body: the state is settled before a waiter wakes.
     }
 }
 
@@ -83,19 +69,16 @@ pub struct Checkout<T: PooledConn> {
 }
 
 impl<T: PooledConn> Checkout<T> {
-    /// A checkout of `conn` holding `permit`; the connection is counted in the pool's
-    /// `in_use` until the checkout ends.
-    pub(super) fn new(
-        conn: Box<T>,
-        created: Instant,
-        pool: Arc<KeyPool<T>>,
-        permit: OwnedSemaphorePermit,
-    ) -> Self {
-        pool.gauges.in_use.fetch_add(1, Ordering::Relaxed);
+    /// A checkout of `conn` in a slot its caller holds, already counted in the pool's
+    /// `in_use` (under the lock that gave it the connection) until the checkout ends.
+    pub(super) fn new(conn: Box<T>, created: Instant, pool: Arc<KeyPool<T>>) -> Self {
         Checkout {
             conn,
             created,
-            slot: Slot::new(pool, permit),
+            slot: Slot {
+                pool,
+                released: false,
+            },
         }
     }
 
@@ -107,8 +90,12 @@ impl<T: PooledConn> Checkout<T> {
             created,
             mut slot,
         } = self;
-        slot.checked_in = true;
-        slot.pool.check_in(conn, created);
+        slot.released = true;
+        if let Err((conn, why)) = slot.pool.end_released(conn, created) {
+            // Closed before its slot is passed on.
+            drop(conn);
+            slot.pool.end_discarded(why);
+        }
     }
 
     /// Closes the connection (it errored or its state is unknown) and frees its slot.
