@@ -226,6 +226,18 @@ pub(crate) fn walk_values<'a, T>(
     walk(doc, |e| visit(e.tag, e.value))
 }
 
+/// Walks the elements of `doc` as [`walk`] does, handing `visit` each element's key bytes
+/// (valid UTF-8: an ASCII key, or one the walk checked), type and value bytes. `Err(())`:
+/// something the walk does not decide; the caller asks the bson crate. A caller that acts on
+/// elements before the walk has decided the whole document must be able to undo that (or
+/// check the document first: [`elements_valid`]).
+pub(crate) fn walk_keyed<'a, T>(
+    doc: &'a RawDocument,
+    mut visit: impl FnMut(&'a [u8], u8, &'a [u8]) -> Option<T>,
+) -> Result<Option<T>, ()> {
+    walk(doc, |e| visit(e.key, e.tag, e.value))
+}
+
 /// True when every top-level element of `doc` is one the bson crate's iteration accepts and
 /// whose value it builds without error (what `Reader::document` requires of a message's
 /// documents), decided by one walk: lengths and terminators as the walk checks them, string
@@ -248,17 +260,24 @@ pub(crate) fn elements_valid_and_distinct(doc: &RawDocument) -> bool {
 
 /// One element of [`elements_valid`].
 fn element_valid(e: &Element<'_>) -> bool {
-    match e.tag {
+    value_valid(e.tag, e.value)
+}
+
+/// Whether the bson crate builds the value of an element of type `tag` whose value bytes,
+/// as [`walk_keyed`] hands them, are `value` without error (the check of [`elements_valid`]
+/// for one element). `false`: not decided here.
+pub(crate) fn value_valid(tag: u8, value: &[u8]) -> bool {
+    match tag {
         // Fixed sizes the walk checked; null, undefined, min and max key have no value.
         0x01 | 0x06 | 0x07 | 0x09 | 0x0A | 0x10 | 0x11 | 0x12 | 0x13 | 0x7F | 0xFF => true,
         // Length prefix and terminator checked by the walk; the bytes between must be UTF-8.
-        0x02 | 0x0D | 0x0E => match e.value.get(4..e.value.len().saturating_sub(1)) {
+        0x02 | 0x0D | 0x0E => match value.get(4..value.len().saturating_sub(1)) {
             Some(text) => text.is_ascii() || std::str::from_utf8(text).is_ok(),
             None => false,
         },
         // Length prefix and terminator checked by the walk: what `from_bytes` checks.
         0x03 | 0x04 => true,
-        0x08 => matches!(e.value, [0] | [1]),
+        0x08 => matches!(value, [0] | [1]),
         _ => false,
     }
 }
