@@ -388,12 +388,8 @@ impl<S: Strategy> Session<S> {
         let mut route = S::Route::default();
         let mut deferred = false;
         let (ctx, scratch) = (&self.ctx, &mut self.obs.scratch);
-        let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg| {
-            // The body's top-level keys, indexed once for routing and judging.
-            let body = match msg {
-                Message::Msg(m) => Some(Index::new(m.body())),
-                _ => None,
-            };
+        let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg, body| {
+            // `body`: the body's top-level keys, indexed once for routing and judging.
             let (r, judge) = strategy.route(msg, body.as_ref());
             route = r;
             match (judge, defer) {
