@@ -329,6 +329,12 @@ fn type_name(v: RawBsonRef<'_>) -> &'static str {
 /// Writes `s` as a JSON string literal.
 fn json_string(out: &mut String, s: &str) {
     out.push('"');
+    // Most keys need no escape: written whole.
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -465,6 +471,11 @@ mod tests {
     fn keys_are_json_escaped() {
         let f = rawdoc! { "a\"b\\c\n\u{1}": 1 };
         assert_eq!(shape(&f), r#"{"a\"b\\c\n\u0001": "<int>"}"#);
+        let f = rawdoc! { "ünï": 1, "a\u{1f}": 2, "\\": 3, "plain": 4 };
+        assert_eq!(
+            shape(&f),
+            r#"{"ünï": "<int>", "a\u001f": "<int>", "\\": "<int>", "plain": "<int>"}"#
+        );
     }
 
     #[test]
