@@ -40,8 +40,9 @@ pub struct ShapeScratch {
     ns: String,
     shape: String,
     key: u64,
-    /// `key` with the sort and projection: what the plan guard explains once.
-    plan_key: u64,
+    /// `key` with the sort and projection: what the plan guard explains once (computed only
+    /// when the capture asked for it).
+    plan_key: Option<u64>,
     /// The plan guard's verdict for it, when known.
     plan: Option<crate::plan::Verdict>,
 }
@@ -55,8 +56,8 @@ impl ShapeScratch {
     }
 
     /// The plan guard's key of the captured shape: namespace, command, filter shape, sort and
-    /// projection.
-    pub fn plan_key(&self) -> u64 {
+    /// projection; `None` when the capture did not compute it ([`ShapeScratch::capture_for`]).
+    pub fn plan_key(&self) -> Option<u64> {
         self.plan_key
     }
 
@@ -73,9 +74,16 @@ impl ShapeScratch {
     }
 
     /// Captures the namespace, command and first filter's shape of `view`, when it is one of
-    /// the tracked commands.
+    /// the tracked commands, and its plan key.
     pub fn capture(&mut self, view: &CommandView<'_>) {
+        self.capture_for(view, true);
+    }
+
+    /// [`ShapeScratch::capture`]; `plan_key`: also compute the plan guard's key (its sort and
+    /// projection are looked up only then: the guard asks for it when the plan rules are on).
+    pub fn capture_for(&mut self, view: &CommandView<'_>, plan_key: bool) {
         self.active = false;
+        self.plan_key = None;
         if view.is_explain() {
             return;
         }
@@ -121,12 +129,14 @@ impl ShapeScratch {
             self.command.as_bytes(),
             self.shape.as_bytes(),
         ]);
-        let (sort, projection) = sort_and_projection(view);
-        self.plan_key = fnv(&[
-            &self.key.to_le_bytes(),
-            sort.map_or(&[][..], |d| d.as_bytes()),
-            projection.map_or(&[][..], |d| d.as_bytes()),
-        ]);
+        if plan_key {
+            let (sort, projection) = sort_and_projection(view);
+            self.plan_key = Some(fnv(&[
+                &self.key.to_le_bytes(),
+                sort.map_or(&[][..], |d| d.as_bytes()),
+                projection.map_or(&[][..], |d| d.as_bytes()),
+            ]));
+        }
         self.plan = None;
         self.active = true;
     }

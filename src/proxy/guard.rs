@@ -144,18 +144,16 @@ pub(crate) fn judge<'a>(
             };
         }
     };
-    scratch.capture(&view);
-    plan_upkeep(ctx, &view);
     // The plan guard: a known verdict of this shape, or an explain scheduled (never waited
-    // for) when the rules that read it are on.
-    let plan = if scratch.active
-        && ctx.plan.is_on()
+    // for) when the rules that read it are on (the shape's plan key is computed only then).
+    let plan_rules = ctx.plan.is_on()
         && (policy.action(RuleId::Q006) != Action::Off
-            || policy.action(RuleId::Q007) != Action::Off)
-    {
-        ctx.plan.verdict(scratch.plan_key(), &view)
-    } else {
-        None
+            || policy.action(RuleId::Q007) != Action::Off);
+    scratch.capture_for(&view, plan_rules);
+    plan_upkeep(ctx, &view);
+    let plan = match scratch.plan_key() {
+        Some(key) if scratch.active && plan_rules => ctx.plan.verdict(key, &view),
+        _ => None,
     };
     let ns = view.namespace();
     let index_count = if view.kind() == crate::command::Kind::CreateIndexes

@@ -8,7 +8,7 @@ use super::{
     guard::Judgement,
     hello::{self, ClientMetadata},
 };
-use crate::wire::{first_key, Frame, Message, OpCode, WireError};
+use crate::wire::{first_key, Frame, Index, Message, OpCode, WireError};
 
 /// The facts the session loop acts on.
 #[derive(Debug, Clone)]
@@ -45,17 +45,20 @@ pub(crate) fn inspect(
     want_metadata: bool,
     judge: impl FnOnce(&Message<'_>) -> Judgement,
 ) -> Result<Request, WireError> {
-    inspect_with(frame, None, max_message_size, want_metadata, judge)
+    inspect_with(frame, None, max_message_size, want_metadata, |msg, _| {
+        judge(msg)
+    })
 }
 
 /// [`inspect`], with the decompressed form of an OP_COMPRESSED `frame` already at hand
-/// (see [`decompress_off_thread`]).
+/// (see [`decompress_off_thread`]); `judge` also receives the index of an OP_MSG body (built
+/// once here, where the command name is read off it, for routing and judging).
 pub(crate) fn inspect_with(
     frame: &Frame,
     inner: Option<&Frame>,
     max_message_size: usize,
     want_metadata: bool,
-    judge: impl FnOnce(&Message<'_>) -> Judgement,
+    judge: impl for<'m> FnOnce(&Message<'m>, Option<Index<'m>>) -> Judgement,
 ) -> Result<Request, WireError> {
     let request_id = frame.header().request_id;
     match Message::parse(frame.bytes(), max_message_size)? {
@@ -142,7 +145,7 @@ fn describe(
     msg: &Message<'_>,
     request_id: i32,
     want_metadata: bool,
-    judge: impl FnOnce(&Message<'_>) -> Judgement,
+    judge: impl for<'m> FnOnce(&Message<'m>, Option<Index<'m>>) -> Judgement,
 ) -> Result<Request, WireError> {
     let (command, exhaust_allowed): (Option<&RawDocument>, bool) = match msg {
         Message::Msg(m) => (Some(m.body()), m.flags().exhaust_allowed()),
@@ -151,10 +154,21 @@ fn describe(
         Message::Reply(_) => return Err(WireError::UnknownOpCode(OpCode::Reply as i32)),
         _ => (None, false),
     };
+    // An OP_MSG body's top-level keys, indexed once for the command name, routing and
+    // judging.
+    let body = match msg {
+        Message::Msg(m) => Some(m.body_index()),
+        _ => None,
+    };
     // The command name, read once; an empty command document is refused.
-    let name = match command {
-        Some(cmd) => Some(first_key(cmd).ok_or(WireError::EmptyCommand("command"))?),
-        None => None,
+    let name = match (command, &body) {
+        (Some(cmd), Some(index)) if std::ptr::eq(index.doc(), cmd) => Some(
+            index
+                .first_key()
+                .ok_or(WireError::EmptyCommand("command"))?,
+        ),
+        (Some(cmd), _) => Some(first_key(cmd).ok_or(WireError::EmptyCommand("command"))?),
+        (None, _) => None,
     };
     let is_hello = name.is_some_and(hello::is_hello_command);
     let metadata = match command {
@@ -176,7 +190,7 @@ fn describe(
         is_get_last_error: kind == Some(crate::command::Kind::GetLastError),
         legacy_find: matches!(msg, Message::Query(q) if !q.is_command()),
         is_write,
-        judgement: judge(msg),
+        judgement: judge(msg, body),
         command: super::observe::command_label(msg, name),
     })
 }

@@ -226,6 +226,18 @@ pub(crate) fn walk_values<'a, T>(
     walk(doc, |e| visit(e.tag, e.value))
 }
 
+/// Walks the elements of `doc` as [`walk`] does, handing `visit` each element's key bytes
+/// (valid UTF-8: an ASCII key, or one the walk checked), type and value bytes. `Err(())`:
+/// something the walk does not decide; the caller asks the bson crate. A caller that acts on
+/// elements before the walk has decided the whole document must be able to undo that (or
+/// check the document first: [`elements_valid`]).
+pub(crate) fn walk_keyed<'a, T>(
+    doc: &'a RawDocument,
+    mut visit: impl FnMut(&'a [u8], u8, &'a [u8]) -> Option<T>,
+) -> Result<Option<T>, ()> {
+    walk(doc, |e| visit(e.key, e.tag, e.value))
+}
+
 /// True when every top-level element of `doc` is one the bson crate's iteration accepts and
 /// whose value it builds without error (what `Reader::document` requires of a message's
 /// documents), decided by one walk: lengths and terminators as the walk checks them, string
@@ -237,7 +249,9 @@ pub(crate) fn elements_valid(doc: &RawDocument) -> bool {
 }
 
 /// [`elements_valid`] and, in the same walk, [`keys_distinct`] for a document of at most
-/// [`INDEX_CAP`] keys: `true` when both hold. `false` decides nothing (ask them apart).
+/// [`INDEX_CAP`] keys: `true` when both hold. `false` decides nothing (ask them apart). What
+/// [`Index::new_checked`] says while it indexes (the reference of its tests).
+#[cfg(test)]
 pub(crate) fn elements_valid_and_distinct(doc: &RawDocument) -> bool {
     let mut seen = SeenKeys::<INDEX_CAP>::new();
     let stopped = walk(doc, |e| {
@@ -248,17 +262,24 @@ pub(crate) fn elements_valid_and_distinct(doc: &RawDocument) -> bool {
 
 /// One element of [`elements_valid`].
 fn element_valid(e: &Element<'_>) -> bool {
-    match e.tag {
+    value_valid(e.tag, e.value)
+}
+
+/// Whether the bson crate builds the value of an element of type `tag` whose value bytes,
+/// as [`walk_keyed`] hands them, are `value` without error (the check of [`elements_valid`]
+/// for one element). `false`: not decided here.
+pub(crate) fn value_valid(tag: u8, value: &[u8]) -> bool {
+    match tag {
         // Fixed sizes the walk checked; null, undefined, min and max key have no value.
         0x01 | 0x06 | 0x07 | 0x09 | 0x0A | 0x10 | 0x11 | 0x12 | 0x13 | 0x7F | 0xFF => true,
         // Length prefix and terminator checked by the walk; the bytes between must be UTF-8.
-        0x02 | 0x0D | 0x0E => match e.value.get(4..e.value.len().saturating_sub(1)) {
+        0x02 | 0x0D | 0x0E => match value.get(4..value.len().saturating_sub(1)) {
             Some(text) => text.is_ascii() || std::str::from_utf8(text).is_ok(),
             None => false,
         },
         // Length prefix and terminator checked by the walk: what `from_bytes` checks.
         0x03 | 0x04 => true,
-        0x08 => matches!(e.value, [0] | [1]),
+        0x08 => matches!(value, [0] | [1]),
         _ => false,
     }
 }
@@ -302,22 +323,51 @@ pub(crate) struct Index<'a> {
 impl<'a> Index<'a> {
     /// Walks `doc` once (and no further than its first [`INDEX_CAP`] elements and the one after).
     pub(crate) fn new(doc: &'a RawDocument) -> Index<'a> {
-        let base = doc.as_bytes().as_ptr() as usize;
+        Self::build(doc, false).0
+    }
+
+    /// [`Index::new`] and, in the same walk, `elements_valid_and_distinct`: the index, and
+    /// `true` when every element is valid and every key distinct (`false` decides nothing:
+    /// ask them apart). A key of [`LONG_KEY`] bytes or more is not compared here (`false`).
+    pub(crate) fn new_checked(doc: &'a RawDocument) -> (Index<'a>, bool) {
+        Self::build(doc, true)
+    }
+
+    fn build(doc: &'a RawDocument, check: bool) -> (Index<'a>, bool) {
+        let bytes = doc.as_bytes();
+        // Whether every element met so far is valid and its key new.
+        let mut holds = check;
+        let base = bytes.as_ptr() as usize;
         let mut starts = [0u32; INDEX_CAP];
         let mut key_lens = [0u8; INDEX_CAP];
         let mut len = 0usize;
         let mut end_of_last = 0u32;
         let mut fits = true;
         let walked = walk(doc, |e| {
-            let Some(slot) = starts.get_mut(len) else {
+            if len >= INDEX_CAP {
                 return Some(());
-            };
+            }
             // An element starts one byte (its type) before its key; offsets are within `doc`.
             let start = (e.key.as_ptr() as usize).wrapping_sub(base).wrapping_sub(1);
             let end = (e.value.as_ptr() as usize).wrapping_sub(base) + e.value.len();
             let key_len = u8::try_from(e.key.len()).unwrap_or(LONG_KEY);
-            match (u32::try_from(start), u32::try_from(end)) {
-                (Ok(s), Ok(e)) => {
+            if holds {
+                // A key is compared with the recorded keys of its length only.
+                let seen = || {
+                    let recorded = key_lens.iter().zip(&starts).take(len);
+                    recorded.filter(|(l, _)| **l == key_len).any(|(_, &s)| {
+                        let at = s as usize + 1;
+                        bytes.get(at..at + e.key.len()) == Some(e.key)
+                    })
+                };
+                holds = key_len != LONG_KEY && element_valid(&e) && !seen();
+            }
+            match (
+                u32::try_from(start),
+                u32::try_from(end),
+                starts.get_mut(len),
+            ) {
+                (Ok(s), Ok(e), Some(slot)) => {
                     *slot = s;
                     if let Some(k) = key_lens.get_mut(len) {
                         *k = key_len;
@@ -337,14 +387,15 @@ impl<'a> Index<'a> {
             Ok(Some(())) if fits => Coverage::Partial,
             _ => Coverage::Undecided,
         };
-        Index {
+        let index = Index {
             doc,
             starts,
             key_lens,
             end_of_last,
             len: u8::try_from(len).unwrap_or(0),
             coverage,
-        }
+        };
+        (index, holds && coverage == Coverage::Complete)
     }
 
     /// The indexed document.
@@ -637,6 +688,11 @@ mod tests {
                     fast += 1;
                     assert!(crate_ok(doc), "said valid: {bytes:?}");
                 }
+                // The index's own check says what `elements_valid_and_distinct` says (no key
+                // here is long), and its index is `Index::new`'s.
+                let (checked, holds) = Index::new_checked(doc);
+                assert_eq!(holds, elements_valid_and_distinct(doc), "{bytes:?}");
+                same_index(&checked, &Index::new(doc));
                 if elements_valid_and_distinct(doc) {
                     assert!(crate_ok(doc), "said valid and distinct: {bytes:?}");
                     let keys: Vec<&str> = doc.iter().map(|e| e.unwrap().0.as_str()).collect();
@@ -659,6 +715,35 @@ mod tests {
         let mut dup = find.clone();
         dup.append(bson::cstr!("find"), "other");
         assert!(elements_valid(&dup) && !elements_valid_and_distinct(&dup));
+    }
+
+    fn same_index(a: &Index<'_>, b: &Index<'_>) {
+        assert!(std::ptr::eq(a.doc, b.doc));
+        assert_eq!(
+            (a.starts, a.key_lens, a.end_of_last, a.len, a.coverage),
+            (b.starts, b.key_lens, b.end_of_last, b.len, b.coverage)
+        );
+    }
+
+    /// `Index::new_checked` on repeated keys, more keys than the index records, long keys.
+    #[test]
+    fn checked_index_says_valid_and_distinct_only_when_it_is() {
+        let find = rawdoc! { "find": "c", "filter": {"_id": 1}, "$db": "d" };
+        assert!(Index::new_checked(&find).1);
+        let mut dup = find.clone();
+        dup.append(bson::cstr!("$db"), "other");
+        let (index, holds) = Index::new_checked(&dup);
+        assert!(!holds);
+        same_index(&index, &Index::new(&dup));
+        let mut many = bson::RawDocumentBuf::new();
+        for i in 0..=INDEX_CAP {
+            many.append(bson::raw::CString::try_from(format!("k{i}")).unwrap(), 1);
+        }
+        assert!(!Index::new_checked(&many).1);
+        let long = "k".repeat(300);
+        let mut doc = bson::RawDocumentBuf::new();
+        doc.append(bson::raw::CString::try_from(long).unwrap(), 1);
+        assert!(!Index::new_checked(&doc).1);
     }
 
     #[test]

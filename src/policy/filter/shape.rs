@@ -61,6 +61,24 @@ fn document(out: &mut String, doc: &RawDocument, depth: usize, in_expr: bool) {
         out.push_str("\"<…>\"");
         return;
     }
+    // The fast walk renders what it decides; anything else is rendered again, from where
+    // this document started, through the bson crate's iteration (the same text: see
+    // `tests::fast_walk_renders_what_the_bson_crate_renders`).
+    #[cfg(test)]
+    if tests::ITER_ONLY.with(std::cell::Cell::get) {
+        document_iter(out, doc, depth, in_expr);
+        return;
+    }
+    let mark = out.len();
+    if fast::document(out, doc, depth, in_expr) {
+        return;
+    }
+    out.truncate(mark);
+    document_iter(out, doc, depth, in_expr);
+}
+
+/// [`document`] through the bson crate's iteration: any document.
+fn document_iter(out: &mut String, doc: &RawDocument, depth: usize, in_expr: bool) {
     out.push('{');
     let mut elems = doc.iter_elements();
     let mut n = 0usize;
@@ -144,6 +162,141 @@ fn array(out: &mut String, a: &RawArray, depth: usize, in_expr: bool) {
     out.push(']');
 }
 
+/// [`document`] and [`any_value`] over `crate::wire::walk_keyed`, which checks each element as
+/// the bson crate's iteration does without building it. Each returns `false` when the walk
+/// does not decide what it met (a type it leaves to the bson crate, a value the crate would
+/// not build, malformed bytes, more than [`MAX_ITEMS`] items): the caller then throws away
+/// what was written and renders the document through the bson crate.
+mod fast {
+    use super::{json_string, type_name_of_tag, MAX_ITEMS, SHAPE_DEPTH};
+    use crate::wire::{value_valid, walk_keyed, walk_values};
+    use bson::RawDocument;
+    use std::fmt::Write as _;
+
+    pub(super) fn document(
+        out: &mut String,
+        doc: &RawDocument,
+        depth: usize,
+        in_expr: bool,
+    ) -> bool {
+        out.push('{');
+        let mut n = 0usize;
+        let walked = walk_keyed(doc, |key, tag, value| {
+            if n == MAX_ITEMS {
+                return Some(());
+            }
+            if n > 0 {
+                out.push_str(", ");
+            }
+            n += 1;
+            let Ok(key) = std::str::from_utf8(key) else {
+                return Some(());
+            };
+            json_string(out, key);
+            out.push_str(": ");
+            let in_expr = in_expr || key == "$expr";
+            (!self::value(out, key, tag, value, depth + 1, in_expr)).then_some(())
+        });
+        out.push('}');
+        matches!(walked, Ok(None))
+    }
+
+    /// `super::any_value` of an element of type `tag` and value bytes `value`.
+    fn value(
+        out: &mut String,
+        key: &str,
+        tag: u8,
+        value: &[u8],
+        depth: usize,
+        in_expr: bool,
+    ) -> bool {
+        match tag {
+            0x03 => match RawDocument::from_bytes(value) {
+                Ok(d) => {
+                    super::document(out, d, depth, in_expr);
+                    true
+                }
+                Err(_) => false,
+            },
+            0x04 => {
+                let Ok(items) = RawDocument::from_bytes(value) else {
+                    return false;
+                };
+                // Every item's type, when the walk decides the whole array.
+                let (mut count, mut nested) = (0usize, false);
+                let walked = walk_values(items, |tag, _| {
+                    count += 1;
+                    nested |= matches!(tag, 0x03 | 0x04);
+                    None::<()>
+                });
+                if walked.is_err() {
+                    return false;
+                }
+                if matches!(key, "$and" | "$or" | "$nor") || (in_expr && nested) {
+                    array(out, items, depth, in_expr)
+                } else {
+                    let _ = write!(out, "\"<array of {count}>\"");
+                    true
+                }
+            }
+            _ if value_valid(tag, value) => match type_name_of_tag(tag) {
+                Some(name) => {
+                    out.push_str("\"<");
+                    out.push_str(name);
+                    out.push_str(">\"");
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// `super::array` of an array's bytes (a document whose keys are the indexes).
+    fn array(out: &mut String, items: &RawDocument, depth: usize, in_expr: bool) -> bool {
+        if depth >= SHAPE_DEPTH {
+            out.push_str("\"<…>\"");
+            return true;
+        }
+        out.push('[');
+        let mut n = 0usize;
+        let walked = walk_values(items, |tag, value| {
+            if n == MAX_ITEMS {
+                return Some(());
+            }
+            if n > 0 {
+                out.push_str(", ");
+            }
+            n += 1;
+            (!self::value(out, "", tag, value, depth + 1, in_expr)).then_some(())
+        });
+        out.push(']');
+        matches!(walked, Ok(None))
+    }
+}
+
+/// [`type_name`] of a value of element type `tag` that the bson crate builds, for the types
+/// whose name the type alone decides; `None` for the others (binary, regex...).
+fn type_name_of_tag(tag: u8) -> Option<&'static str> {
+    Some(match tag {
+        0x01 => "double",
+        0x02 => "string",
+        0x06 => "undefined",
+        0x07 => "objectId",
+        0x08 => "bool",
+        0x09 => "date",
+        0x0A => "null",
+        0x0D => "javascript",
+        0x0E => "symbol",
+        0x10 | 0x12 => "int",
+        0x11 => "timestamp",
+        0x13 => "decimal",
+        0x7F => "maxKey",
+        0xFF => "minKey",
+        _ => return None,
+    })
+}
+
 fn type_name(v: RawBsonRef<'_>) -> &'static str {
     match v {
         RawBsonRef::Int32(_) | RawBsonRef::Int64(_) => "int",
@@ -176,6 +329,12 @@ fn type_name(v: RawBsonRef<'_>) -> &'static str {
 /// Writes `s` as a JSON string literal.
 fn json_string(out: &mut String, s: &str) {
     out.push('"');
+    // Most keys need no escape: written whole.
+    if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -197,6 +356,58 @@ mod tests {
     use super::*;
     use crate::policy::filter::test_util::doc;
     use bson::{rawdoc, Binary};
+
+    thread_local! {
+        /// Renders through the bson crate's iteration only (the reference of the fast walk).
+        pub(super) static ITER_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    fn shape_iter_only(doc: &RawDocument) -> String {
+        ITER_ONLY.with(|f| f.set(true));
+        let s = shape(doc);
+        ITER_ONLY.with(|f| f.set(false));
+        s
+    }
+
+    /// The fast walk renders exactly the text of the bson crate's iteration on every corrupted
+    /// or cut copy of a few filters (of every type it names, arrays rendered and counted,
+    /// `$expr`, and types it leaves to the crate).
+    #[test]
+    fn fast_walk_renders_what_the_bson_crate_renders() {
+        let uuid = Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: vec![7; 16],
+        };
+        let filters = [
+            rawdoc! {
+                "age": {"$ne": 42}, "name": "bob", "$or": [{"a": 1}, {"b": {"$in": [1, 2, "x"]}}],
+                "t": true, "n": bson::RawBson::Null, "d": 1.5, "l": 5i64,
+            },
+            rawdoc! {
+                "$expr": {"$gt": [{"$size": "$a"}, 3], "$eq": ["$b", 1]},
+                "oid": bson::oid::ObjectId::from_bytes([7; 12]), "dt": bson::DateTime::from_millis(5),
+                "ts": bson::Timestamp { time: 1, increment: 2 }, "dec": bson::Decimal128::from_bytes([0; 16]),
+                "ünï": {"x": [[1], {"y": "z"}]}, "$and": [], "mx": bson::RawBson::MaxKey, "mn": bson::RawBson::MinKey,
+            },
+            rawdoc! {
+                "u": uuid, "r": bson::Regex { pattern: "a.*".to_owned().try_into().unwrap(), options: "i".to_owned().try_into().unwrap() },
+                "x": {"y": [1, {"z": "s"}]}, "js": bson::RawBson::JavaScriptCode("f()".into()),
+                "und": bson::RawBson::Undefined, "sym": bson::RawBson::Symbol("s".into()),
+            },
+        ];
+        let mut checked = 0usize;
+        for good in filters {
+            let good = good.into_bytes();
+            for bytes in std::iter::once(good.clone()).chain(crate::wire::corruptions(&good)) {
+                let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                    continue;
+                };
+                assert_eq!(shape(doc), shape_iter_only(doc), "{bytes:?}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 3_000, "{checked}");
+    }
 
     #[test]
     fn renders_examples_from_the_standards() {
@@ -260,6 +471,11 @@ mod tests {
     fn keys_are_json_escaped() {
         let f = rawdoc! { "a\"b\\c\n\u{1}": 1 };
         assert_eq!(shape(&f), r#"{"a\"b\\c\n\u0001": "<int>"}"#);
+        let f = rawdoc! { "ünï": 1, "a\u{1f}": 2, "\\": 3, "plain": 4 };
+        assert_eq!(
+            shape(&f),
+            r#"{"ünï": "<int>", "a\u001f": "<int>", "\\": "<int>", "plain": "<int>"}"#
+        );
     }
 
     #[test]

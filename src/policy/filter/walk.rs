@@ -16,7 +16,7 @@
 //! aggregation expressions they are the `$field` argument without its `$` when there is one,
 //! else `""`.
 
-use crate::wire::GetFast;
+use crate::wire::{value_valid, walk_keyed, GetFast};
 use std::ops::ControlFlow;
 
 use bson::{RawArray, RawBsonRef, RawDocument, RawRegexRef};
@@ -119,6 +119,65 @@ fn filter_doc<'a>(doc: &'a RawDocument, v: &mut impl Visitor<'a>, depth: usize) 
     if depth > MAX_DEPTH {
         return v.visit(Event::TooDeep);
     }
+    #[cfg(test)]
+    let fast = !tests::ITER_ONLY.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    let fast = true;
+    if fast {
+        if let Some(flow) = filter_doc_fast(doc, v, depth) {
+            return flow;
+        }
+    }
+    filter_doc_iter(doc, v, depth)
+}
+
+/// [`filter_doc`] over `crate::wire::walk_keyed` instead of the bson crate's iteration, for a
+/// document the walk decides whole and whose every value the bson crate builds (checked by a
+/// first walk, before any event), without `$and` / `$or` / `$nor` / `$expr` (their arrays
+/// and expressions are left to the crate). `None`: not decided, nothing visited.
+/// `tests::fast_walk_reports_what_the_bson_crate_walk_reports`.
+fn filter_doc_fast<'a>(
+    doc: &'a RawDocument,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> Option<ControlFlow<()>> {
+    let checked = walk_keyed(doc, |key, tag, value| {
+        let leave =
+            !value_valid(tag, value) || matches!(key, b"$and" | b"$or" | b"$nor" | b"$expr");
+        leave.then_some(())
+    });
+    if !matches!(checked, Ok(None)) {
+        return None;
+    }
+    let walked = walk_keyed(doc, |key, tag, value| {
+        let flow = match key {
+            b"$where" => v.visit(Event::Where),
+            // $comment, $text, $jsonSchema...: no predicates
+            [b'$', ..] => ControlFlow::Continue(()),
+            // Only an embedded document holds predicates (a regex value is left to the crate).
+            _ if tag == 0x03 => match (std::str::from_utf8(key), RawDocument::from_bytes(value)) {
+                (Ok(path), Ok(d)) => field(path, RawBsonRef::Document(d), v, depth + 1),
+                // Not reached: the first walk checked the key and the document's bytes.
+                _ => v.visit(Event::Malformed),
+            },
+            _ => ControlFlow::Continue(()),
+        };
+        flow.is_break().then_some(flow)
+    });
+    Some(match walked {
+        Ok(Some(flow)) => flow,
+        Ok(None) => ControlFlow::Continue(()),
+        // Not reached: the first walk decided these bytes.
+        Err(()) => v.visit(Event::Malformed),
+    })
+}
+
+/// [`filter_doc`] through the bson crate's iteration: any document.
+fn filter_doc_iter<'a>(
+    doc: &'a RawDocument,
+    v: &mut impl Visitor<'a>,
+    depth: usize,
+) -> ControlFlow<()> {
     for elem in doc.iter_elements() {
         let Ok(elem) = elem else {
             return v.visit(Event::Malformed);
@@ -313,5 +372,74 @@ fn elem_match_is_value_form(d: &RawDocument) -> bool {
             "$and" | "$or" | "$nor" | "$expr" | "$where" | "$text" | "$comment" | "$jsonSchema"
         ),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    thread_local! {
+        /// Walks filters through the bson crate's iteration only (the reference of the fast walk).
+        pub(super) static ITER_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// The events of `walk_filter`, stopping after `stop_after` of them, and its result.
+    fn events(filter: &RawDocument, iter_only: bool, stop_after: usize) -> (Vec<String>, bool) {
+        ITER_ONLY.with(|f| f.set(iter_only));
+        let mut out = Vec::new();
+        let flow = walk_filter(filter, &mut |e: Event<'_>| {
+            out.push(format!("{e:?}"));
+            if out.len() > stop_after {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        ITER_ONLY.with(|f| f.set(false));
+        (out, flow.is_break())
+    }
+
+    /// The fast walk reports exactly the events of the bson crate's iteration, and stops where
+    /// it does, on every corrupted or cut copy of a few filters.
+    #[test]
+    fn fast_walk_reports_what_the_bson_crate_walk_reports() {
+        let re = || bson::Regex {
+            pattern: "^a".to_owned().try_into().unwrap(),
+            options: "i".to_owned().try_into().unwrap(),
+        };
+        let filters = [
+            rawdoc! {
+                "a": {"$ne": 1, "$exists": false}, "b": 5, "$where": "x", "c": {"d": 1},
+                "e": {"$in": [1, 2], "$nin": ["x"]}, "$comment": "c", "f": [1, 2],
+                "g": {"$elemMatch": {"h": {"$ne": 2}}}, "s": "ünï", "t": true,
+            },
+            rawdoc! {
+                "_id": 5, "a": {"$not": {"$regex": "x", "$options": "m"}},
+                "$or": [{"b": {"$ne": 1}}, {"c": 1}], "d": {"$exists": 0},
+            },
+            rawdoc! { "r": re(), "a": {"$ne": 1}, "$expr": {"$ne": ["$a", 1]}, "b": {"$all": [re()]} },
+            rawdoc! { "_id": 5 },
+        ];
+        let mut checked = 0usize;
+        for good in filters {
+            let good = good.into_bytes();
+            for bytes in std::iter::once(good.clone()).chain(crate::wire::corruptions(&good)) {
+                let Ok(doc) = RawDocument::from_bytes(&bytes) else {
+                    continue;
+                };
+                let (all, _) = events(doc, true, usize::MAX);
+                for stop_after in [0, 1, 2, usize::MAX] {
+                    assert_eq!(
+                        events(doc, false, stop_after),
+                        events(doc, true, stop_after),
+                        "{bytes:?}, stopping after {stop_after} of {all:?}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 2_000, "{checked}");
     }
 }

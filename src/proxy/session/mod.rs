@@ -44,7 +44,7 @@ use super::{
 };
 use crate::{
     net::{ClientStream, ClientWrite},
-    wire::{Frame, Index, Message},
+    wire::{Frame, Message},
 };
 
 pub(crate) use super::client_io::End;
@@ -393,12 +393,8 @@ impl<S: Strategy> Session<S> {
         let mut route = S::Route::default();
         let mut deferred = false;
         let (ctx, scratch) = (&self.ctx, &mut self.obs.scratch);
-        let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg| {
-            // The body's top-level keys, indexed once for routing and judging.
-            let body = match msg {
-                Message::Msg(m) => Some(Index::new(m.body())),
-                _ => None,
-            };
+        let request = inspect_with(frame, inner, self.max, meta.is_none(), |msg, body| {
+            // `body`: the body's top-level keys, indexed once for routing and judging.
             let (r, judge) = strategy.route(msg, body.as_ref());
             route = r;
             match (judge, defer) {
@@ -446,7 +442,7 @@ impl<S: Strategy> Session<S> {
             let judgement = match Message::parse(&message, max) {
                 Ok(msg) => {
                     let body = match &msg {
-                        Message::Msg(m) => Some(Index::new(m.body())),
+                        Message::Msg(m) => Some(m.body_index()),
                         _ => None,
                     };
                     guard::judge(&ctx, &msg, body, &who, request_id, &mut scratch)
