@@ -135,7 +135,7 @@ impl<'a> CommandView<'a> {
 
     /// An OP_MSG command: its body names the database (`$db`).
     fn op_msg(m: OpMsg<'a>) -> Result<CommandView<'a>, CommandError> {
-        Self::op_msg_indexed(m, m.body_index())
+        Self::op_msg_indexed(m, Index::new(m.body()))
     }
 
     fn op_msg_indexed(m: OpMsg<'a>, index: Index<'a>) -> Result<CommandView<'a>, CommandError> {

@@ -157,7 +157,7 @@ fn describe(
     // An OP_MSG body's top-level keys, indexed once for the command name, routing and
     // judging.
     let body = match msg {
-        Message::Msg(m) => Some(m.body_index()),
+        Message::Msg(m) => Some(Index::new(m.body())),
         _ => None,
     };
     // The command name, read once; an empty command document is refused.

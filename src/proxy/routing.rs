@@ -192,7 +192,7 @@ pub(crate) fn of_message(msg: &Message<'_>, index: Option<&Index<'_>>) -> Routin
             let body = m.body();
             match index {
                 Some(index) if std::ptr::eq(index.doc(), body) => of_command(index, None),
-                _ => of_command(&m.body_index(), None),
+                _ => of_command(&Index::new(body), None),
             }
         }
         Message::Query(q) if q.is_command() => {
@@ -265,7 +265,7 @@ impl ReplyFacts {
         };
         let (body, legacy_cursor) = match reply.op_code() {
             Some(OpCode::Msg) => match OpMsg::parse(reply.bytes()) {
-                Ok(m) => return ReplyFacts::from_msg(&m),
+                Ok(m) => (m.body(), None),
                 Err(_) => return unknown,
             },
             Some(OpCode::Reply) => match OpReply::parse(reply.bytes()) {
@@ -280,25 +280,17 @@ impl ReplyFacts {
         ReplyFacts::from_body(body, legacy_cursor)
     }
 
+    /// Only whether the reply whose (first) document is `body` is an error (`ok` is 0): what
+    /// the metrics need when neither routing nor the strategy reads the other facts. One
+    /// lookup instead of [`ReplyFacts::from_body`]'s index and three.
+    pub(crate) fn error_of(body: &RawDocument) -> bool {
+        says_not_ok(body.get_fast("ok").ok().flatten())
+    }
+
     /// The facts of a reply whose (first) document is `body`; `legacy_cursor`: an OP_REPLY's
     /// cursor id.
     pub(crate) fn from_body(body: &RawDocument, legacy_cursor: Option<i64>) -> ReplyFacts {
-        Self::from_index(&Index::new(body), legacy_cursor)
-    }
-
-    /// [`ReplyFacts::from_body`] of an OP_MSG reply, through the index its parse built.
-    pub(crate) fn from_msg(reply: &OpMsg<'_>) -> ReplyFacts {
-        Self::from_index(&reply.body_index(), None)
-    }
-
-    /// Only whether an OP_MSG reply is an error (`ok` is 0): what the metrics need when
-    /// neither routing nor the strategy reads the other facts. One lookup, through the index
-    /// its parse built, instead of [`ReplyFacts::from_msg`]'s three.
-    pub(crate) fn error_of_msg(reply: &OpMsg<'_>) -> bool {
-        says_not_ok(reply.body_index().get("ok").ok().flatten())
-    }
-
-    fn from_index(body: &Index<'_>, legacy_cursor: Option<i64>) -> ReplyFacts {
+        let body = Index::new(body);
         // A malformed value reads as absent here: these facts only steer routing and pins.
         let field = |key| body.get(key).ok().flatten();
         let (ok, code, cursor) = (field("ok"), field("code"), field("cursor"));
@@ -371,19 +363,15 @@ mod tests {
             rawdoc! {"cursor": {"id": 0_i64, "ns": "d.c", "firstBatch": []}, "ok": 1.0},
             rawdoc! {"cursor": {"id": 5_i64, "ns": "d.c", "firstBatch": []}, "ok": 0.0},
         ];
-        let error_of = |body: &bson::RawDocumentBuf| {
-            let bytes = crate::wire::builder::MsgBuilder::new(body.clone()).encode(1, 0);
-            ReplyFacts::error_of_msg(&OpMsg::parse(&bytes).unwrap())
-        };
         for body in &bodies {
             assert_eq!(
-                error_of(body),
+                ReplyFacts::error_of(body),
                 ReplyFacts::from_body(body, None).error,
                 "{body:?}"
             );
         }
-        assert!(error_of(&bodies[1]));
-        assert!(!error_of(&bodies[0]));
+        assert!(ReplyFacts::error_of(&bodies[1]));
+        assert!(!ReplyFacts::error_of(&bodies[0]));
     }
 
     #[test]

@@ -249,9 +249,7 @@ pub(crate) fn elements_valid(doc: &RawDocument) -> bool {
 }
 
 /// [`elements_valid`] and, in the same walk, [`keys_distinct`] for a document of at most
-/// [`INDEX_CAP`] keys: `true` when both hold. `false` decides nothing (ask them apart). What
-/// [`Index::new_checked`] says while it indexes (the reference of its tests).
-#[cfg(test)]
+/// [`INDEX_CAP`] keys: `true` when both hold. `false` decides nothing (ask them apart).
 pub(crate) fn elements_valid_and_distinct(doc: &RawDocument) -> bool {
     let mut seen = SeenKeys::<INDEX_CAP>::new();
     let stopped = walk(doc, |e| {
@@ -323,51 +321,22 @@ pub(crate) struct Index<'a> {
 impl<'a> Index<'a> {
     /// Walks `doc` once (and no further than its first [`INDEX_CAP`] elements and the one after).
     pub(crate) fn new(doc: &'a RawDocument) -> Index<'a> {
-        Self::build(doc, false).0
-    }
-
-    /// [`Index::new`] and, in the same walk, `elements_valid_and_distinct`: the index, and
-    /// `true` when every element is valid and every key distinct (`false` decides nothing:
-    /// ask them apart). A key of [`LONG_KEY`] bytes or more is not compared here (`false`).
-    pub(crate) fn new_checked(doc: &'a RawDocument) -> (Index<'a>, bool) {
-        Self::build(doc, true)
-    }
-
-    fn build(doc: &'a RawDocument, check: bool) -> (Index<'a>, bool) {
-        let bytes = doc.as_bytes();
-        // Whether every element met so far is valid and its key new.
-        let mut holds = check;
-        let base = bytes.as_ptr() as usize;
+        let base = doc.as_bytes().as_ptr() as usize;
         let mut starts = [0u32; INDEX_CAP];
         let mut key_lens = [0u8; INDEX_CAP];
         let mut len = 0usize;
         let mut end_of_last = 0u32;
         let mut fits = true;
         let walked = walk(doc, |e| {
-            if len >= INDEX_CAP {
+            let Some(slot) = starts.get_mut(len) else {
                 return Some(());
-            }
+            };
             // An element starts one byte (its type) before its key; offsets are within `doc`.
             let start = (e.key.as_ptr() as usize).wrapping_sub(base).wrapping_sub(1);
             let end = (e.value.as_ptr() as usize).wrapping_sub(base) + e.value.len();
             let key_len = u8::try_from(e.key.len()).unwrap_or(LONG_KEY);
-            if holds {
-                // A key is compared with the recorded keys of its length only.
-                let seen = || {
-                    let recorded = key_lens.iter().zip(&starts).take(len);
-                    recorded.filter(|(l, _)| **l == key_len).any(|(_, &s)| {
-                        let at = s as usize + 1;
-                        bytes.get(at..at + e.key.len()) == Some(e.key)
-                    })
-                };
-                holds = key_len != LONG_KEY && element_valid(&e) && !seen();
-            }
-            match (
-                u32::try_from(start),
-                u32::try_from(end),
-                starts.get_mut(len),
-            ) {
-                (Ok(s), Ok(e), Some(slot)) => {
+            match (u32::try_from(start), u32::try_from(end)) {
+                (Ok(s), Ok(e)) => {
                     *slot = s;
                     if let Some(k) = key_lens.get_mut(len) {
                         *k = key_len;
@@ -387,15 +356,14 @@ impl<'a> Index<'a> {
             Ok(Some(())) if fits => Coverage::Partial,
             _ => Coverage::Undecided,
         };
-        let index = Index {
+        Index {
             doc,
             starts,
             key_lens,
             end_of_last,
             len: u8::try_from(len).unwrap_or(0),
             coverage,
-        };
-        (index, holds && coverage == Coverage::Complete)
+        }
     }
 
     /// The indexed document.
@@ -688,11 +656,6 @@ mod tests {
                     fast += 1;
                     assert!(crate_ok(doc), "said valid: {bytes:?}");
                 }
-                // The index's own check says what `elements_valid_and_distinct` says (no key
-                // here is long), and its index is `Index::new`'s.
-                let (checked, holds) = Index::new_checked(doc);
-                assert_eq!(holds, elements_valid_and_distinct(doc), "{bytes:?}");
-                same_index(&checked, &Index::new(doc));
                 if elements_valid_and_distinct(doc) {
                     assert!(crate_ok(doc), "said valid and distinct: {bytes:?}");
                     let keys: Vec<&str> = doc.iter().map(|e| e.unwrap().0.as_str()).collect();
@@ -715,35 +678,6 @@ mod tests {
         let mut dup = find.clone();
         dup.append(bson::cstr!("find"), "other");
         assert!(elements_valid(&dup) && !elements_valid_and_distinct(&dup));
-    }
-
-    fn same_index(a: &Index<'_>, b: &Index<'_>) {
-        assert!(std::ptr::eq(a.doc, b.doc));
-        assert_eq!(
-            (a.starts, a.key_lens, a.end_of_last, a.len, a.coverage),
-            (b.starts, b.key_lens, b.end_of_last, b.len, b.coverage)
-        );
-    }
-
-    /// `Index::new_checked` on repeated keys, more keys than the index records, long keys.
-    #[test]
-    fn checked_index_says_valid_and_distinct_only_when_it_is() {
-        let find = rawdoc! { "find": "c", "filter": {"_id": 1}, "$db": "d" };
-        assert!(Index::new_checked(&find).1);
-        let mut dup = find.clone();
-        dup.append(bson::cstr!("$db"), "other");
-        let (index, holds) = Index::new_checked(&dup);
-        assert!(!holds);
-        same_index(&index, &Index::new(&dup));
-        let mut many = bson::RawDocumentBuf::new();
-        for i in 0..=INDEX_CAP {
-            many.append(bson::raw::CString::try_from(format!("k{i}")).unwrap(), 1);
-        }
-        assert!(!Index::new_checked(&many).1);
-        let long = "k".repeat(300);
-        let mut doc = bson::RawDocumentBuf::new();
-        doc.append(bson::raw::CString::try_from(long).unwrap(), 1);
-        assert!(!Index::new_checked(&doc).1);
     }
 
     #[test]

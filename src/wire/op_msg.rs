@@ -2,7 +2,7 @@
 
 use bson::RawDocument;
 
-use super::{bson_util::check_duplicate_keys, error::WireError, reader::Reader, Index, HEADER_LEN};
+use super::{bson_util::check_duplicate_keys, error::WireError, reader::Reader, HEADER_LEN};
 
 /// OP_MSG flag bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -64,8 +64,6 @@ impl<'a> DocumentSequence<'a> {
 pub struct OpMsg<'a> {
     flags: MsgFlags,
     body: &'a RawDocument,
-    /// The body's top-level keys, indexed by the walk that validated it.
-    index: Index<'a>,
     /// All section bytes (kind bytes included), checksum excluded.
     sections: &'a [u8],
     checksum: Option<u32>,
@@ -101,15 +99,13 @@ impl<'a> OpMsg<'a> {
             sections = body;
             checksum = Some(declared);
         }
-        let (index, distinct) = validate_sections(sections)?;
-        let body = index.doc();
+        let (body, distinct) = validate_sections(sections)?;
         if !distinct {
             check_duplicate_keys(body)?;
         }
         Ok(OpMsg {
             flags,
             body,
-            index,
             sections,
             checksum,
         })
@@ -125,12 +121,6 @@ impl<'a> OpMsg<'a> {
         self.body
     }
 
-    /// The body's top-level keys, indexed once when the message was parsed (for the command
-    /// name, routing and judging).
-    pub(crate) fn body_index(&self) -> Index<'a> {
-        self.index
-    }
-
     /// The CRC-32C trailer, when present (already verified).
     pub fn checksum(&self) -> Option<u32> {
         self.checksum
@@ -144,7 +134,7 @@ impl<'a> OpMsg<'a> {
                 return None;
             }
             match read_section(&mut r, false) {
-                Ok(Section::Body | Section::ValidatedBody(..)) => continue,
+                Ok(Section::Body(..)) => continue,
                 Ok(Section::Sequence(seq)) => return Some(seq),
                 Err(_) => return None, // unreachable: validated in parse()
             }
@@ -158,11 +148,8 @@ impl<'a> OpMsg<'a> {
 }
 
 enum Section<'a> {
-    /// The body (read again after a parse: not looked at).
-    Body,
-    /// The body read at parse: its index, and whether its top-level keys were found distinct
-    /// while validating it.
-    ValidatedBody(Index<'a>, bool),
+    /// The body, and whether its top-level keys were found distinct while validating it.
+    Body(&'a RawDocument, bool),
     Sequence(DocumentSequence<'a>),
 }
 
@@ -173,13 +160,10 @@ enum Section<'a> {
 fn read_section<'a>(r: &mut Reader<'a>, validate: bool) -> Result<Section<'a>, WireError> {
     match r.u8()? {
         0 if validate => {
-            let (_, index, distinct) = r.body_document()?;
-            Ok(Section::ValidatedBody(index, distinct))
+            let (doc, distinct) = r.body_document()?;
+            Ok(Section::Body(doc, distinct))
         }
-        0 => {
-            r.document_again()?;
-            Ok(Section::Body)
-        }
+        0 => Ok(Section::Body(r.document_again()?, false)),
         1 => {
             let size = r.i32()?;
             // The size counts itself; the identifier and documents follow.
@@ -203,10 +187,10 @@ fn read_section<'a>(r: &mut Reader<'a>, validate: bool) -> Result<Section<'a>, W
 /// Most kind-1 sections accepted (drivers send one; mongod 8.0 accepts at most two).
 pub const MAX_SEQUENCES: usize = 16;
 
-/// Walks every section; returns the single body's index and whether its keys were found
-/// distinct. Like mongod, refuses an identifier used twice or also present as a body field:
-/// the guard and the server must read the same statements.
-fn validate_sections(sections: &[u8]) -> Result<(Index<'_>, bool), WireError> {
+/// Walks every section; returns the single body. Like mongod, refuses an identifier used
+/// twice or also present as a body field: the guard and the server must read the same
+/// statements.
+fn validate_sections(sections: &[u8]) -> Result<(&RawDocument, bool), WireError> {
     let mut r = Reader::new(sections, "OP_MSG section");
     let mut body = None;
     let mut distinct = false;
@@ -215,13 +199,11 @@ fn validate_sections(sections: &[u8]) -> Result<(Index<'_>, bool), WireError> {
     let mut n_ids = 0usize;
     while !r.is_empty() {
         match read_section(&mut r, true)? {
-            Section::ValidatedBody(index, keys_distinct) => {
+            Section::Body(doc, keys_distinct) => {
                 bodies += 1;
-                body = Some(index);
+                body = Some(doc);
                 distinct = keys_distinct;
             }
-            // Not returned when validating.
-            Section::Body => return Err(WireError::BodySectionCount(0)),
             Section::Sequence(seq) => {
                 if ids.iter().take(n_ids).any(|id| *id == seq.identifier) {
                     return Err(WireError::DuplicateSequence(crate::text::client(
@@ -241,7 +223,7 @@ fn validate_sections(sections: &[u8]) -> Result<(Index<'_>, bool), WireError> {
         (n, _) => return Err(WireError::BodySectionCount(n)),
     };
     for id in ids.iter().take(n_ids) {
-        if body.get(id).ok().flatten().is_some() {
+        if super::GetFast::get_fast(body, id).ok().flatten().is_some() {
             return Err(WireError::SequenceShadowsBody(crate::text::client(id)));
         }
     }

@@ -81,23 +81,19 @@ impl<'a> Reader<'a> {
         RawDocument::from_bytes(bytes).map_err(|e| WireError::bad_doc(self.ctx, e))
     }
 
-    /// [`Reader::document`] for a command body, with the index of its top-level keys built by
-    /// the same walk, and whether they were found distinct by it (`false`: not checked; the
-    /// caller checks them).
-    pub(crate) fn body_document(
-        &mut self,
-    ) -> Result<(&'a RawDocument, super::Index<'a>, bool), WireError> {
+    /// [`Reader::document`] for a command body, also telling whether its top-level keys were
+    /// found distinct by the same walk (`false`: not checked; the caller checks them).
+    pub(crate) fn body_document(&mut self) -> Result<(&'a RawDocument, bool), WireError> {
         let len = peek_doc_len(self.buf, self.ctx)?;
         let bytes = self.take(len)?;
         let doc = RawDocument::from_bytes(bytes).map_err(|e| WireError::bad_doc(self.ctx, e))?;
-        let (index, valid_and_distinct) = super::Index::new_checked(doc);
-        if valid_and_distinct {
-            return Ok((doc, index, true));
+        if super::bson_scan::elements_valid_and_distinct(doc) {
+            return Ok((doc, true));
         }
         if !super::bson_scan::elements_valid(doc) {
             validate_elements(doc, self.ctx)?;
         }
-        Ok((doc, index, false))
+        Ok((doc, false))
     }
 
     pub(crate) fn document(&mut self) -> Result<&'a RawDocument, WireError> {

@@ -44,7 +44,7 @@ use super::{
 };
 use crate::{
     net::{ClientStream, ClientWrite},
-    wire::{Frame, Message},
+    wire::{Frame, Index, Message},
 };
 
 pub(crate) use super::client_io::End;
@@ -442,7 +442,7 @@ impl<S: Strategy> Session<S> {
             let judgement = match Message::parse(&message, max) {
                 Ok(msg) => {
                     let body = match &msg {
-                        Message::Msg(m) => Some(m.body_index()),
+                        Message::Msg(m) => Some(Index::new(m.body())),
                         _ => None,
                     };
                     guard::judge(&ctx, &msg, body, &who, request_id, &mut scratch)

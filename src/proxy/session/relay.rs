@@ -251,7 +251,7 @@ impl<S: Strategy> Session<S> {
         let check_primary = first && !more && replica_set && !request.is_hello;
         if check_primary || self.strategy.wants_reply_facts() {
             let facts = match &msg {
-                Some(m) => ReplyFacts::from_msg(m),
+                Some(m) => ReplyFacts::from_body(m.body(), None),
                 None => ReplyFacts::read(reply),
             };
             if check_primary && facts.code.is_some_and(|c| NOT_PRIMARY_CODES.contains(&c)) {
@@ -264,7 +264,7 @@ impl<S: Strategy> Session<S> {
         } else if first && self.obs.wants_first_reply() {
             // Only the metrics read this reply: whether it is an error.
             let error = match &msg {
-                Some(m) => ReplyFacts::error_of_msg(m),
+                Some(m) => ReplyFacts::error_of(m.body()),
                 None => ReplyFacts::read(reply).error,
             };
             self.obs.first_reply_error(error);
