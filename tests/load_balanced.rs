@@ -60,10 +60,18 @@ async fn balanced_standin() -> StandIn {
 
 /// The same 60 documents on both "mongos" (one cluster behind them).
 async fn seed(backends: &[&StandIn]) {
+    seed_as(backends, "").await
+}
+
+/// [`seed`], authenticating with `credentials` (`user:password@`, or empty).
+async fn seed_as(backends: &[&StandIn], credentials: &str) {
     for s in backends {
-        let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", s.addr()))
-            .await
-            .unwrap();
+        let direct = Client::with_uri_str(format!(
+            "mongodb://{credentials}{}/?loadBalanced=true&authSource=admin",
+            s.addr()
+        ))
+        .await
+        .unwrap();
         direct
             .database("lb")
             .collection::<Document>("c")
@@ -422,21 +430,7 @@ async fn a_parked_connection_serves_only_its_own_identity() {
         })
     };
     let (a, b) = (lb().await.unwrap(), lb().await.unwrap());
-    for s in [&a, &b] {
-        let direct = Client::with_uri_str(format!(
-            "mongodb://app:apppw@{}/?loadBalanced=true&authSource=admin",
-            s.addr()
-        ))
-        .await
-        .unwrap();
-        direct
-            .database("lb")
-            .collection::<Document>("c")
-            .insert_many((0..60).map(|i| doc! {"i": i}))
-            .await
-            .unwrap();
-        direct.shutdown().await;
-    }
+    seed_as(&[&a, &b], "app:apppw@").await;
     let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
     let dir = std::env::temp_dir().join(format!("mg-lb-identity-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
