@@ -12,7 +12,9 @@
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   HAPROXY_NBTHREAD [haproxy's default: one per CPU]
 #   MONGOGUARD_ARGS [] extra flags for mongoguard, e.g. "--policy bench/policy-off.toml"
-#   OUT_FILE [docs/benchmarks-latest.md]   RUST_LOG [warn, for mongoguard and the stand-in]
+#   OUT_FILE [docs/benchmarks-latest.md]   RUST_LOG [warn, for the stand-in; mongoguard reads only
+#     --log-level / its config and runs at its default, info, as in production: pass
+#     MONGOGUARD_ARGS="--log-level warn" to change it]
 #   SKIP_BUILD=1 and BIN_DIR [target/release]: use already-built binaries
 # Everything started here is stopped on exit.
 set -euo pipefail
@@ -143,7 +145,7 @@ mkdir -p "$(dirname "$OUT_FILE")"
     echo "- nproc: $(nproc)"
     echo "- CPU: ${CPU_MODEL:-unknown}"
     echo "- haproxy: $(haproxy -v | head -n1)"
-    echo "- haproxy nbthread: ${HAPROXY_NBTHREAD:-default}; RUST_LOG=$RUST_LOG"
+    echo "- haproxy nbthread: ${HAPROXY_NBTHREAD:-default}; stand-in RUST_LOG=$RUST_LOG; mongoguard log level: its default (info) unless MONGOGUARD_ARGS sets --log-level"
     echo "- load average before / after: $LOAD_BEFORE / $LOAD_AFTER (other work on the machine skews results)"
     echo "- upstream: mongoguard-standin (in-memory stand-in, not mongod)"
     echo "- command: \`$INVOCATION\`"

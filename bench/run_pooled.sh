@@ -40,7 +40,9 @@
 #   STANDIN_PORT [27200]  PASSTHROUGH_PORT [27201]  POOLED_PORT [27202]
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   MONGOGUARD_ARGS [] extra flags for both mongoguards, e.g. "--policy bench/policy-off.toml"
-#   OUT_FILE [docs/benchmarks-pooled.md]   RUST_LOG [warn, for mongoguard and the stand-in]
+#   OUT_FILE [docs/benchmarks-pooled.md]   RUST_LOG [warn, for the stand-in; mongoguard reads only
+#     --log-level / its config and runs at its default, info, as in production: pass
+#     MONGOGUARD_ARGS="--log-level warn" to change it]
 #   SKIP_BUILD=1 and BIN_DIR [target/release]: use already-built binaries
 # If pooled mode cannot start, its rows say so and the rest is still measured.
 # Everything started here is stopped on exit.

@@ -283,7 +283,7 @@ CPU_MODEL="$(grep -m1 -E '^(model name|Hardware|Processor)' /proc/cpuinfo 2>/dev
     echo "- pymongo workers: $PY_MODE$([[ $PY_MODE == process ]] && echo "es (one OS process per concurrent client)" || echo "s in one process"); Node.js: CONCURRENCY async loops in one process"
     echo "- upstream: mongoguard-standin --user $APP_USER (in-memory stand-in, SCRAM-SHA-256 at 4096 iterations) behind a delayrelay: ${UPSTREAM_DELAY_MS} ms each way, +1 round trip before a new connection's first byte, TLS $([[ "$UPSTREAM_TLS" == 1 ]] && echo "terminated by the relay behind the delay (self-signed ECDSA P-256)" || echo off)"
     echo "- pooled: mongoguard mode = \"pooled\", pool_size = $POOL_SIZE, users file iterations ${USERS_ITERATIONS:-15000}, upstream through the relay; local to the driver (no delay, no TLS)"
-    echo "- mongoguard (pooled) log lines at RUST_LOG=$RUST_LOG during the whole run: $POOLED_LOG_LINES (first 5 below, cut at 200 characters)"
+    echo "- mongoguard (pooled) log lines at its default log level (info) during the whole run: $POOLED_LOG_LINES (first 5 below, cut at 200 characters)"
     if [[ "$POOLED_LOG_LINES" != 0 ]]; then
         echo ""
         echo '```'
