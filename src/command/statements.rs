@@ -10,7 +10,7 @@ use super::{
     error::CommandError,
     kind::Kind,
     value::{self, flag, get, get_doc, get_opt_doc, number},
-    view::{CommandView, Namespace, Source},
+    view::{CommandView, Namespace, Source, Statements},
 };
 use crate::wire::Index;
 
@@ -251,7 +251,7 @@ impl<'a> CommandView<'a> {
         body: &'a RawDocument,
         field: &'static str,
         command: &'static str,
-    ) -> Result<Option<&'a RawArray>, CommandError> {
+    ) -> Result<Option<Statements<'a>>, CommandError> {
         if let (Some(cached), Some((own, _))) = (self.own_statements, self.kind.statements_field())
         {
             if own == field && self.body().is_some_and(|b| std::ptr::eq(b, body)) {
@@ -259,12 +259,13 @@ impl<'a> CommandView<'a> {
             }
         }
         // The view's own body is read through its index (one walk for every field).
-        match self.fields() {
+        let array = match self.fields() {
             Some(fields) if std::ptr::eq(fields.doc(), body) => {
                 value::get_array(fields, field, command)
             }
             _ => value::get_array(body, field, command),
-        }
+        };
+        array.map(|a| a.map(Statements::Array))
     }
 
     /// Each document of `field`, from the body array and then from the kind-1 sequence of
@@ -278,7 +279,7 @@ impl<'a> CommandView<'a> {
     ) -> Result<ControlFlow<()>, CommandError> {
         let mut index = 0usize;
         if let Some(array) = self.statement_array(body, field, command)? {
-            for item in array {
+            for item in array.values() {
                 match item.map_err(|_| CommandError::Malformed)? {
                     RawBsonRef::Document(d) => {
                         if f(index, d).is_break() {

@@ -51,6 +51,44 @@ pub(crate) enum Source<'a> {
     LegacyCursor,
 }
 
+/// A write's array of statements, as the bson crate gives it or as the document its bytes
+/// are (elements named "0", "1"...: the same values, in the same order, with the same errors).
+#[derive(Clone, Copy)]
+pub(crate) enum Statements<'a> {
+    Array(&'a RawArray),
+    Elements(&'a RawDocument),
+}
+
+impl<'a> Statements<'a> {
+    /// The values, in order; an `Err` for an element that cannot be read.
+    pub(crate) fn values(self) -> StatementValues<'a> {
+        match self {
+            Statements::Array(a) => StatementValues::Array(a.into_iter()),
+            Statements::Elements(d) => StatementValues::Elements(d.iter_elements()),
+        }
+    }
+}
+
+/// [`Statements::values`].
+pub(crate) enum StatementValues<'a> {
+    Array(bson::raw::RawArrayIter<'a>),
+    Elements(bson::raw::RawIter<'a>),
+}
+
+impl<'a> Iterator for StatementValues<'a> {
+    type Item = Result<RawBsonRef<'a>, ()>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            StatementValues::Array(i) => i.next().map(|r| r.map_err(|_| ())),
+            // What `RawArrayIter` does with the same walk.
+            StatementValues::Elements(i) => {
+                i.next().map(|r| r.and_then(|e| e.value()).map_err(|_| ()))
+            }
+        }
+    }
+}
+
 /// A borrowed model of one command.
 #[derive(Clone, Copy)]
 pub struct CommandView<'a> {
@@ -70,9 +108,8 @@ pub struct CommandView<'a> {
     pub(crate) own_filter: Option<Option<&'a RawDocument>>,
     /// The body's array of statements (insert `documents`, update `updates`, delete
     /// `deletes`), looked up once when the view is built: the write and document rules both
-    /// walk the statements, and the bson crate answers an array lookup (the fast scan does
-    /// not build arrays). `None` as for `own_filter`.
-    pub(crate) own_statements: Option<Option<&'a RawArray>>,
+    /// walk the statements. `None` as for `own_filter`.
+    pub(crate) own_statements: Option<Option<Statements<'a>>>,
 }
 
 impl<'a> CommandView<'a> {
@@ -189,7 +226,14 @@ impl<'a> CommandView<'a> {
             None => None,
         };
         let own_statements = match kind.statements_field() {
-            Some((field, command)) => value::get_array(&index, field, command).ok(),
+            // The body's index finds the array's bytes; the bson crate builds a `&RawArray`
+            // only by walking the body from its start.
+            Some((field, command)) => match index.array_document(field) {
+                Some(found) => Some(found.map(Statements::Elements)),
+                None => value::get_array(&index, field, command)
+                    .ok()
+                    .map(|a| a.map(Statements::Array)),
+            },
             None => None,
         };
         Ok(CommandView {

@@ -299,6 +299,16 @@ enum Coverage {
     Undecided,
 }
 
+/// What an [`Index`] knows of a key.
+enum Located<'a> {
+    /// The first element with that key: its type byte and value bytes.
+    Element(u8, &'a [u8]),
+    /// No element has that key.
+    Absent,
+    /// Not decided here: ask the walk from the start ([`get`]).
+    Ask,
+}
+
 /// Where the top-level elements of a document start, found by one walk, so that the dozen
 /// lookups a request makes of its command (`$db`, the collection, `filter`, `let`,
 /// `writeConcern`, `lsid`...) compare a key at each element instead of walking the document
@@ -373,9 +383,34 @@ impl<'a> Index<'a> {
 
     /// `self.doc().get(key)`, comparing `key` at each recorded element of its length.
     pub(crate) fn get(&self, key: &str) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+        match self.find(key) {
+            Located::Element(tag, value) => match decode(tag, value) {
+                Some(v) => Ok(Some(v)),
+                None => self.doc.get(key),
+            },
+            Located::Absent => Ok(None),
+            Located::Ask => get(self.doc, key),
+        }
+    }
+
+    /// The array at `key`, as the document an array's bytes are (its elements named "0",
+    /// "1"...): what `self.doc().get(key)` gives as `RawBsonRef::Array`, without the bson
+    /// crate's walk from the start of the document (the only safe way to a `&RawArray`).
+    /// `Some(None)`: `key` is absent. `None`: not decided here (the value is not an array, or
+    /// the index does not know): ask [`Index::get`].
+    pub(crate) fn array_document(&self, key: &str) -> Option<Option<&'a RawDocument>> {
+        match self.find(key) {
+            Located::Element(0x04, value) => RawDocument::from_bytes(value).ok().map(Some),
+            Located::Absent => Some(None),
+            Located::Element(..) | Located::Ask => None,
+        }
+    }
+
+    /// Where `key`'s element is, as far as the index decides it.
+    fn find(&self, key: &str) -> Located<'a> {
         let want = key.as_bytes();
         if self.coverage == Coverage::Undecided {
-            return get(self.doc, key);
+            return Located::Ask;
         }
         let bytes = self.doc.as_bytes();
         let len = usize::from(self.len);
@@ -406,25 +441,21 @@ impl<'a> Index<'a> {
                     continue;
                 }
                 if want.contains(&0) {
-                    return get(self.doc, key);
+                    return Located::Ask;
                 }
             }
             let end = match self.starts.get(i + 1) {
                 Some(&next) if i + 1 < len => next,
                 _ => self.end_of_last,
             } as usize;
-            let decoded = match (bytes.get(start), bytes.get(value_at..end)) {
-                (Some(&tag), Some(value)) => decode(tag, value),
-                _ => None,
-            };
-            return match decoded {
-                Some(v) => Ok(Some(v)),
-                None => self.doc.get(key),
+            return match (bytes.get(start), bytes.get(value_at..end)) {
+                (Some(&tag), Some(value)) => Located::Element(tag, value),
+                _ => Located::Ask,
             };
         }
         match self.coverage {
-            Coverage::Complete => Ok(None),
-            _ => get(self.doc, key),
+            Coverage::Complete => Located::Absent,
+            _ => Located::Ask,
         }
     }
 
@@ -621,6 +652,17 @@ mod tests {
                         same(&ours, &theirs),
                         "{k:?} in {bytes:?}: {ours:?} vs {theirs:?}"
                     );
+                    match (index.array_document(k), &theirs) {
+                        (None, _) => {}
+                        (Some(None), Ok(None)) => {}
+                        (Some(Some(d)), Ok(Some(RawBsonRef::Array(a)))) => {
+                            assert_eq!(d.as_bytes(), a.as_bytes(), "{k:?} in {bytes:?}");
+                            let ours: Vec<_> = d.into_iter().map(|e| e.map(|(_, v)| v)).collect();
+                            let theirs: Vec<_> = a.into_iter().collect();
+                            assert_eq!(format!("{ours:?}"), format!("{theirs:?}"), "{k:?}");
+                        }
+                        (ours, theirs) => panic!("{k:?} in {bytes:?}: {ours:?} vs {theirs:?}"),
+                    }
                     checked += 1;
                 }
             };
