@@ -494,6 +494,20 @@ impl GetFast for RawDocument {
     }
 }
 
+/// Calls `f` with `good` and each of its [`corruptions`] that still reads as a document
+/// (`RawDocument::from_bytes` accepts it), with its bytes; returns how many it called `f` on.
+#[cfg(test)]
+pub(crate) fn each_readable_variant(good: &[u8], mut f: impl FnMut(&[u8], &RawDocument)) -> usize {
+    let mut n = 0;
+    for bytes in std::iter::once(good.to_vec()).chain(corruptions(good)) {
+        if let Ok(doc) = RawDocument::from_bytes(&bytes) {
+            f(&bytes, doc);
+            n += 1;
+        }
+    }
+    n
+}
+
 /// Every single-byte corruption (a few telling values at each byte after the length prefix)
 /// and every truncation (length prefix and terminator fixed up) of the document `good`: what
 /// the tests comparing a fast walk with the bson crate run on.
