@@ -503,8 +503,16 @@ impl<T: PooledConn> KeyPool<T> {
     /// Ends a checkout whose connection was closed: uncounted, and the slot alone goes to the
     /// oldest waiter, or is freed.
     fn end_discarded(&self, why: Closed) {
+        self.close_slot(why, true);
+    }
+
+    /// A connection was closed (`lent`: it was checked out): it is uncounted, and its slot
+    /// alone goes to the oldest waiter, or is freed.
+    fn close_slot(&self, why: Closed, lent: bool) {
         let mut state = self.lock();
-        state.in_use -= 1;
+        if lent {
+            state.in_use -= 1;
+        }
         state.total = state.total.saturating_sub(1);
         let woken = self.free_slot(&mut state);
         self.publish(&state);
@@ -733,13 +741,7 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
         if let Some((conn, why)) = handed {
             // Closed before its slot is passed on, as a discarded checkout's.
             drop(conn);
-            let mut state = pool.lock();
-            state.total = state.total.saturating_sub(1);
-            let woken = pool.free_slot(&mut state);
-            pool.publish(&state);
-            drop(state);
-            pool.count_closed(why);
-            wake(woken);
+            pool.close_slot(why, false);
         }
     }
 }
