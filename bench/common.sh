@@ -121,8 +121,8 @@ release_binaries() {
     if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
         local packages=(-p mongoguard-standin -p mongoguard) b
         for b in "$@"; do
-            # loadgen and delayrelay are the bench crate's.
-            if [[ $b == loadgen || $b == delayrelay ]]; then
+            # loadgen, delayrelay and tokiorelay are the bench crate's.
+            if [[ $b == loadgen || $b == delayrelay || $b == tokiorelay ]]; then
                 packages+=(-p mongoguard-bench)
                 break
             fi

@@ -4,6 +4,8 @@
 #   loadgen -> stand-in                       (direct)
 #   loadgen -> mongoguard -> stand-in         (mongoguard)
 #   loadgen -> haproxy (mode tcp) -> stand-in (haproxy: a plain L4 relay)
+#   loadgen -> tokiorelay -> stand-in         (with TOKIO_RELAY=1: the cheapest Tokio relay,
+#                                              mongoguard's thread layout, inspecting nothing)
 #
 # Usage: bench/run.sh [extra loadgen args...]
 # Env overrides (defaults in brackets):
@@ -11,6 +13,7 @@
 #   STANDIN_PORT [27100]  MONGOGUARD_PORT [27101]  HAPROXY_PORT [27102]
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   HAPROXY_NBTHREAD [haproxy's default: one per CPU]
+#   TOKIO_RELAY [0]  TOKIO_RELAY_PORT [27103]: 1 adds the tokiorelay target (bench/src/bin/tokiorelay.rs)
 #   MONGOGUARD_ARGS [] extra flags for mongoguard, e.g. "--policy bench/policy-off.toml"
 #   OUT_FILE [docs/benchmarks-latest.md]   RUST_LOG [warn, for the stand-in; mongoguard reads only
 #     --log-level / its config and runs at its default, info, as in production: pass
@@ -42,7 +45,7 @@ shell_words() {
     printf '%s' "${out% }"
 }
 INVOCATION="$(shell_words "DURATION=$DURATION" "WARMUP=$WARMUP" "OPS=$OPS" \
-    "CONCURRENCY=$CONCURRENCY" "DOCS=$DOCS" bench/run.sh "$@")"
+    "CONCURRENCY=$CONCURRENCY" "DOCS=$DOCS" "TOKIO_RELAY=${TOKIO_RELAY:-0}" bench/run.sh "$@")"
 
 BENCH_NAME=run.sh
 # shellcheck source=bench/common.sh
@@ -57,7 +60,12 @@ if ! command -v haproxy >/dev/null 2>&1; then
     $SUDO apt-get install -y haproxy
 fi
 
-release_binaries mongoguard-standin mongoguard loadgen
+TOKIO_RELAY="${TOKIO_RELAY:-0}"
+if [[ "$TOKIO_RELAY" == 1 ]]; then
+    release_binaries mongoguard-standin mongoguard loadgen tokiorelay
+else
+    release_binaries mongoguard-standin mongoguard loadgen
+fi
 
 PORT_A="$(pick_port "${STANDIN_PORT:-}" 27100)"
 PICKED+=("$PORT_A")
@@ -107,6 +115,20 @@ HAPROXY_PID=$!
 PIDS+=("$HAPROXY_PID")
 wait_for_port "$PORT_C" "$HAPROXY_PID" haproxy || die "haproxy did not start"
 
+# --- tokiorelay (optional floor) ---------------------------------------------
+EXTRA_TARGETS=()
+PROCS=(standin mongoguard haproxy)
+if [[ "$TOKIO_RELAY" == 1 ]]; then
+    PORT_D="$(pick_port "${TOKIO_RELAY_PORT:-}" 27103)"
+    PICKED+=("$PORT_D")
+    "$BIN/tokiorelay" --listen "127.0.0.1:$PORT_D" --upstream "127.0.0.1:$PORT_A" >"$WORK/tokiorelay.log" 2>&1 &
+    TOKIORELAY_PID=$!
+    PIDS+=("$TOKIORELAY_PID")
+    wait_for_line "$WORK/tokiorelay.log" "tokiorelay listening on 127.0.0.1:$PORT_D" "$TOKIORELAY_PID" tokiorelay
+    EXTRA_TARGETS=(--target "tokiorelay=127.0.0.1:$PORT_D" --cpu-pid "tokiorelay=$TOKIORELAY_PID")
+    PROCS+=(tokiorelay)
+fi
+
 # --- measure -----------------------------------------------------------------
 LOADGEN_ARGS=(
     --target "direct=127.0.0.1:$PORT_A"
@@ -115,6 +137,7 @@ LOADGEN_ARGS=(
     --cpu-pid "direct=$STANDIN_PID"
     --cpu-pid "mongoguard=$MONGOGUARD_PID"
     --cpu-pid "haproxy=$HAPROXY_PID"
+    ${EXTRA_TARGETS[@]+"${EXTRA_TARGETS[@]}"}
     --concurrency "$CONCURRENCY"
     --op "$OPS"
     --duration "$DURATION"
@@ -129,7 +152,7 @@ LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 "$BIN/loadgen" "${LOADGEN_ARGS[@]}" --out "$WORK/tables.md"
 LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
-for name in standin mongoguard haproxy; do
+for name in "${PROCS[@]}"; do
     pid_var="${name^^}_PID"
     kill -0 "${!pid_var}" 2>/dev/null || die "$name died during the run (see $WORK/$name.log)"
 done
@@ -151,6 +174,9 @@ mkdir -p "$(dirname "$OUT_FILE")"
     echo "- command: \`$INVOCATION\`"
     echo "- mongoguard flags: \`--listen ... --upstream ... ${MONGOGUARD_ARGS:-}\` (policy: ${MONGOGUARD_ARGS:+see flags}${MONGOGUARD_ARGS:-built-in standard profile})"
     echo "- loadgen: \`$LOADGEN_CMD\`"
+    if [[ "$TOKIO_RELAY" == 1 ]]; then
+        echo "- tokiorelay: bench/src/bin/tokiorelay.rs (copy_bidirectional on $(nproc) current-thread loops, inspects nothing)"
+    fi
     echo ""
     echo "All processes (loadgen, stand-in, mongoguard, haproxy) share this machine's"
     echo "$(nproc) CPUs, so throughput at high concurrency is CPU-bound and mostly"
