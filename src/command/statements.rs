@@ -12,7 +12,6 @@ use super::{
     value::{self, flag, get, get_doc, get_opt_doc, number},
     view::{CommandView, Namespace, Source, Statements},
 };
-use crate::wire::Index;
 
 /// What an update does to the documents it matches.
 #[derive(Clone, Copy)]
@@ -405,39 +404,46 @@ impl<'a> CommandView<'a> {
     }
 }
 
+/// The fields of an update statement [`update_statement`] reads.
+const UPDATE_FIELDS: [&str; 6] = ["q", "u", "multi", "upsert", "collation", "hint"];
+
+/// The fields of a delete statement [`delete_statement`] reads.
+const DELETE_FIELDS: [&str; 4] = ["q", "limit", "collation", "hint"];
+
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
-    let (q, u) = ("q", "u");
-    // Six fields are read: walk the statement once (a 1,000-statement update is read once
-    // per rule family).
-    let stmt = &Index::new(value::unique_keys(stmt)?);
+    // Six fields are read, in one walk that also checks the keys (a 1,000-statement update
+    // is read once per rule family).
+    let picked = value::Picked::new(stmt, &UPDATE_FIELDS)?;
+    let [q, u, multi, upsert, collation, hint] = picked.fields();
     Ok(Statement::Update {
-        filter: get_doc(stmt, q, "update")?.ok_or(CommandError::BadField {
+        filter: get_doc(q, "q", "update")?.ok_or(CommandError::BadField {
             command: "update",
-            field: q,
+            field: "q",
         })?,
         update: UpdateMods::from_value(
-            get(stmt, u)?.ok_or(CommandError::BadField {
+            get(u, "u")?.ok_or(CommandError::BadField {
                 command: "update",
-                field: u,
+                field: "u",
             })?,
             "update",
-            u,
+            "u",
         )?,
-        multi: flag(stmt, "multi", "update")?,
-        upsert: flag(stmt, "upsert", "update")?,
-        collation: get_opt_doc(stmt, "collation", "update")?,
-        hint: get(stmt, "hint")?,
+        multi: flag(multi, "multi", "update")?,
+        upsert: flag(upsert, "upsert", "update")?,
+        collation: get_opt_doc(collation, "collation", "update")?,
+        hint: get(hint, "hint")?,
     })
 }
 
 fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
-    let stmt = &Index::new(value::unique_keys(stmt)?);
+    let picked = value::Picked::new(stmt, &DELETE_FIELDS)?;
+    let [q, limit, collation, hint] = picked.fields();
     let bad = |field| CommandError::BadField {
         command: "delete",
         field,
     };
-    let filter = get_doc(stmt, "q", "delete")?.ok_or(bad("q"))?;
-    let limit = get(stmt, "limit")?.and_then(number).ok_or(bad("limit"))?;
+    let filter = get_doc(q, "q", "delete")?.ok_or(bad("q"))?;
+    let limit = get(limit, "limit")?.and_then(number).ok_or(bad("limit"))?;
     // mongod accepts 0 (all matching) and 1 (one); anything else is refused upstream, and
     // here it is an error too (never guess towards "one").
     let many = if limit == 0.0 {
@@ -450,8 +456,8 @@ fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
     Ok(Statement::Delete {
         filter,
         many,
-        collation: get_opt_doc(stmt, "collation", "delete")?,
-        hint: get(stmt, "hint")?,
+        collation: get_opt_doc(collation, "collation", "delete")?,
+        hint: get(hint, "hint")?,
     })
 }
 

@@ -148,6 +148,48 @@ fn scan<'a>(doc: &'a RawDocument, key: &str) -> Found<'a> {
     }
 }
 
+/// The values of `keys` in `doc`, read by one walk that also finds the keys distinct: what
+/// `check_duplicate_keys` followed by `doc.get(key)` for each key answers, when that is
+/// `Ok` and every value is one [`decode`] builds. `None`: not decided here (malformed, a
+/// repeated key, more than [`PICK_KEYS`] keys, a key or value type the walk does not take);
+/// the caller asks the slow way.
+pub(crate) fn pick<'a, const N: usize>(
+    doc: &'a RawDocument,
+    keys: &[&str; N],
+) -> Option<[Option<RawBsonRef<'a>>; N]> {
+    let mut seen = SeenKeys::<PICK_KEYS>::new();
+    let mut found = [None; N];
+    let stopped = walk(doc, |e| {
+        if seen.first_time(e.key) != Some(true) {
+            return Some(());
+        }
+        let Some(slot) = keys
+            .iter()
+            .position(|k| same_key(k.as_bytes(), e.key))
+            .and_then(|i| found.get_mut(i))
+        else {
+            return None;
+        };
+        match decode(e.tag, e.value) {
+            Some(v) => {
+                *slot = Some(v);
+                None
+            }
+            None => Some(()),
+        }
+    });
+    matches!(stopped, Ok(None)).then_some(found)
+}
+
+/// `a == b` for the short keys of a command, without a call to `memcmp`.
+#[inline]
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+/// How many keys a document [`pick`] decides may have.
+const PICK_KEYS: usize = 16;
+
 /// The first key of `doc` when the walk decides it (`None`: ask the bson crate).
 pub(crate) fn first_key(doc: &RawDocument) -> Option<Option<&str>> {
     match walk(doc, |e| Some(e.key)) {

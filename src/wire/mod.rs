@@ -38,7 +38,7 @@ mod reader;
 
 #[cfg(test)]
 pub(crate) use bson_scan::{corruptions, each_readable_variant};
-pub(crate) use bson_scan::{value_valid, walk_keyed, walk_values, GetFast, Index};
+pub(crate) use bson_scan::{pick, value_valid, walk_keyed, walk_values, GetFast, Index};
 pub use bson_util::{check_duplicate_keys, first_key};
 pub use codec::MessageCodec;
 pub use compression::{Compressor, OpCompressed};
