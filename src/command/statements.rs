@@ -81,6 +81,21 @@ pub enum Statement<'a> {
     },
 }
 
+impl<'a> Statement<'a> {
+    /// The whole document it writes: an inserted document or a replacement (what the
+    /// document rules judge); `None` for operator and pipeline updates and deletes.
+    pub fn written_document(&self) -> Option<&'a RawDocument> {
+        match *self {
+            Statement::Insert { doc }
+            | Statement::Update {
+                update: UpdateMods::Replacement(doc),
+                ..
+            } => Some(doc),
+            _ => None,
+        }
+    }
+}
+
 /// A statement with its position and target.
 #[derive(Clone, Copy)]
 pub struct StatementRef<'a> {

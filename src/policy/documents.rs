@@ -40,7 +40,7 @@ use bson::{
 };
 
 use super::{evaluate::Emitter, filter::MAX_DEPTH, writes::is_system_namespace, RuleId};
-use crate::command::{CommandError, CommandView, Kind, Namespace, Statement, UpdateMods};
+use crate::command::{CommandError, CommandView, Kind, Namespace};
 
 const DOCUMENT_RULES: &[RuleId] = &[RuleId::D001, RuleId::D002, RuleId::D003, RuleId::D004];
 
@@ -55,7 +55,9 @@ pub(crate) fn check<'a>(
         view.kind(),
         Kind::Insert | Kind::Update | Kind::FindAndModify | Kind::BulkWrite
     );
-    if writes_documents && !em.all_off(DOCUMENT_RULES) {
+    // A family that read every statement found no document written: nothing to judge.
+    let none_written = em.writes_documents == Some(false);
+    if writes_documents && !none_written && !em.all_off(DOCUMENT_RULES) {
         documents(view, em)?;
     }
     if em.on(RuleId::D005) && !view.is_explain() {
@@ -83,13 +85,8 @@ fn documents<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(),
     };
     let mut err = None;
     let _ = view.for_each_statement(|s| {
-        let doc = match s.statement {
-            Statement::Insert { doc } => doc,
-            Statement::Update {
-                update: UpdateMods::Replacement(doc),
-                ..
-            } => doc,
-            _ => return ControlFlow::Continue(()),
+        let Some(doc) = s.statement.written_document() else {
+            return ControlFlow::Continue(());
         };
         if is_system_namespace(s.ns) {
             return ControlFlow::Continue(());

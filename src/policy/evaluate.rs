@@ -26,6 +26,11 @@ pub(crate) struct Emitter<'e, 'a> {
     out: &'e mut Vec<Violation<'a>>,
     measure: &'e mut Vec<Measurement<'a>>,
     seen: &'e mut Seen,
+    /// Whether the request writes a whole document (an insert, a replacement), the only
+    /// statements the document rules judge, as found by a family that read every one of its
+    /// statements without error; `None` until one has. A 1,000-statement update of
+    /// operators is then not read a third time for nothing.
+    pub writes_documents: Option<bool>,
 }
 
 /// Which (rule, statement) pairs already fired in this request, and how many violations of
@@ -269,6 +274,7 @@ pub(crate) fn evaluate<'a>(
             out: &mut violations,
             measure: &mut measure,
             seen: &mut seen,
+            writes_documents: None,
         };
         run(view, &mut em)
     };
@@ -455,6 +461,7 @@ mod tests {
             out: &mut out,
             measure: &mut measure,
             seen: &mut seen,
+            writes_documents: None,
         };
         for s in [3, 1, 3, 200, 1, 0, 200, 3] {
             em.emit(RuleId::W002, Some(s), None);

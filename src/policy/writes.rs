@@ -31,7 +31,9 @@ pub(crate) fn check<'a>(
     if !em.all_off(STATEMENT_RULES) {
         let mut err = None;
         let let_vars = view.let_vars()?;
-        let _ = view.for_each_statement(|s| {
+        let mut documents = false;
+        let read = view.for_each_statement(|s| {
+            documents |= s.statement.written_document().is_some();
             if let Err(e) = statement(s, let_vars, em) {
                 err = Some(e);
                 return ControlFlow::Break(());
@@ -40,6 +42,10 @@ pub(crate) fn check<'a>(
         })?;
         if let Some(e) = err {
             return Err(e);
+        }
+        // Every statement read (an explain yields none: nothing is known of them).
+        if read.is_continue() && !view.is_explain() {
+            em.writes_documents = Some(documents);
         }
     }
     if em.on(RuleId::W005) {
