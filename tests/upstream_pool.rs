@@ -769,3 +769,55 @@ async fn concurrent_churn_keeps_counts_consistent() {
     );
     assert_eq!(s.discards, 12 * 50 * 2 / 5);
 }
+
+/// A prefill whose connect is still in flight when its server is drained, or its pool
+/// closed, does not park the connection it then gets: a drained pool keeps no idle
+/// connection (an operator drains a server to have its connections go) and a closed pool
+/// none at all (pools are never removed, so one parked there would stay open for good).
+#[tokio::test]
+async fn a_prefill_in_flight_at_a_drain_or_a_close_keeps_no_idle_connection() {
+    for close in [false, true] {
+        let mut cfg = config(2);
+        cfg.min_idle = 1;
+        let (pool, control) = pool(cfg);
+        pool.register(&key("app"));
+        // A slow server is the behaviour under test, not a synchronisation.
+        control.connect_delay_ms.store(300, Ordering::SeqCst);
+        let pool = Arc::new(pool);
+        let maintaining = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.maintain().await })
+        };
+        until("the prefill's connect started", || {
+            stats(&pool).connecting == 1
+        })
+        .await;
+        if close {
+            pool.close();
+        } else {
+            pool.set_drained(&key("app").server, true);
+        }
+        tokio::time::timeout(BOUND, maintaining)
+            .await
+            .expect("maintain hung")
+            .unwrap()
+            .unwrap();
+        let s = stats(&pool);
+        assert_eq!(
+            (s.idle, s.total, s.in_use),
+            (0, 0, 0),
+            "close: {close}: {s:?}"
+        );
+        assert_eq!(
+            control.closed.load(Ordering::SeqCst),
+            control.connects(),
+            "close: {close}: the prefilled connection is still open"
+        );
+        // A drained pool still serves checkouts (and keeps within its size).
+        if !close {
+            let c = pool.checkout(&key("app")).await.unwrap();
+            c.release();
+            assert_eq!(stats(&pool).idle, 0);
+        }
+    }
+}
