@@ -110,6 +110,8 @@ impl Checkouts {
         kill: &Stop,
     ) -> ParkedTake {
         let parked = &pooled.balanced;
+        let txn = lsid.map(|l| balanced::txn_key(identity, l));
+        let lsid = txn.as_deref();
         let mut waited = false;
         loop {
             let changed = parked.changed();
@@ -302,7 +304,9 @@ impl PooledSide {
         let killed = route.cursor.filter(|_| route.kills_cursor);
         let txn = match &route.txn {
             _ if txn_aborted || route.ends_txn => balanced::TxnChange::Ended,
-            Some(t) => balanced::TxnChange::Continues(t.lsid.clone()),
+            Some(t) => {
+                balanced::TxnChange::Continues(balanced::txn_key(&link.key().identity, &t.lsid))
+            }
             None => balanced::TxnChange::None,
         };
         let settle = balanced::Settle {
@@ -541,15 +545,22 @@ impl Strategy for PooledSide {
             // getMore (or statement) on another of its connections as soon as it has this
             // reply, before this round trip is settled; it must find the slot (busy) and
             // wait for this connection, not take another.
+            // Under the identity the request runs as (`acquire`'s choice).
+            let identity = match &self.identity {
+                Some(i) => i.name.as_str(),
+                None => self.pooled.identities.default_identity().name.as_str(),
+            };
             let txn = route
                 .txn
                 .as_ref()
                 .filter(|_| !route.ends_txn)
-                .map(|t| t.lsid.as_slice());
-            self.balanced_slot =
-                self.pooled
-                    .balanced
-                    .reserve(self.balanced_slot, opened, txn, Instant::now());
+                .map(|t| balanced::txn_key(identity, &t.lsid));
+            self.balanced_slot = self.pooled.balanced.reserve(
+                self.balanced_slot,
+                opened,
+                txn.as_deref(),
+                Instant::now(),
+            );
             return;
         }
         if !self.pooled.topology.is_multi_server() {
