@@ -493,38 +493,6 @@ async fn a_parked_connection_serves_only_its_own_identity() {
     proxy.shutdown().await;
 }
 
-/// A raw connection authenticated to mongoguard's users file as `user` (SCRAM-SHA-256).
-async fn raw_as(addr: SocketAddr, user: &str, password: &str) -> support::raw::RawConn {
-    use mongoguard::auth::scram::{ClientConversation, Mechanism};
-    let bin = |bytes: Vec<u8>| bson::Binary {
-        subtype: bson::spec::BinarySubtype::Generic,
-        bytes,
-    };
-    let payload = |reply: &Document| reply.get_binary_generic("payload").unwrap().clone();
-    let (mut c, _) = support::raw::RawConn::connect_with_hello(addr).await;
-    let mut scram = ClientConversation::new(Mechanism::ScramSha256, user, password).unwrap();
-    let start = c
-        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
-        "payload": bin(scram.client_first()), "$db": "admin"})
-        .await;
-    let id = start
-        .get_i32("conversationId")
-        .unwrap_or_else(|_| panic!("{start}"));
-    let client_final = scram.handle_server_first(&payload(&start)).unwrap();
-    let mut reply = c
-        .command(doc! {"saslContinue": 1, "conversationId": id,
-        "payload": bin(client_final), "$db": "admin"})
-        .await;
-    scram.verify_server_final(&payload(&reply)).unwrap();
-    while !reply.get_bool("done").unwrap_or_else(|_| panic!("{reply}")) {
-        reply = c
-            .command(doc! {"saslContinue": 1, "conversationId": id,
-            "payload": bin(Vec::new()), "$db": "admin"})
-            .await;
-    }
-    c
-}
-
 /// The transaction of a session is parked under its session id *and* identity. mongod keys a
 /// session by its id and the digest of its user (`makeLogicalSessionId`,
 /// src/mongo/db/session/logical_session_id_helpers.cpp): another user who sends the same
@@ -576,8 +544,8 @@ async fn another_identity_with_the_same_lsid_does_not_take_over_a_transaction() 
     let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
     let addr = proxy.local_addr();
 
-    let mut alice = raw_as(addr, "alice", "alicepw").await;
-    let mut mallory = raw_as(addr, "mallory", "mallorypw").await;
+    let mut alice = support::raw::RawConn::connect_as(addr, "alice", "alicepw").await;
+    let mut mallory = support::raw::RawConn::connect_as(addr, "mallory", "mallorypw").await;
     let lsid = doc! {"id": bson::Binary {
         subtype: bson::spec::BinarySubtype::Uuid,
         bytes: vec![7; 16],
