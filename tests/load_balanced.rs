@@ -492,3 +492,92 @@ async fn a_parked_connection_serves_only_its_own_identity() {
     mallory.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// The transaction of a session is parked under its session id *and* identity. mongod keys a
+/// session by its id and the digest of its user (`makeLogicalSessionId`,
+/// src/mongo/db/session/logical_session_id_helpers.cpp): another user who sends the same
+/// `lsid.id` has a session of its own and cannot touch the first. Here a client of another
+/// identity runs a transaction statement with alice's lsid: it must not take over the parked
+/// record of alice's transaction, or alice's next statement would go out on a fresh connection
+/// (possibly another mongos: NoSuchTransaction) instead of the one her transaction lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identity_with_the_same_lsid_does_not_take_over_a_transaction() {
+    let users = vec![
+        ("app".to_string(), "apppw".to_string()),
+        ("bob".to_string(), "bobpw".to_string()),
+    ];
+    let lb = || {
+        StandIn::start(StandInConfig {
+            load_balanced: true,
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    let (a, b) = (lb().await.unwrap(), lb().await.unwrap());
+    let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
+    let dir = std::env::temp_dir().join(format!("mg-lb-txn-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let users_file = dir.join("users.toml");
+    let _ = std::fs::remove_file(&users_file);
+    mongoguard::auth::users::add(&users_file, "alice", "alicepw", "admin").unwrap();
+    mongoguard::auth::users::add(&users_file, "mallory", "mallorypw", "admin").unwrap();
+    let text = std::fs::read_to_string(&users_file).unwrap();
+    let text = text.replace(
+        "name = \"mallory\"\n",
+        "name = \"mallory\"\nupstream = \"other\"\n",
+    );
+    std::fs::write(&users_file, text).unwrap();
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://app:apppw@{relay}/?loadBalanced=true&authSource=admin"
+    ))
+    .unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 6;
+    cfg.pool.min_idle = 0;
+    cfg.upstream.identities.insert(
+        "other".into(),
+        toml::from_str("username = \"bob\"\npassword = \"bobpw\"").unwrap(),
+    );
+    cfg.auth.users_file = Some(users_file);
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let addr = proxy.local_addr();
+
+    let mut alice = support::raw::RawConn::connect_as(addr, "alice", "alicepw").await;
+    let mut mallory = support::raw::RawConn::connect_as(addr, "mallory", "mallorypw").await;
+    let lsid = doc! {"id": bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid,
+        bytes: vec![7; 16],
+    }};
+    let statement = |id: i32, first: bool| {
+        let mut d = doc! {"insert": "t", "documents": [{"_id": id}], "lsid": lsid.clone(),
+        "txnNumber": 1i64, "autocommit": false, "$db": "lb"};
+        if first {
+            d.insert("startTransaction", true);
+        }
+        d
+    };
+    let r = alice.command(statement(1, true)).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let connects = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().0.connects;
+    // Another identity, the same lsid.id: its own session upstream (whatever it answers).
+    let _ = mallory.command(statement(100, true)).await;
+    let before = connects(&proxy);
+    // alice's transaction goes on where it lives: no new upstream connection.
+    let r = alice.command(statement(2, false)).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(
+        connects(&proxy),
+        before,
+        "alice's transaction statement left the connection her transaction lives on"
+    );
+    let r = alice
+        .command(
+            doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": 1i64,
+            "autocommit": false, "$db": "admin"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    proxy.shutdown().await;
+}

@@ -434,3 +434,98 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
     proxy.shutdown().await;
     rs.shutdown().await;
 }
+
+/// A transaction's server pin (several upstream servers: mongoguard remembers which one a
+/// transaction started on) is kept per session id *and* identity. mongod keys a session by
+/// its id and its user's digest (`makeLogicalSessionId`,
+/// src/mongo/db/session/logical_session_id_helpers.cpp): a client of another identity that
+/// starts a transaction with the same `lsid.id` has a session of its own, and must not replace
+/// the first one's pin (its next statement would then go to whichever server is chosen) nor
+/// drop it when its own transaction ends. Checked on the pin map itself: the stand-ins key
+/// sessions by id alone, so what they answer cannot tell the two sessions apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
+    let users = vec![
+        ("app".to_string(), "apppw".to_string()),
+        ("bob".to_string(), "bobpw".to_string()),
+    ];
+    let start = || {
+        StandIn::start(StandInConfig {
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let dir = std::env::temp_dir().join(format!("mg-pin-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let users_file = dir.join("users.toml");
+    let _ = std::fs::remove_file(&users_file);
+    mongoguard::auth::users::add(&users_file, "alice", "alicepw", "admin").unwrap();
+    mongoguard::auth::users::add(&users_file, "mallory", "mallorypw", "admin").unwrap();
+    let text = std::fs::read_to_string(&users_file).unwrap();
+    let text = text.replace(
+        "name = \"mallory\"\n",
+        "name = \"mallory\"\nupstream = \"other\"\n",
+    );
+    std::fs::write(&users_file, text).unwrap();
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://app:apppw@{},{}/?authSource=admin",
+        a.addr(),
+        b.addr()
+    ))
+    .unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 4;
+    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
+    cfg.upstream.identities.insert(
+        "other".into(),
+        toml::from_str("username = \"bob\"\npassword = \"bobpw\"").unwrap(),
+    );
+    cfg.auth.users_file = Some(users_file);
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let addr = proxy.local_addr();
+    let mut alice = support::raw::RawConn::connect_as(addr, "alice", "alicepw").await;
+    let mut mallory = support::raw::RawConn::connect_as(addr, "mallory", "mallorypw").await;
+    let lsid = doc! {"id": bson::Binary {
+        subtype: bson::spec::BinarySubtype::Uuid,
+        bytes: vec![9; 16],
+    }};
+    let start_txn = |txn_number: i64| {
+        doc! {"insert": "t", "documents": [{"x": txn_number}], "lsid": lsid.clone(),
+        "txnNumber": txn_number, "autocommit": false, "startTransaction": true, "$db": "pin"}
+    };
+    let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.transaction.get();
+    let r = alice.command(start_txn(1)).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(pinned(&proxy), 1);
+    // Another identity starts a transaction of the same lsid.id (a higher txnNumber, which
+    // for one session would replace the first transaction).
+    let _ = mallory.command(start_txn(2)).await;
+    assert_eq!(
+        pinned(&proxy),
+        2,
+        "another identity's transaction replaced alice's pin"
+    );
+    // Its end drops its own pin only.
+    let _ = mallory
+        .command(
+            doc! {"abortTransaction": 1, "lsid": lsid.clone(), "txnNumber": 2i64,
+            "autocommit": false, "$db": "admin"},
+        )
+        .await;
+    // A pin is dropped once the round trip is settled, just after the reply is relayed (a
+    // start pins before the request is sent: the checks above need no wait). Pins of other
+    // keys cannot be dropped by it, so the one left is alice's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pinned(&proxy) != 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        pinned(&proxy),
+        1,
+        "alice's pin went with mallory's transaction"
+    );
+    proxy.shutdown().await;
+}

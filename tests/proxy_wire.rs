@@ -716,3 +716,46 @@ async fn a_blocked_command_in_a_transaction_aborts_it_upstream() {
     assert_eq!(standin.stats().command_count("aborttransaction"), 1);
     assert!(ok(&c.command(3, rawdoc! {"ping": 1, "$db": "admin"}).await));
 }
+
+/// A client that sends a request and then shuts down its write side (a half-close, as a
+/// script signalling the end of its input does) still reads: mongod answers it — it marks an
+/// operation to be killed on the client's disconnect (POLLRDHUP) only for an exhaust stream
+/// (`markKillOnClientDisconnect`, src/mongo/transport/session_workflow.cpp) — so mongoguard
+/// relays the reply too, in both modes, for a read and for a write, with the upstream slower
+/// than the client's close.
+#[tokio::test]
+async fn a_half_closed_client_still_gets_its_reply() {
+    for pooled in [false, true] {
+        let (standin, proxy) = stack_with(|c| {
+            if pooled {
+                c.proxy.mode = mongoguard::config::Mode::Pooled;
+                c.auth.allow_unauthenticated = true;
+            }
+        })
+        .await;
+        for (id, body) in [
+            (2, rawdoc! {"find": "c", "filter": {}, "$db": "test"}),
+            (
+                3,
+                rawdoc! {"insert": "c", "documents": [{"_id": 1}], "$db": "test"},
+            ),
+        ] {
+            let mut c = Raw::connect(&proxy).await;
+            // The upstream connection is ready before the fault.
+            assert!(ok(&c.command(1, rawdoc! {"ping": 1, "$db": "admin"}).await));
+            standin.set_fault(Fault::Delay(Duration::from_millis(200)));
+            c.send(&MsgBuilder::new(body).encode(id, 0)).await;
+            c.write.shutdown().await.unwrap();
+            let reply = c.recv().await;
+            standin.set_fault(Fault::None);
+            let reply = reply.unwrap_or_else(|| {
+                panic!("pooled {pooled}: request {id}: closed without the reply")
+            });
+            assert_eq!(reply.header().response_to, id);
+            let body = OpMsg::parse(reply.bytes()).unwrap().body().to_owned();
+            assert!(ok(&body), "pooled {pooled}: {body:?}");
+            c.expect_closed().await;
+        }
+        assert_still_serving(&proxy).await;
+    }
+}

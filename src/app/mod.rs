@@ -423,10 +423,24 @@ mod tests {
     /// accepted socket inherits `TCP_NODELAY` from the listener `bind` made.
     #[tokio::test]
     async fn accepted_sockets_inherit_nodelay() {
-        let listener = super::bind("127.0.0.1:0".parse().unwrap(), false).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        assert!(accepted.nodelay().unwrap());
+        // IPv4 and IPv6 (when the host has ::1), with SO_REUSEPORT or without.
+        for (addr, reuse_port) in [
+            ("127.0.0.1:0", false),
+            ("127.0.0.1:0", true),
+            ("[::1]:0", false),
+        ] {
+            let listener = match super::bind(addr.parse().unwrap(), reuse_port) {
+                Ok(l) => l,
+                Err(e) if addr.starts_with('[') => {
+                    eprintln!("no IPv6 loopback here ({e}); not checked");
+                    continue;
+                }
+                Err(e) => panic!("{addr}: {e}"),
+            };
+            let addr = listener.local_addr().unwrap();
+            let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (accepted, _) = listener.accept().await.unwrap();
+            assert!(accepted.nodelay().unwrap(), "{addr}");
+        }
     }
 }

@@ -504,3 +504,55 @@ fn an_index_is_used_only_for_its_own_body() {
         assert_eq!(filters, vec![rawdoc! {"a": 1}]);
     }
 }
+
+/// A write's statements array read through the body's index (`Index::array_document`) is
+/// read whole wherever it sits among the body's fields (before, at and after the index's 16
+/// recorded elements), and a second array of the same name — mongod's IDL parser refuses a
+/// duplicate field (40413), the guard must not read one and let mongod see the other — is
+/// refused, wherever it sits.
+#[test]
+fn a_statements_array_is_read_wherever_it_sits_and_a_second_one_refused() {
+    let cstr = |s: String| bson::raw::CString::try_from(s).unwrap();
+    for pos in 0..24 {
+        for second in [None, Some(0usize), Some(3), Some(20)] {
+            let mut body = rawdoc! {"delete": "c", "$db": "d"};
+            for i in 0..pos {
+                body.append(cstr(format!("f{i}")), i);
+            }
+            let mut first = bson::RawArrayBuf::new();
+            first.push(rawdoc! {"q": {"a": 1}, "limit": 1});
+            body.append(cstr("deletes".into()), first);
+            if let Some(gap) = second {
+                for i in 0..gap {
+                    body.append(cstr(format!("g{i}")), i as i32);
+                }
+                let mut dangerous = bson::RawArrayBuf::new();
+                dangerous.push(rawdoc! {"q": {}, "limit": 0});
+                dangerous.push(rawdoc! {"q": {}, "limit": 0});
+                body.append(cstr("deletes".into()), dangerous);
+            }
+            let bytes = msg(body.clone());
+            // A repeated top-level key is refused with the message, before any statement
+            // is read.
+            let m = match Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE) {
+                Ok(m) => m,
+                Err(crate::wire::WireError::DuplicateKey(k)) if second.is_some() => {
+                    assert_eq!(k, "deletes");
+                    continue;
+                }
+                Err(e) => panic!("pos {pos}, second {second:?}: {e:?}"),
+            };
+            let v = CommandView::from_message(&m).unwrap();
+            assert!(second.is_none(), "a repeated deletes was not refused");
+            let mut seen = Vec::new();
+            let r = v.for_each_statement(|s| {
+                if let Statement::Delete { many, .. } = s.statement {
+                    seen.push((s.index, many));
+                }
+                ControlFlow::Continue(())
+            });
+            assert!(r.unwrap().is_continue());
+            assert_eq!(seen, vec![(0, false)], "pos {pos}");
+        }
+    }
+}

@@ -165,3 +165,38 @@ impl RawConn {
         reply.body
     }
 }
+
+impl RawConn {
+    /// A connection to mongoguard (pooled mode) authenticated as `user` of its users file,
+    /// with SCRAM-SHA-256, after a hello.
+    pub async fn connect_as(addr: impl ToSocketAddrs, user: &str, password: &str) -> RawConn {
+        use mongoguard::auth::scram::{ClientConversation, Mechanism};
+        let bin = |bytes: Vec<u8>| bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes,
+        };
+        let payload = |reply: &Document| reply.get_binary_generic("payload").unwrap().clone();
+        let (mut c, _) = RawConn::connect_with_hello(addr).await;
+        let mut scram = ClientConversation::new(Mechanism::ScramSha256, user, password).unwrap();
+        let start = c
+            .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+            "payload": bin(scram.client_first()), "$db": "admin"})
+            .await;
+        let id = start
+            .get_i32("conversationId")
+            .unwrap_or_else(|_| panic!("{start}"));
+        let client_final = scram.handle_server_first(&payload(&start)).unwrap();
+        let mut reply = c
+            .command(doc! {"saslContinue": 1, "conversationId": id,
+            "payload": bin(client_final), "$db": "admin"})
+            .await;
+        scram.verify_server_final(&payload(&reply)).unwrap();
+        while !reply.get_bool("done").unwrap_or_else(|_| panic!("{reply}")) {
+            reply = c
+                .command(doc! {"saslContinue": 1, "conversationId": id,
+                "payload": bin(Vec::new()), "$db": "admin"})
+                .await;
+        }
+        c
+    }
+}

@@ -80,6 +80,19 @@ pub(crate) enum Take<C> {
     Unknown,
 }
 
+/// The key a transaction is parked under: its session's `lsid.id` and the upstream identity
+/// it runs as. mongod keys a session by its id and the digest of its user
+/// (`makeLogicalSessionId`, src/mongo/db/session/logical_session_id_helpers.cpp): the same id
+/// sent by another user is another session, and must not reach (or replace) this record.
+pub(crate) fn txn_key(identity: &str, lsid: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(4 + lsid.len() + identity.len());
+    // Length-prefixed: no (identity, lsid) pair reads as another.
+    key.extend_from_slice(&u32::try_from(lsid.len()).unwrap_or(u32::MAX).to_le_bytes());
+    key.extend_from_slice(lsid);
+    key.extend_from_slice(identity.as_bytes());
+    key
+}
+
 /// The slot `slot`, or a new one (numbered from `next`) when `None`; created empty if absent.
 fn open_slot<'s, C>(
     next: &mut u64,

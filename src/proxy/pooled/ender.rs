@@ -16,7 +16,8 @@
 //!
 //! Only the plain form is answered here: OP_MSG, no document sequence, `endSessions` an array
 //! of at most [`LOCAL_MAX`] elements `{id: UUID}` named `"0"`, `"1"`... in order, and
-//! nothing else but `$db` and the generic fields drivers add. Anything else (a `uid`, a
+//! nothing else but `$db` and the generic fields drivers add, each once and in a form mongod
+//! accepts ([`generic_accepted`]). Anything else (a `uid`, a
 //! malformed element, an unknown field, a full queue) is forwarded and mongod answers it, as
 //! before. The queue is bounded ([`QUEUE`] commands of at most [`LOCAL_MAX`] sessions: at most
 //! 4 MiB of ids); when it is full the command is forwarded inline. Sessions the task cannot
@@ -99,16 +100,61 @@ pub(crate) fn local_sessions(frame: &Frame, max_message_size: usize) -> Option<V
     }
     let mut ids = None;
     let mut db = false;
+    // Which generic arguments were met (by their place in GENERIC): each at most once.
+    let mut seen = [false; GENERIC.len()];
     for (i, element) in msg.body().into_iter().enumerate() {
         let (key, value) = element.ok()?;
         match (i, key.as_str(), value) {
             (0, "endSessions", RawBsonRef::Array(a)) => ids = Some(session_ids(a)?),
             (_, "$db", RawBsonRef::String("admin")) if !db => db = true,
-            (i, k, _) if i > 0 && GENERIC.contains(&k) => {}
+            (i, k, v) if i > 0 => {
+                let at = GENERIC.iter().position(|g| *g == k)?;
+                let first = !std::mem::replace(seen.get_mut(at)?, true);
+                if !first || !generic_accepted(k, v) {
+                    return None;
+                }
+            }
             _ => return None,
         }
     }
+    // apiStrict and apiDeprecationErrors only with apiVersion (mongod: 4886600).
+    let has = |k: &str| {
+        GENERIC
+            .iter()
+            .position(|g| *g == k)
+            .is_some_and(|at| seen.get(at) == Some(&true))
+    };
+    if (has("apiStrict") || has("apiDeprecationErrors")) && !has("apiVersion") {
+        return None;
+    }
     ids.filter(|_| db)
+}
+
+/// Whether mongod accepts generic argument `key` with `value` on endSessions: `apiVersion`
+/// the string "1", `apiStrict` and `apiDeprecationErrors` booleans, `$readPreference` a
+/// document of a valid `mode` alone (what drivers send with endSessions), `$clusterTime` a
+/// document (its signature is mongod's to check: the background command does not carry it).
+/// Anything else is forwarded for mongod to answer (jstests/core/api_version_parameters.js).
+fn generic_accepted(key: &str, value: RawBsonRef<'_>) -> bool {
+    match (key, value) {
+        ("apiVersion", RawBsonRef::String(v)) => v == "1",
+        ("apiStrict" | "apiDeprecationErrors", RawBsonRef::Boolean(_)) => true,
+        ("$readPreference", RawBsonRef::Document(d)) => {
+            let mut fields = d.into_iter();
+            matches!(
+                (fields.next(), fields.next()),
+                (Some(Ok((k, RawBsonRef::String(mode)))), None)
+                    if k.as_str() == "mode"
+                        && matches!(
+                            mode,
+                            "primary" | "primaryPreferred" | "secondary"
+                                | "secondaryPreferred" | "nearest"
+                        )
+            )
+        }
+        ("$clusterTime", RawBsonRef::Document(_)) => true,
+        _ => false,
+    }
 }
 
 /// `[{id: UUID}, ...]` with its elements named "0", "1"... in order, at most [`LOCAL_MAX`].

@@ -16,7 +16,7 @@ use crate::{
         inspect::Request,
         observe::SessionObs,
         pins::{ExhaustHeld, Sticky},
-        routing::{self, Class, CursorReply, ReplyFacts, Routing},
+        routing::{self, Class, CursorReply, ReplyFacts, Routing, TxnKey},
         session::Client,
         stop::Stop,
         strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
@@ -110,6 +110,8 @@ impl Checkouts {
         kill: &Stop,
     ) -> ParkedTake {
         let parked = &pooled.balanced;
+        let txn = lsid.map(|l| balanced::txn_key(identity, l));
+        let lsid = txn.as_deref();
         let mut waited = false;
         loop {
             let changed = parked.changed();
@@ -217,7 +219,8 @@ impl PooledSide {
             if let Some(h) = routing.cursor.and_then(|id| p.pins.cursor_server(id, now)) {
                 return Ok(h);
             }
-            if let Some(h) = routing.txn.as_ref().and_then(|t| p.pins.txn_server(t, now)) {
+            let txn = routing.txn.as_ref().map(|t| self.pin_key(t));
+            if let Some(h) = txn.as_ref().and_then(|t| p.pins.txn_server(t, now)) {
                 return Ok(h);
             }
         }
@@ -245,7 +248,7 @@ impl PooledSide {
             })?,
         };
         if let (Some(t), true) = (&routing.txn, routing.starts_txn) {
-            p.pins.pin_txn(t, &host, now);
+            p.pins.pin_txn(&self.pin_key(t), &host, now);
         }
         Ok(host)
     }
@@ -281,6 +284,20 @@ impl PooledSide {
 }
 
 impl PooledSide {
+    /// Transaction `t` as the shared pins know it: under the upstream identity the request
+    /// runs as (`acquire`'s choice), since the same `lsid.id` sent by another user is another
+    /// session upstream (see [`balanced::txn_key`]) and must not move or drop this pin.
+    fn pin_key(&self, t: &TxnKey) -> TxnKey {
+        let identity = match &self.identity {
+            Some(i) => i.name.as_str(),
+            None => self.pooled.identities.default_identity().name.as_str(),
+        };
+        TxnKey {
+            lsid: balanced::txn_key(identity, &t.lsid),
+            txn_number: t.txn_number,
+        }
+    }
+
     /// Load-balanced upstream: parks `link` while a cursor or transaction lives on it, or
     /// hands it back (`Some`) for the pool; a broken one is discarded with its slot.
     fn settle_balanced(
@@ -302,7 +319,9 @@ impl PooledSide {
         let killed = route.cursor.filter(|_| route.kills_cursor);
         let txn = match &route.txn {
             _ if txn_aborted || route.ends_txn => balanced::TxnChange::Ended,
-            Some(t) => balanced::TxnChange::Continues(t.lsid.clone()),
+            Some(t) => {
+                balanced::TxnChange::Continues(balanced::txn_key(&link.key().identity, &t.lsid))
+            }
             None => balanced::TxnChange::None,
         };
         let settle = balanced::Settle {
@@ -509,7 +528,10 @@ impl Strategy for PooledSide {
             self.balanced_slot = Some(slot);
             return Some(conn);
         }
-        let host = self.pooled.pins.txn_server(txn, Instant::now())?;
+        let host = self
+            .pooled
+            .pins
+            .txn_server(&self.pin_key(txn), Instant::now())?;
         self.checkouts
             .checkout(&self.pooled.pool, &host, &identity.name, kill)
             .await
@@ -541,15 +563,22 @@ impl Strategy for PooledSide {
             // getMore (or statement) on another of its connections as soon as it has this
             // reply, before this round trip is settled; it must find the slot (busy) and
             // wait for this connection, not take another.
+            // Under the identity the request runs as (`acquire`'s choice).
+            let identity = match &self.identity {
+                Some(i) => i.name.as_str(),
+                None => self.pooled.identities.default_identity().name.as_str(),
+            };
             let txn = route
                 .txn
                 .as_ref()
                 .filter(|_| !route.ends_txn)
-                .map(|t| t.lsid.as_slice());
-            self.balanced_slot =
-                self.pooled
-                    .balanced
-                    .reserve(self.balanced_slot, opened, txn, Instant::now());
+                .map(|t| balanced::txn_key(identity, &t.lsid));
+            self.balanced_slot = self.pooled.balanced.reserve(
+                self.balanced_slot,
+                opened,
+                txn.as_deref(),
+                Instant::now(),
+            );
             return;
         }
         if !self.pooled.topology.is_multi_server() {
@@ -607,7 +636,7 @@ impl Strategy for PooledSide {
                 }
                 if route.ends_txn {
                     if let Some(t) = &route.txn {
-                        pins.unpin_txn(t);
+                        pins.unpin_txn(&self.pin_key(t));
                     }
                 }
                 link.release();
@@ -617,7 +646,7 @@ impl Strategy for PooledSide {
 
     fn aborted(&mut self, link: Conn, ok: bool, route: &Routing) {
         if let Some(t) = &route.txn {
-            self.pooled.pins.unpin_txn(t);
+            self.pooled.pins.unpin_txn(&self.pin_key(t));
         }
         if self.pooled.topology.load_balanced() {
             let outcome = if ok {
@@ -642,7 +671,7 @@ impl Strategy for PooledSide {
             // A transaction lives on one node: a re-send would go back to the pinned, stale
             // server. Drop the pin and relay the error (mongod labels it
             // TransientTransactionError, so the driver retries the whole transaction).
-            self.pooled.pins.unpin_txn(txn);
+            self.pooled.pins.unpin_txn(&self.pin_key(txn));
             return AfterNotPrimary::Relay;
         }
         if resent || self.on_kept {

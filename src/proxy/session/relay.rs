@@ -119,13 +119,10 @@ impl<S: Strategy> Session<S> {
             else {
                 return Ok(Trip::NotPrimary(reply, link.host().clone()));
             };
-            if self.client.gone {
-                // Nobody to relay to; an exhaust stream cannot be cut short cleanly.
-                return if more {
-                    Err(SessionError::ClientGone)
-                } else {
-                    Ok(Trip::Done)
-                };
+            let gone = self.client.gone;
+            if gone && more {
+                // An exhaust stream cannot be cut short cleanly.
+                return Err(SessionError::ClientGone);
             }
             let out = if request.is_hello {
                 if let Some(v) = hello::max_wire_version(&reply, self.max) {
@@ -142,7 +139,15 @@ impl<S: Strategy> Session<S> {
                 None => out,
             };
             let c = &mut self.client;
-            send_to_client(&mut c.out, &out, c.limits.write, &c.stop).await?;
+            let sent = send_to_client(&mut c.out, &out, c.limits.write, &c.stop).await;
+            match sent {
+                // The client's side was closed while it waited. One that only shut down its
+                // write side (a half-close) still reads, and mongod answers it: it gets its
+                // reply. One that left cannot take it; the upstream exchange is complete all
+                // the same.
+                Err(_) if gone => return Ok(Trip::Done),
+                sent => sent?,
+            }
             if !more {
                 return Ok(Trip::Done);
             }
@@ -193,8 +198,12 @@ impl<S: Strategy> Session<S> {
             },
             next = watch_client(&mut client.input), if watch_client_now => {
                 match next {
-                    Err(SessionError::ClientGone)
-                        if S::REUSES_LINKS && stream.exhaust.is_none() => client.gone = true,
+                    // The client closed its side: perhaps only its write side, and it waits
+                    // for this reply (mongod answers a half-closed client's command; it kills
+                    // only an exhaust stream, on POLLRDHUP). Awaited briefly, then relayed.
+                    Err(SessionError::ClientGone) if stream.exhaust.is_none() => {
+                        client.gone = true;
+                    }
                     Err(e) => return Err(e),
                     Ok(Some(f)) => client.pending = Some(f),
                     // A large message the client started is not read on (see watch_client).

@@ -377,6 +377,14 @@ impl<T: PooledConn> KeyPool<T> {
             slot.keep();
             let now = Instant::now();
             let mut state = self.lock();
+            // Drained or closed while it connected (checked under the lock both set): the
+            // connection closes rather than idle where no idle connection may stay.
+            if let Some(why) = self.rejects(now, now) {
+                drop(state);
+                drop(conn);
+                self.close_slot(why, false);
+                return Ok(());
+            }
             let woken = self.put_back(&mut state, conn, now, now);
             self.publish(&state);
             drop(state);
@@ -488,9 +496,10 @@ impl<T: PooledConn> KeyPool<T> {
             return Err((conn, why));
         }
         let mut state = self.lock();
-        if self.is_closed() {
-            // Closed since the check above.
-            return Err((conn, Closed::Discarded));
+        if let Some(why) = self.rejects(created, now) {
+            // Closed or drained since the check above (both are set before their lock is
+            // taken, so either this sees them or they see the connection idle and close it).
+            return Err((conn, why));
         }
         state.in_use -= 1;
         let woken = self.put_back(&mut state, conn, created, now);

@@ -172,3 +172,40 @@ async fn a_full_queue_refuses_and_the_caller_forwards() {
         "the task has stopped"
     );
 }
+
+/// The generic arguments are answered here only in the forms mongod accepts. mongod refuses
+/// `apiVersion` that is not the string "1", `apiStrict`/`apiDeprecationErrors` that are not
+/// booleans or come without `apiVersion` (4886600), and a `$readPreference` whose mode is not
+/// one of the five (mongodb/mongo jstests/core/api_version_parameters.js;
+/// src/mongo/idl/generic_argument.idl; src/mongo/client/read_preference.cpp); its IDL parser
+/// refuses a field given twice (40413). Answering `{ok: 1}` to any of them would tell the
+/// client something mongod would not have said, and end sessions mongod would not have ended.
+#[test]
+fn generic_arguments_mongod_would_refuse_are_forwarded() {
+    let id = |n| rawdoc! {"id": uuid(n)};
+    let cases = [
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiVersion": "2"},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiVersion": 1},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiStrict": true},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiDeprecationErrors": false},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiVersion": "1", "apiStrict": "true"},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiVersion": "1", "apiDeprecationErrors": 1},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "$readPreference": "primary"},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "$readPreference": {"mode": "bogus"}},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "$readPreference": {}},
+        rawdoc! {"endSessions": [id(1)], "$db": "admin", "$clusterTime": 1},
+    ];
+    for body in cases {
+        assert_eq!(local(body.clone()), None, "{body:?}");
+    }
+    // A generic argument given twice.
+    let mut twice = rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiVersion": "1"};
+    twice.append(bson::raw::cstr!("apiVersion"), "1");
+    assert_eq!(local(twice), None);
+    // What drivers send is still answered here.
+    let fine = rawdoc! {
+        "endSessions": [id(1)], "$db": "admin", "apiVersion": "1", "apiStrict": true,
+        "apiDeprecationErrors": false, "$readPreference": {"mode": "primaryPreferred"},
+    };
+    assert_eq!(local(fine), Some(vec![[1; 16]]));
+}
