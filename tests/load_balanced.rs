@@ -410,6 +410,19 @@ async fn a_get_more_of_an_unknown_cursor_fails_closed() {
     proxy.shutdown().await;
 }
 
+/// Two load-balanced stand-ins that know both identities' upstream users.
+async fn two_identity_lb_standins() -> (StandIn, StandIn) {
+    let users = support::identities::upstream_users();
+    let lb = || {
+        StandIn::start(StandInConfig {
+            load_balanced: true,
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    (lb().await.unwrap(), lb().await.unwrap())
+}
+
 /// Pooled mode parks a load-balanced connection for its cursors, and a getMore takes it by
 /// cursor id. That connection is authenticated as one upstream identity: a client mapped to
 /// another identity must not get it, or its getMore would run as the cursor owner's user
@@ -418,45 +431,16 @@ async fn a_get_more_of_an_unknown_cursor_fails_closed() {
 /// cursor open on no connection its identity can reach; the owner continues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_connection_serves_only_its_own_identity() {
-    let users = vec![
-        ("app".to_string(), "apppw".to_string()),
-        ("bob".to_string(), "bobpw".to_string()),
-    ];
-    let lb = || {
-        StandIn::start(StandInConfig {
-            load_balanced: true,
-            users: users.clone(),
-            ..StandInConfig::default()
-        })
-    };
-    let (a, b) = (lb().await.unwrap(), lb().await.unwrap());
+    let (a, b) = two_identity_lb_standins().await;
     seed_as(&[&a, &b], "app:apppw@").await;
     let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
-    let dir = std::env::temp_dir().join(format!("mg-lb-identity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let users_file = dir.join("users.toml");
-    let _ = std::fs::remove_file(&users_file);
-    mongoguard::auth::users::add(&users_file, "alice", "alicepw", "admin").unwrap();
-    mongoguard::auth::users::add(&users_file, "mallory", "mallorypw", "admin").unwrap();
-    let text = std::fs::read_to_string(&users_file).unwrap();
-    let text = text.replace(
-        "name = \"mallory\"\n",
-        "name = \"mallory\"\nupstream = \"other\"\n",
+    let mut cfg = support::identities::pooled_config(
+        &relay.to_string(),
+        "&loadBalanced=true",
+        "lb-identity",
+        6,
     );
-    std::fs::write(&users_file, text).unwrap();
-    let mut cfg = Config::for_upstream(&format!(
-        "mongodb://app:apppw@{relay}/?loadBalanced=true&authSource=admin"
-    ))
-    .unwrap();
-    cfg.proxy.mode = Mode::Pooled;
-    cfg.pool.pool_size = 6;
     cfg.pool.min_idle = 0;
-    cfg.upstream.identities.insert(
-        "other".into(),
-        toml::from_str("username = \"bob\"\npassword = \"bobpw\"").unwrap(),
-    );
-    cfg.auth.users_file = Some(users_file);
-    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
     cfg.validate().unwrap();
     let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
     let connect = |user: &str, pw: &str| {
@@ -502,54 +486,21 @@ async fn a_parked_connection_serves_only_its_own_identity() {
 /// (possibly another mongos: NoSuchTransaction) instead of the one her transaction lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_with_the_same_lsid_does_not_take_over_a_transaction() {
-    let users = vec![
-        ("app".to_string(), "apppw".to_string()),
-        ("bob".to_string(), "bobpw".to_string()),
-    ];
-    let lb = || {
-        StandIn::start(StandInConfig {
-            load_balanced: true,
-            users: users.clone(),
-            ..StandInConfig::default()
-        })
-    };
-    let (a, b) = (lb().await.unwrap(), lb().await.unwrap());
+    let (a, b) = two_identity_lb_standins().await;
     let relay = round_robin_relay(vec![a.addr(), b.addr()]).await;
-    let dir = std::env::temp_dir().join(format!("mg-lb-txn-identity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let users_file = dir.join("users.toml");
-    let _ = std::fs::remove_file(&users_file);
-    mongoguard::auth::users::add(&users_file, "alice", "alicepw", "admin").unwrap();
-    mongoguard::auth::users::add(&users_file, "mallory", "mallorypw", "admin").unwrap();
-    let text = std::fs::read_to_string(&users_file).unwrap();
-    let text = text.replace(
-        "name = \"mallory\"\n",
-        "name = \"mallory\"\nupstream = \"other\"\n",
+    let mut cfg = support::identities::pooled_config(
+        &relay.to_string(),
+        "&loadBalanced=true",
+        "lb-txn-identity",
+        6,
     );
-    std::fs::write(&users_file, text).unwrap();
-    let mut cfg = Config::for_upstream(&format!(
-        "mongodb://app:apppw@{relay}/?loadBalanced=true&authSource=admin"
-    ))
-    .unwrap();
-    cfg.proxy.mode = Mode::Pooled;
-    cfg.pool.pool_size = 6;
     cfg.pool.min_idle = 0;
-    cfg.upstream.identities.insert(
-        "other".into(),
-        toml::from_str("username = \"bob\"\npassword = \"bobpw\"").unwrap(),
-    );
-    cfg.auth.users_file = Some(users_file);
-    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
     cfg.validate().unwrap();
     let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
     let addr = proxy.local_addr();
 
-    let mut alice = support::raw::RawConn::connect_as(addr, "alice", "alicepw").await;
-    let mut mallory = support::raw::RawConn::connect_as(addr, "mallory", "mallorypw").await;
-    let lsid = doc! {"id": bson::Binary {
-        subtype: bson::spec::BinarySubtype::Uuid,
-        bytes: vec![7; 16],
-    }};
+    let (mut alice, mut mallory) = support::identities::connect_both(addr).await;
+    let lsid = support::identities::lsid(7);
     let statement = |id: i32, first: bool| {
         let mut d = doc! {"insert": "t", "documents": [{"_id": id}], "lsid": lsid.clone(),
         "txnNumber": 1i64, "autocommit": false, "$db": "lb"};

@@ -445,10 +445,7 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
 /// sessions by id alone, so what they answer cannot tell the two sessions apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
-    let users = vec![
-        ("app".to_string(), "apppw".to_string()),
-        ("bob".to_string(), "bobpw".to_string()),
-    ];
+    let users = support::identities::upstream_users();
     let start = || {
         StandIn::start(StandInConfig {
             users: users.clone(),
@@ -456,42 +453,18 @@ async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
         })
     };
     let (a, b) = (start().await.unwrap(), start().await.unwrap());
-    let dir = std::env::temp_dir().join(format!("mg-pin-identity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let users_file = dir.join("users.toml");
-    let _ = std::fs::remove_file(&users_file);
-    mongoguard::auth::users::add(&users_file, "alice", "alicepw", "admin").unwrap();
-    mongoguard::auth::users::add(&users_file, "mallory", "mallorypw", "admin").unwrap();
-    let text = std::fs::read_to_string(&users_file).unwrap();
-    let text = text.replace(
-        "name = \"mallory\"\n",
-        "name = \"mallory\"\nupstream = \"other\"\n",
+    let mut cfg = support::identities::pooled_config(
+        &format!("{},{}", a.addr(), b.addr()),
+        "",
+        "pin-identity",
+        4,
     );
-    std::fs::write(&users_file, text).unwrap();
-    let mut cfg = Config::for_upstream(&format!(
-        "mongodb://app:apppw@{},{}/?authSource=admin",
-        a.addr(),
-        b.addr()
-    ))
-    .unwrap();
-    cfg.proxy.mode = Mode::Pooled;
-    cfg.pool.pool_size = 4;
     cfg.upstream.heartbeat_interval = Duration::from_millis(200);
-    cfg.upstream.identities.insert(
-        "other".into(),
-        toml::from_str("username = \"bob\"\npassword = \"bobpw\"").unwrap(),
-    );
-    cfg.auth.users_file = Some(users_file);
-    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
     cfg.validate().unwrap();
     let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
     let addr = proxy.local_addr();
-    let mut alice = support::raw::RawConn::connect_as(addr, "alice", "alicepw").await;
-    let mut mallory = support::raw::RawConn::connect_as(addr, "mallory", "mallorypw").await;
-    let lsid = doc! {"id": bson::Binary {
-        subtype: bson::spec::BinarySubtype::Uuid,
-        bytes: vec![9; 16],
-    }};
+    let (mut alice, mut mallory) = support::identities::connect_both(addr).await;
+    let lsid = support::identities::lsid(9);
     let start_txn = |txn_number: i64| {
         doc! {"insert": "t", "documents": [{"x": txn_number}], "lsid": lsid.clone(),
         "txnNumber": txn_number, "autocommit": false, "startTransaction": true, "$db": "pin"}

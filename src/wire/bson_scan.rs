@@ -163,13 +163,11 @@ pub(crate) fn pick<'a, const N: usize>(
         if seen.first_time(e.key) != Some(true) {
             return Some(());
         }
-        let Some(slot) = keys
+        // Not a key asked for: walk on (`None`).
+        let slot = keys
             .iter()
             .position(|k| same_key(k.as_bytes(), e.key))
-            .and_then(|i| found.get_mut(i))
-        else {
-            return None;
-        };
+            .and_then(|i| found.get_mut(i))?;
         match decode(e.tag, e.value) {
             Some(v) => {
                 *slot = Some(v);

@@ -13,6 +13,7 @@
 
 pub mod dns;
 pub mod guard;
+pub mod identities;
 pub mod raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};

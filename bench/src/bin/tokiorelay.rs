@@ -151,24 +151,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
+#[path = "../echo_for_tests.rs"]
+mod echo_for_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// An echo server; returns its address.
-    async fn echo() -> String {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let (mut r, mut w) = s.into_split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
-            }
-        });
-        addr
-    }
+    use super::echo_for_tests::echo;
 
     async fn start_relay(upstream: &str, threads: usize, max: usize) -> String {
         let loops = Arc::new(Loops::start(threads).unwrap());
