@@ -60,7 +60,17 @@ const GENERIC: &[&str] = &[
 /// One client endSessions, queued.
 struct Ending {
     identity: Identity,
-    ids: Vec<[u8; 16]>,
+    sessions: Sessions,
+}
+
+/// The sessions of an endSessions answered here.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Sessions {
+    pub(crate) ids: Vec<[u8; 16]>,
+    /// The client declared `apiVersion: "1"`; the upstream command declares it too (a server
+    /// started with `requireApiVersion` refuses a command without it, and its sessions would
+    /// then only expire).
+    pub(crate) api_version: bool,
 }
 
 /// The sending side of the queue, held by [`Pooled`].
@@ -77,21 +87,21 @@ impl Ender {
         (Ender { tx }, Queue(rx))
     }
 
-    /// Queues `ids` to be ended upstream as `identity`; false when the queue is full or the
-    /// task has stopped (the caller then forwards the command).
-    pub(crate) fn defer(&self, identity: &Identity, ids: Vec<[u8; 16]>) -> bool {
+    /// Queues `sessions` to be ended upstream as `identity`; false when the queue is full or
+    /// the task has stopped (the caller then forwards the command).
+    pub(crate) fn defer(&self, identity: &Identity, sessions: Sessions) -> bool {
         self.tx
             .try_send(Ending {
                 identity: identity.clone(),
-                ids,
+                sessions,
             })
             .is_ok()
     }
 }
 
-/// The session ids of an endSessions mongoguard may answer itself (see the module's
+/// The sessions of an endSessions mongoguard may answer itself (see the module's
 /// documentation), or `None`: forward it.
-pub(crate) fn local_sessions(frame: &Frame, max_message_size: usize) -> Option<Vec<[u8; 16]>> {
+pub(crate) fn local_sessions(frame: &Frame, max_message_size: usize) -> Option<Sessions> {
     let Ok(Message::Msg(msg)) = Message::parse(frame.bytes(), max_message_size) else {
         return None;
     };
@@ -127,7 +137,10 @@ pub(crate) fn local_sessions(frame: &Frame, max_message_size: usize) -> Option<V
     if (has("apiStrict") || has("apiDeprecationErrors")) && !has("apiVersion") {
         return None;
     }
-    ids.filter(|_| db)
+    Some(Sessions {
+        ids: ids.filter(|_| db)?,
+        api_version: has("apiVersion"),
+    })
 }
 
 /// Whether mongod accepts generic argument `key` with `value` on endSessions: `apiVersion`
@@ -203,23 +216,18 @@ pub(crate) async fn run(pooled: Arc<Pooled>, Queue(mut rx): Queue, metrics: Arc<
                 None => return,
             },
         };
-        // Whatever else is queued joins its identity's batch.
+        // Whatever else is queued joins its batch.
         let mut batches: Vec<Ending> = vec![first];
         while let Ok(e) = rx.try_recv() {
-            match batches
-                .iter_mut()
-                .find(|b| b.identity.name == e.identity.name)
-            {
-                Some(b) => b.ids.extend_from_slice(&e.ids),
-                None => batches.push(e),
-            }
+            join(&mut batches, e);
         }
         for batch in &batches {
-            for chunk in batch.ids.chunks(MAX_BATCH) {
+            let api_version = batch.sessions.api_version;
+            for chunk in batch.sessions.ids.chunks(MAX_BATCH) {
                 let outcome = tokio::select! {
                     biased;
                     _ = pooled.cancel.cancelled() => Err("mongoguard is shutting down".to_string()),
-                    r = end_upstream(&pooled, &batch.identity, chunk) => r,
+                    r = end_upstream(&pooled, &batch.identity, chunk, api_version) => r,
                 };
                 match outcome {
                     Ok(()) => metrics.end_sessions(EndSessions::Sent, chunk.len()),
@@ -236,7 +244,7 @@ pub(crate) async fn run(pooled: Arc<Pooled>, Queue(mut rx): Queue, metrics: Arc<
     rx.close();
     let mut left = 0;
     while let Ok(e) = rx.try_recv() {
-        left += e.ids.len();
+        left += e.sessions.ids.len();
     }
     if left > 0 {
         warn!(
@@ -248,12 +256,24 @@ pub(crate) async fn run(pooled: Arc<Pooled>, Queue(mut rx): Queue, metrics: Arc<
     }
 }
 
+/// Adds `e` to the batch of its identity and API version (a command either declares the
+/// version or does not), or starts one.
+fn join(batches: &mut Vec<Ending>, e: Ending) {
+    match batches.iter_mut().find(|b| {
+        b.identity.name == e.identity.name && b.sessions.api_version == e.sessions.api_version
+    }) {
+        Some(b) => b.sessions.ids.extend_from_slice(&e.sessions.ids),
+        None => batches.push(e),
+    }
+}
+
 /// One endSessions of `ids` on a pooled connection of `identity` to the primary (else any
 /// member, as drivers send it: primaryPreferred), within the reply timeout.
 async fn end_upstream(
     pooled: &Pooled,
     identity: &Identity,
     ids: &[[u8; 16]],
+    api_version: bool,
 ) -> Result<(), String> {
     let bound = match pooled.reply_timeout {
         d if d.is_zero() => DEFAULT_BOUND,
@@ -270,7 +290,7 @@ async fn end_upstream(
             .checkout(&PoolKey::new(host, identity.name.clone()))
             .await
             .map_err(|e| e.to_string())?;
-        let command = end_sessions_command(ids);
+        let command = end_sessions_command(ids, api_version);
         // An error leaves the connection unreleased: dropped, it is closed.
         let reply = conn.command(&command).await.map_err(|e| e.to_string())?;
         conn.release();
@@ -284,15 +304,19 @@ async fn end_upstream(
         .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
 }
 
-/// `{endSessions: [{id: UUID}, ...], $db: "admin"}`.
-fn end_sessions_command(ids: &[[u8; 16]]) -> RawDocumentBuf {
+/// `{endSessions: [{id: UUID}, ...], $db: "admin"}`, with `apiVersion: "1"` when asked.
+fn end_sessions_command(ids: &[[u8; 16]], api_version: bool) -> RawDocumentBuf {
     let mut array = bson::RawArrayBuf::new();
     for id in ids {
         array.push(bson::rawdoc! {
             "id": bson::Binary { subtype: BinarySubtype::Uuid, bytes: id.to_vec() },
         });
     }
-    bson::rawdoc! {"endSessions": array, "$db": "admin"}
+    if api_version {
+        bson::rawdoc! {"endSessions": array, "$db": "admin", "apiVersion": "1"}
+    } else {
+        bson::rawdoc! {"endSessions": array, "$db": "admin"}
+    }
 }
 
 #[cfg(test)]

@@ -97,9 +97,10 @@ impl PooledSide {
     fn end_sessions_here(&self, client: &Client, received: &Received) -> Option<usize> {
         let identity = self.identity.as_ref()?;
         let frame = received.inner.as_ref().unwrap_or(&received.frame);
-        let ids = super::ender::local_sessions(frame, client.ctx.config.proxy.max_message_size)?;
-        let n = ids.len();
-        self.pooled.ender.defer(identity, ids).then_some(n)
+        let sessions =
+            super::ender::local_sessions(frame, client.ctx.config.proxy.max_message_size)?;
+        let n = sessions.ids.len();
+        self.pooled.ender.defer(identity, sessions).then_some(n)
     }
 
     /// The emulated hello reply: the topology's facts, this connection's id, and the

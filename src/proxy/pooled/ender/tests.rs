@@ -18,7 +18,15 @@ fn msg(body: RawDocumentBuf) -> Frame {
 }
 
 fn local(body: RawDocumentBuf) -> Option<Vec<[u8; 16]>> {
-    local_sessions(&msg(body), DEFAULT_MAX_MESSAGE_SIZE)
+    local_sessions(&msg(body), DEFAULT_MAX_MESSAGE_SIZE).map(|s| s.ids)
+}
+
+/// Sessions `ids` declared without an API version.
+fn plain(ids: Vec<[u8; 16]>) -> Sessions {
+    Sessions {
+        ids,
+        api_version: false,
+    }
 }
 
 /// A body `{endSessions: <array whose bytes are those of doc>, $db: "admin"}`: the array's
@@ -59,7 +67,7 @@ fn what_drivers_send_is_answered_here() {
     .unwrap();
     assert_eq!(
         local_sessions(&frame, DEFAULT_MAX_MESSAGE_SIZE),
-        Some(vec![])
+        Some(plain(vec![]))
     );
     // The array's names in order, as a well-formed array has them.
     let named = rawdoc! {"0": {"id": uuid(1)}, "1": {"id": uuid(2)}};
@@ -141,7 +149,7 @@ fn anything_else_is_forwarded() {
 #[test]
 fn the_upstream_command_carries_every_session() {
     let ids = [[1u8; 16], [2; 16], [3; 16]];
-    let cmd = end_sessions_command(&ids);
+    let cmd = end_sessions_command(&ids, false);
     let doc = bson::Document::try_from(cmd.as_ref()).unwrap();
     let sessions = doc.get_array("endSessions").unwrap();
     assert_eq!(sessions.len(), 3);
@@ -151,6 +159,52 @@ fn the_upstream_command_carries_every_session() {
         assert_eq!(s.get("id"), Some(&bson::Bson::Binary(uuid(id[0]))));
     }
     assert_eq!(doc.get_str("$db").unwrap(), "admin");
+    assert!(doc.get("apiVersion").is_none());
+}
+
+/// A client that declares the stable API (drivers with `serverApi` set send `apiVersion: "1"`
+/// on every command, endSessions included) may be talking to a server started with
+/// `requireApiVersion`, which refuses a command without it: the sessions would then never be
+/// ended upstream, only expire, and a fleet opening many could reach the server's session
+/// limit. The upstream command declares the version its clients declared, and clients that
+/// did and did not are never batched into one command.
+#[test]
+fn the_upstream_command_declares_the_api_version_the_client_did() {
+    let id = |n| rawdoc! {"id": uuid(n)};
+    let with = local_sessions(
+        &msg(
+            rawdoc! {"endSessions": [id(1)], "$db": "admin", "apiVersion": "1", "apiStrict": true},
+        ),
+        DEFAULT_MAX_MESSAGE_SIZE,
+    )
+    .unwrap();
+    assert!(with.api_version);
+    let without = local_sessions(
+        &msg(rawdoc! {"endSessions": [id(2)], "$db": "admin"}),
+        DEFAULT_MAX_MESSAGE_SIZE,
+    )
+    .unwrap();
+    assert!(!without.api_version);
+
+    let cmd = end_sessions_command(&[[1; 16]], true);
+    let doc = bson::Document::try_from(cmd.as_ref()).unwrap();
+    assert_eq!(doc.get_str("apiVersion").unwrap(), "1");
+
+    let identity = Identity {
+        name: "default".into(),
+        credentials: None,
+    };
+    let ending = |sessions| Ending {
+        identity: identity.clone(),
+        sessions,
+    };
+    let mut batches = vec![ending(with)];
+    join(&mut batches, ending(without));
+    join(&mut batches, ending(plain(vec![[3; 16]])));
+    assert_eq!(batches.len(), 2, "with and without the API version apart");
+    assert!(batches[0].sessions.api_version);
+    assert_eq!(batches[0].sessions.ids, vec![[1; 16]]);
+    assert_eq!(batches[1].sessions.ids, vec![[2; 16], [3; 16]]);
 }
 
 #[tokio::test]
@@ -161,14 +215,14 @@ async fn a_full_queue_refuses_and_the_caller_forwards() {
         credentials: None,
     };
     for _ in 0..QUEUE {
-        assert!(ender.defer(&identity, vec![[1; 16]]));
+        assert!(ender.defer(&identity, plain(vec![[1; 16]])));
     }
-    assert!(!ender.defer(&identity, vec![[1; 16]]));
+    assert!(!ender.defer(&identity, plain(vec![[1; 16]])));
     drop(_queue);
     let (ender, queue) = Ender::new();
     drop(queue);
     assert!(
-        !ender.defer(&identity, vec![[1; 16]]),
+        !ender.defer(&identity, plain(vec![[1; 16]])),
         "the task has stopped"
     );
 }
