@@ -36,10 +36,10 @@ impl<'a> Fields<'a> for &Index<'a> {
 }
 
 /// The fields of a write statement, read once: [`unique_keys`] and then lookups give the
-/// same answers. A statement of a 1,000-statement write is read by three rule families; one
-/// walk that checks the keys and keeps the `N` values they ask for costs a third of
-/// checking the keys, indexing the statement and looking each field up
-/// (`tests::picked_statements_read_as_indexed_ones`).
+/// same answers. Every statement of a batch is read again by each rule family that looks at
+/// statements; one walk that checks the keys and keeps the `N` values asked for costs about
+/// a third of checking the keys, indexing the statement and looking each field up
+/// (`tests::picked_statements_read_as_indexed_ones` checks that both read the same).
 pub(crate) enum Picked<'a, const N: usize> {
     /// Every key distinct and each value of `keys` built by the walk.
     Read {
@@ -61,9 +61,7 @@ impl<'a, const N: usize> Picked<'a, N> {
             None => Picked::Indexed(Index::new(unique_keys(doc)?)),
         })
     }
-}
 
-impl<'a, const N: usize> Picked<'a, N> {
     /// The fields, in the order of the keys given to [`Picked::new`], each a source the
     /// value helpers ([`get`], [`get_doc`], [`flag`]...) read with its key.
     pub(crate) fn fields(&self) -> [Field<'_, 'a, N>; N] {
