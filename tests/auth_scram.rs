@@ -88,7 +88,18 @@ async fn authenticate(
     password: &str,
     skip_empty: bool,
 ) -> Result<(), RawDocumentBuf> {
-    let mut scram = ClientConversation::new(mech, "alice", password).unwrap();
+    authenticate_as(c, "alice", mech, password, skip_empty).await
+}
+
+/// [`authenticate`] as `user`.
+async fn authenticate_as(
+    c: &mut Raw,
+    user: &str,
+    mech: Mechanism,
+    password: &str,
+    skip_empty: bool,
+) -> Result<(), RawDocumentBuf> {
+    let mut scram = ClientConversation::new(mech, user, password).unwrap();
     let start = c
         .command(rawdoc! {
             "saslStart": 1, "mechanism": mech.name(), "payload": bin(scram.client_first()),
@@ -119,7 +130,9 @@ async fn authenticate(
                 "saslContinue": 1, "conversationId": id, "payload": bin(Vec::new()), "$db": "admin",
             })
             .await;
-        assert!(ok(&last), "{last:?}");
+        if !ok(&last) {
+            return Err(last);
+        }
         done = last.get_bool("done").unwrap();
     }
     assert!(done);
@@ -150,6 +163,54 @@ async fn client_authenticates_against_the_standin_with_both_mechanisms() {
             assert!(ok(&found), "{mech}: {found:?}");
             assert_eq!(standin.stats().authentications(), before + 1);
         }
+    }
+}
+
+/// mongod lets a connection authenticate once: a second successful conversation as another
+/// user is refused and the first user stays (AuthorizationSessionImpl::addAndAuthorizeUser in
+/// mongodb/mongo src/mongo/db/auth/authorization_session_impl.cpp: uassert 5626701 "Each client
+/// connection may only be authenticated once. Previously authenticated as: ...", called from
+/// doSaslStep in src/mongo/db/auth/sasl_commands.cpp once the mechanism succeeds); the same
+/// user again is allowed (with a warning in mongod's log).
+#[tokio::test]
+async fn a_connection_authenticates_as_one_user_only() {
+    let standin = StandIn::start(StandInConfig {
+        users: vec![
+            ("alice".into(), "secret".into()),
+            ("bob".into(), "hunter2".into()),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for skip_empty in [true, false] {
+        let mut c = Raw::connect(&standin).await;
+        authenticate_as(
+            &mut c,
+            "alice",
+            Mechanism::ScramSha256,
+            "secret",
+            skip_empty,
+        )
+        .await
+        .unwrap_or_else(|r| panic!("alice: {r:?}"));
+        let refused = authenticate_as(&mut c, "bob", Mechanism::ScramSha256, "hunter2", skip_empty)
+            .await
+            .expect_err("a second user on one connection");
+        assert_eq!(code(&refused), Some(5626701), "{refused:?}");
+        assert!(
+            refused
+                .get_str("errmsg")
+                .unwrap()
+                .contains("Previously authenticated as: alice@admin"),
+            "{refused:?}"
+        );
+        // Still alice, and alice again is fine.
+        assert!(ok(&needs_auth(&mut c).await));
+        authenticate_as(&mut c, "alice", Mechanism::ScramSha1, "secret", skip_empty)
+            .await
+            .unwrap_or_else(|r| panic!("alice again: {r:?}"));
+        assert!(ok(&needs_auth(&mut c).await));
     }
 }
 

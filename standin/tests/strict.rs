@@ -802,3 +802,91 @@ async fn client_metadata_is_validated() {
         .await);
     s.shutdown().await;
 }
+
+/// src/mongo/db/auth/sasl_commands.idl: saslStart and saslContinue are `strict: true`
+/// (an unknown field is 40415); `mechanism` and `payload` of saslStart and
+/// `conversationId` (type `int`: a 32-bit integer only, src/mongo/db/basic_types.idl) and
+/// `payload` of saslContinue are required (40414, or 14 for the wrong type); a conversation id
+/// other than 1 is ProtocolError 17 ("sasl: Mismatched conversation id", runSaslContinue in
+/// src/mongo/db/auth/sasl_commands.cpp).
+#[tokio::test]
+async fn sasl_commands_are_strict() {
+    let s = StandIn::start(StandInConfig {
+        users: vec![("alice".into(), "a".into())],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let first = || Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: b"n,,n=alice,r=0123456789abcdefghijklmn".to_vec(),
+    };
+    let mut c = Raw::connect(s.addr()).await;
+    let r = c
+        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": first(), "extra": 1, "$db": "admin"})
+        .await;
+    assert_eq!(code(&r), 40415, "{r}");
+    assert_eq!(
+        r.get_str("errmsg").unwrap(),
+        "BSON field 'saslStart.extra' is an unknown field."
+    );
+    let r = c
+        .command(doc! {"saslStart": 1, "payload": first(), "$db": "admin"})
+        .await;
+    assert_eq!(code(&r), 40414, "{r}");
+    assert_eq!(
+        r.get_str("errmsg").unwrap(),
+        "BSON field 'saslStart.mechanism' is missing but a required field"
+    );
+    let r = c
+        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "$db": "admin"})
+        .await;
+    assert_eq!(code(&r), 40414, "{r}");
+    let start = doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": first(), "options": {"skipEmptyExchange": true}, "autoAuthorize": 1, "$db": "admin"};
+    let r = c.command(start.clone()).await;
+    ok(&r);
+    assert_eq!(r.get_i32("conversationId").unwrap(), 1);
+    let payload = Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: b"c=biws,r=x,p=AAAA".to_vec(),
+    };
+    for (cont, expected) in [
+        (
+            doc! {"saslContinue": 1, "payload": payload.clone(), "$db": "admin"},
+            40414,
+        ),
+        (
+            doc! {"saslContinue": 1, "conversationId": 1, "$db": "admin"},
+            40414,
+        ),
+        (
+            doc! {"saslContinue": 1, "conversationId": 1_i64, "payload": payload.clone(), "$db": "admin"},
+            14,
+        ),
+        (
+            doc! {"saslContinue": 1, "conversationId": 1.0, "payload": payload.clone(), "$db": "admin"},
+            14,
+        ),
+        (
+            doc! {"saslContinue": 1, "conversationId": 1, "payload": payload.clone(), "extra": 1, "$db": "admin"},
+            40415,
+        ),
+        (
+            doc! {"saslContinue": 1, "conversationId": 2, "payload": payload.clone(), "$db": "admin"},
+            17,
+        ),
+    ] {
+        let r = c.command(cont.clone()).await;
+        assert_eq!(code(&r), expected, "{cont}: {r}");
+        // A refusal ends the conversation: start it again for the next case.
+        ok(&c.command(start.clone()).await);
+    }
+    let r = c
+        .command(doc! {"saslContinue": 1, "conversationId": 1_i64, "payload": payload.clone(), "$db": "admin"})
+        .await;
+    assert_eq!(
+        r.get_str("errmsg").unwrap(),
+        "BSON field 'saslContinue.conversationId' is the wrong type 'long', expected type 'int'"
+    );
+    s.shutdown().await;
+}

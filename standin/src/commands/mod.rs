@@ -366,6 +366,12 @@ fn strict_fields(name: &str) -> Option<(&'static str, &'static [&'static str])> 
         ),
         // src/mongo/db/query/kill_cursors.idl
         "killcursors" => ("killCursors", &["cursors"]),
+        // src/mongo/db/auth/sasl_commands.idl
+        "saslstart" => (
+            "saslStart",
+            &["mechanism", "autoAuthorize", "options", "payload"],
+        ),
+        "saslcontinue" => ("saslContinue", &["conversationId", "payload"]),
         _ => return None,
     })
 }
