@@ -189,17 +189,27 @@ impl<'a> CommandView<'a> {
         Ok(view)
     }
 
-    /// A legacy OP_QUERY on a collection: a find whose filter is `$query` or the whole query.
+    /// A legacy OP_QUERY on a collection: a find whose filter is the one mongod runs. mongod
+    /// reads a `query` field first, then `$query`, each where it sits in the query, and takes
+    /// the first that is a document or an array; with neither, the whole query is the filter
+    /// (`initFindCommand`, src/mongo/db/query/query_request_helper.cpp; `QueryRequest::init`
+    /// before 5.0: `queryObj["query"]`, then `queryObj["$query"]`, `isABSONObj()`). A wrapper
+    /// that is an array (mongod reads it as the document of its elements, keyed "0", "1"...)
+    /// and a `$query` of another type are refused.
     fn legacy_query(q: OpQuery<'a>) -> Result<CommandView<'a>, CommandError> {
-        let filter = match value::get(q.query, "$query")? {
+        let bad = |field| CommandError::BadField {
+            command: "find",
+            field,
+        };
+        let filter = match value::get(q.query, "query")? {
             Some(RawBsonRef::Document(d)) => d,
-            Some(_) => {
-                return Err(CommandError::BadField {
-                    command: "find",
-                    field: "$query",
-                })
-            }
-            None => q.query,
+            Some(RawBsonRef::Array(_)) => return Err(bad("query")),
+            // Not a wrapper: a filter on a field named `query`, unless `$query` is one.
+            Some(_) | None => match value::get(q.query, "$query")? {
+                Some(RawBsonRef::Document(d)) => d,
+                Some(_) => return Err(bad("$query")),
+                None => q.query,
+            },
         };
         Ok(Self::legacy(
             Kind::Find,
