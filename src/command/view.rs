@@ -197,6 +197,15 @@ impl<'a> CommandView<'a> {
     /// that is an array (mongod reads it as the document of its elements, keyed "0", "1"...)
     /// and a `$query` of another type are refused.
     fn legacy_query(q: OpQuery<'a>) -> Result<CommandView<'a>, CommandError> {
+        // Not a query: before 4.2, mongod runs an OP_QUERY on `<db>.$cmd.sys.inprog`,
+        // `.killop` and `.unlock` as currentOp, killOp and fsyncUnlock with the query's fields
+        // as arguments (`assembleResponse` -> `receivedPseudoCommand`,
+        // src/mongo/db/assemble_response.cpp). Never judged as a find.
+        if q.collection().starts_with("$cmd.") {
+            return Err(CommandError::BadReference(
+                "a legacy pseudo-command ($cmd.sys.*): send the command itself",
+            ));
+        }
         let bad = |field| CommandError::BadField {
             command: "find",
             field,
