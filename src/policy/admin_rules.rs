@@ -88,6 +88,10 @@ pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     "killAllSessionsByPattern",
     "logRotate",
     "rotateCertificates",
+    // Before 4.2: arbitrary server-side JavaScript, writes and drops included, on behalf of
+    // a user granted anyAction on anyResource (src/mongo/db/commands/dbeval.cpp).
+    "eval",
+    "$eval",
     "addshard",
     "removeshard",
     "addshardtozone",

@@ -181,7 +181,9 @@ fn has_javascript(walk: impl FnOnce(&mut Js) -> ControlFlow<()>) -> Result<bool,
 
 /// Q002 outside filters: see the module docs.
 fn javascript<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(), CommandError> {
-    if view.kind() == Kind::MapReduce {
+    // mapReduce, and before 4.2 `group` (its `$reduce` is a JavaScript function:
+    // src/mongo/db/commands/group_cmd.cpp): JavaScript whatever they hold.
+    if view.kind() == Kind::MapReduce || (view.kind() == Kind::Other && view.name() == "group") {
         em.emit(RuleId::Q002, None, None);
         return Ok(());
     }
