@@ -126,7 +126,7 @@ impl<'a> CommandView<'a> {
         &self,
         mut f: impl FnMut(Option<usize>, &'a RawDocument) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, CommandError> {
-        if let Source::LegacyQuery { filter } = self.source {
+        if let Source::LegacyQuery { filter, .. } = self.source {
             return Ok(f(None, filter));
         }
         if let Some(body) = self.fields() {

@@ -39,8 +39,12 @@ pub(crate) enum Source<'a> {
         index: Index<'a>,
         msg: Option<OpMsg<'a>>,
     },
-    /// A legacy OP_QUERY on a collection (not `$cmd`): a find.
-    LegacyQuery { filter: &'a RawDocument },
+    /// A legacy OP_QUERY on a collection (not `$cmd`): a find, and its projection (the
+    /// message's returnFieldsSelector).
+    LegacyQuery {
+        filter: &'a RawDocument,
+        projection: Option<&'a RawDocument>,
+    },
     /// Legacy OP_INSERT.
     LegacyInsert(crate::wire::OpInsert<'a>),
     /// Legacy OP_UPDATE.
@@ -224,7 +228,10 @@ impl<'a> CommandView<'a> {
             Kind::Find,
             "find",
             q.full_collection_name,
-            Source::LegacyQuery { filter },
+            Source::LegacyQuery {
+                filter,
+                projection: q.return_fields_selector,
+            },
         ))
     }
 
@@ -314,6 +321,15 @@ impl<'a> CommandView<'a> {
     pub fn body(&self) -> Option<&'a RawDocument> {
         match self.source {
             Source::Command { index, .. } => Some(index.doc()),
+            _ => None,
+        }
+    }
+
+    /// The projection of a legacy OP_QUERY on a collection (its returnFieldsSelector): mongod
+    /// reads it as a find's `projection` (aggregation expressions included, 4.4+).
+    pub fn legacy_projection(&self) -> Option<&'a RawDocument> {
+        match self.source {
+            Source::LegacyQuery { projection, .. } => projection,
             _ => None,
         }
     }

@@ -12,9 +12,10 @@
 //! - **Server-side JavaScript elsewhere** (Q002 only): every stage of the aggregate pipeline
 //!   (nested `$lookup` / `$facet` / `$unionWith` pipelines, `$group` and `$project`
 //!   expressions), update pipelines of update / findAndModify / bulkWrite statements, a find
-//!   `projection`, a findAndModify `fields`, a command's `let`; and the mapReduce command
-//!   itself. Negations, regexes and lists in non-filter expressions (a `$project` computing
-//!   `$ne`) select nothing, so Q001 / Q003 / Q004 / Q005 do not look there.
+//!   `projection` (and a legacy OP_QUERY's returnFieldsSelector), a findAndModify `fields`, a
+//!   command's `let`; and the mapReduce and group commands themselves. Negations, regexes
+//!   and lists in non-filter expressions (a `$project` computing `$ne`) select nothing, so
+//!   Q001 / Q003 / Q004 / Q005 do not look there.
 //!
 //! Edge decisions:
 //! - Q001 fires on `$ne`, `$not` (whatever it wraps), and `$nin` with at least one value,
@@ -185,6 +186,15 @@ fn javascript<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<()
     // src/mongo/db/commands/group_cmd.cpp): JavaScript whatever they hold.
     if view.kind() == Kind::MapReduce || (view.kind() == Kind::Other && view.name() == "group") {
         em.emit(RuleId::Q002, None, None);
+        return Ok(());
+    }
+    // A legacy OP_QUERY's projection travels beside its query, not in a body.
+    if let Some(projection) = view.legacy_projection() {
+        if mentions_javascript(projection.as_bytes())
+            && projection_has_javascript(RawBsonRef::Document(projection))?
+        {
+            em.emit(RuleId::Q002, None, None);
+        }
         return Ok(());
     }
     let projection = match view.kind() {
