@@ -495,11 +495,7 @@ fn supplied_document(
     let Some(constants) = constants else {
         return Ok(None);
     };
-    Ok(get_opt_doc(
-        value::unique_keys(constants)?,
-        "new",
-        "update",
-    )?)
+    get_opt_doc(value::unique_keys(constants)?, "new", "update")
 }
 
 fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
