@@ -658,6 +658,27 @@ fn statement_fields_read_as_mongod_does_or_refused() {
     }
     many.append(bson::cstr!("multi"), true);
     assert!(matches!(upd(many), Err(CommandError::DuplicateKey)));
+    // A key that is not UTF-8 (mongod: an unknown field of a strict struct), before or after
+    // the fields read.
+    for at_start in [true, false] {
+        let mut bytes = Vec::new();
+        let mut element = vec![0x10, 0xff, 0xfe, 0x00];
+        element.extend_from_slice(&1i32.to_le_bytes());
+        let known = rawdoc! {"q": {}, "u": set.clone(), "multi": false};
+        let inner = known.as_bytes().get(4..known.as_bytes().len() - 1).unwrap();
+        if at_start {
+            bytes.extend_from_slice(&element);
+            bytes.extend_from_slice(inner);
+        } else {
+            bytes.extend_from_slice(inner);
+            bytes.extend_from_slice(&element);
+        }
+        let mut doc = ((bytes.len() + 5) as i32).to_le_bytes().to_vec();
+        doc.extend_from_slice(&bytes);
+        doc.push(0);
+        let stmt = RawDocumentBuf::from_bytes(doc).unwrap();
+        assert!(upd(stmt).is_err(), "a non-UTF-8 key, first {at_start}");
+    }
     // A statement that is not a document.
     let body = rawdoc! {"update": "c", "$db": "d", "updates": [1]};
     let bytes = msg(body);
