@@ -119,9 +119,10 @@ impl<'a> CommandView<'a> {
     }
 
     /// Every filter the command applies, with the statement index for write statements:
-    /// find / count / distinct / mapReduce filters, legacy query selectors, update and delete
-    /// `q`s (body, sequence, bulkWrite, legacy), findAndModify `query`, and each filtering
-    /// pipeline stage at any depth. For an `explain` view, the explained command's filters.
+    /// find / count / distinct / mapReduce / geoNear filters, legacy query selectors, update
+    /// and delete `q`s (body, sequence, bulkWrite, legacy), findAndModify `query`, and each
+    /// filtering pipeline stage at any depth. For an `explain` view, the explained command's
+    /// filters.
     pub fn for_each_filter(
         &self,
         mut f: impl FnMut(Option<usize>, &'a RawDocument) -> ControlFlow<()>,
@@ -142,6 +143,26 @@ impl<'a> CommandView<'a> {
                     if f(None, filter).is_break() {
                         return Ok(ControlFlow::Break(()));
                     }
+                }
+            }
+            // geoNear (servers before 4.2) appends its `query` to the $near query it runs
+            // when that is a document or an array, and ignores another type
+            // (src/mongo/db/commands/geo_near_cmd.cpp). An array (read as the document of its
+            // elements) is refused.
+            if self.kind == Kind::Other && self.name() == "geoNear" {
+                match get(body, "query")? {
+                    Some(RawBsonRef::Document(filter)) => {
+                        if f(None, filter).is_break() {
+                            return Ok(ControlFlow::Break(()));
+                        }
+                    }
+                    Some(RawBsonRef::Array(_)) => {
+                        return Err(CommandError::BadField {
+                            command: "geoNear",
+                            field: "query",
+                        })
+                    }
+                    _ => {}
                 }
             }
         }
