@@ -92,6 +92,12 @@ pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     // a user granted anyAction on anyResource (src/mongo/db/commands/dbeval.cpp).
     "eval",
     "$eval",
+    // Before 4.2: a database or collection copied whole from another host, into any
+    // database (admin included), documents no rule can see (src/mongo/db/commands/copydb.cpp,
+    // clone.cpp, clone_collection.cpp).
+    "copydb",
+    "clone",
+    "cloneCollection",
     "addshard",
     "removeshard",
     "addshardtozone",
