@@ -119,10 +119,10 @@ impl<'a> CommandView<'a> {
     }
 
     /// Every filter the command applies, with the statement index for write statements:
-    /// find / count / distinct / mapReduce / geoNear filters, legacy query selectors, update
-    /// and delete `q`s (body, sequence, bulkWrite, legacy), findAndModify `query`, and each
-    /// filtering pipeline stage at any depth. For an `explain` view, the explained command's
-    /// filters.
+    /// find / count / distinct / mapReduce / geoNear / group filters, legacy query
+    /// selectors, update and delete `q`s (body, sequence, bulkWrite, legacy), findAndModify
+    /// `query`, and each filtering pipeline stage at any depth. For an `explain` view, the
+    /// explained command's filters.
     pub fn for_each_filter(
         &self,
         mut f: impl FnMut(Option<usize>, &'a RawDocument) -> ControlFlow<()>,
@@ -149,6 +149,21 @@ impl<'a> CommandView<'a> {
             // when that is a document or an array, and ignores another type
             // (src/mongo/db/commands/geo_near_cmd.cpp). An array (read as the document of its
             // elements) is refused.
+            // group (servers before 4.2) filters with the first of `cond`, `condition`,
+            // `query` and `q` of its spec that is a document (src/mongo/db/commands/
+            // group_cmd.cpp, `GroupCommand::parseRequest`).
+            if self.kind == Kind::Other && self.name() == "group" {
+                if let Some(RawBsonRef::Document(spec)) = get(body, "group")? {
+                    for field in ["cond", "condition", "query", "q"] {
+                        if let Some(RawBsonRef::Document(filter)) = get(spec, field)? {
+                            if f(None, filter).is_break() {
+                                return Ok(ControlFlow::Break(()));
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
             if self.kind == Kind::Other && self.name() == "geoNear" {
                 match get(body, "query")? {
                     Some(RawBsonRef::Document(filter)) => {

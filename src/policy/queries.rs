@@ -3,8 +3,8 @@
 //! Two passes, both borrowed and allocation-free:
 //!
 //! - **Filters.** Every filter [`CommandView::for_each_filter`] yields (find, count, distinct,
-//!   mapReduce, geoNear and legacy query filters, update / delete / findAndModify / bulkWrite
-//!   statement filters, and `$match` / `$geoNear.query` /
+//!   mapReduce, geoNear, group and legacy query filters, update / delete / findAndModify /
+//!   bulkWrite statement filters, and `$match` / `$geoNear.query` /
 //!   `$graphLookup.restrictSearchWithMatch` at any pipeline depth) is walked once with
 //!   [`walk_filter`], `$expr` included. All five rules are decided there, with the statement
 //!   index and the filter for the record. The statements of a write are read once, for
