@@ -165,19 +165,18 @@ impl<'a> CommandView<'a> {
                 }
             }
             if self.kind == Kind::Other && self.name() == "geoNear" {
-                match get(body, "query")? {
-                    Some(RawBsonRef::Document(filter)) => {
-                        if f(None, filter).is_break() {
-                            return Ok(ControlFlow::Break(()));
-                        }
-                    }
+                let filter = match get(body, "query")? {
+                    Some(RawBsonRef::Document(filter)) => Some(filter),
                     Some(RawBsonRef::Array(_)) => {
                         return Err(CommandError::BadField {
                             command: "geoNear",
                             field: "query",
                         })
                     }
-                    _ => {}
+                    _ => None,
+                };
+                if filter.is_some_and(|filter| f(None, filter).is_break()) {
+                    return Ok(ControlFlow::Break(()));
                 }
             }
         }
