@@ -99,10 +99,14 @@ pub fn stage_filter(stage: &RawDocument) -> Option<&RawDocument> {
 }
 
 impl<'a> CommandView<'a> {
-    /// The top-level `pipeline` of an aggregate (also inside explain).
+    /// The top-level `pipeline` of an aggregate (also inside explain), or of a view's
+    /// definition (`create` / `collMod` with `viewOn`): mongod runs a view's pipeline on every
+    /// read of the view, and refuses only `$out` and `$merge` in it.
     pub fn pipeline(&self) -> Result<Option<&'a RawArray>, CommandError> {
         match (self.kind, self.fields()) {
             (Kind::Aggregate, Some(body)) => super::value::get_array(body, "pipeline", "aggregate"),
+            (Kind::Create, Some(body)) => super::value::get_array(body, "pipeline", "create"),
+            (Kind::CollMod, Some(body)) => super::value::get_array(body, "pipeline", "collMod"),
             _ => Ok(None),
         }
     }

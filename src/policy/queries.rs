@@ -10,12 +10,13 @@
 //!   index and the filter for the record. The statements of a write are read once, for
 //!   their filters and (Q002) their update pipelines together.
 //! - **Server-side JavaScript elsewhere** (Q002 only): every stage of the aggregate pipeline
-//!   (nested `$lookup` / `$facet` / `$unionWith` pipelines, `$group` and `$project`
-//!   expressions), update pipelines of update / findAndModify / bulkWrite statements, a find
-//!   `projection` (and a legacy OP_QUERY's returnFieldsSelector), a findAndModify `fields`, a
-//!   command's `let`; and the mapReduce and group commands themselves. Negations, regexes
-//!   and lists in non-filter expressions (a `$project` computing `$ne`) select nothing, so
-//!   Q001 / Q003 / Q004 / Q005 do not look there.
+//!   and of a view's definition (`create` / `collMod`; nested `$lookup` / `$facet` /
+//!   `$unionWith` pipelines, `$group` and `$project` expressions), update pipelines of update /
+//!   findAndModify / bulkWrite statements, a find `projection` (and a legacy OP_QUERY's
+//!   returnFieldsSelector), a findAndModify `fields`, a command's `let`; and the mapReduce
+//!   and group commands themselves. Negations, regexes and lists in non-filter expressions
+//!   (a `$project` computing `$ne`) select nothing, so Q001 / Q003 / Q004 / Q005 do not look
+//!   there.
 //!
 //! Edge decisions:
 //! - Q001 fires on `$ne`, `$not` (whatever it wraps), and `$nin` with at least one value,
@@ -200,8 +201,13 @@ fn javascript<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<()
     let projection = match view.kind() {
         Kind::Find => "projection",
         Kind::FindAndModify => "fields",
-        // No projection: only `let` (and an aggregate's pipeline) is looked at.
-        Kind::Aggregate | Kind::Update | Kind::Delete | Kind::BulkWrite => "let",
+        // No projection: only `let` (and an aggregate's or a view's pipeline) is looked at.
+        Kind::Aggregate
+        | Kind::Update
+        | Kind::Delete
+        | Kind::BulkWrite
+        | Kind::Create
+        | Kind::CollMod => "let",
         _ => return Ok(()),
     };
     let Some(body) = view.body() else {
