@@ -149,10 +149,6 @@ impl<'a> CommandView<'a> {
                     }
                 }
             }
-            // geoNear (servers before 4.2) appends its `query` to the $near query it runs
-            // when that is a document or an array, and ignores another type
-            // (src/mongo/db/commands/geo_near_cmd.cpp). An array (read as the document of its
-            // elements) is refused.
             // group (servers before 4.2) filters with the first of `cond`, `condition`,
             // `query` and `q` of its spec that is a document (src/mongo/db/commands/
             // group_cmd.cpp, `GroupCommand::parseRequest`).
@@ -168,6 +164,10 @@ impl<'a> CommandView<'a> {
                     }
                 }
             }
+            // geoNear (servers before 4.2) appends its `query` to the $near query it runs
+            // when that is a document or an array, and ignores another type
+            // (src/mongo/db/commands/geo_near_cmd.cpp). An array (read as the document of its
+            // elements) is refused.
             if self.kind == Kind::Other && self.name() == "geoNear" {
                 let filter = match get(body, "query")? {
                     Some(RawBsonRef::Document(filter)) => Some(filter),

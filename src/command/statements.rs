@@ -445,8 +445,8 @@ const UPDATE_FIELDS: [&str; 8] = [
 const DELETE_FIELDS: [&str; 4] = ["q", "limit", "collation", "hint"];
 
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
-    // Six fields are read, in one walk that also checks the keys (a 1,000-statement update
-    // is read once per rule family).
+    // Eight fields are read, in one walk that also checks the keys (a 1,000-statement
+    // update is read once per rule family).
     let picked = value::Picked::new(stmt, &UPDATE_FIELDS)?;
     let [q, u, multi, upsert, collation, hint, c, upsert_supplied] = picked.fields();
     Ok(Statement::Update {

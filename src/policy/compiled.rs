@@ -386,9 +386,6 @@ impl Policy {
         }
     }
 
-    /// Resolves the actions for a request: overrides in order (the last one that sets a rule
-    /// wins), then audit mode turns every block into a warning. G001 (unreadable-command)
-    /// blocks whatever the mode and the overrides: mongoguard fails closed.
     /// What applies to `view`: [`Policy::effective`] for its namespace and, when an override
     /// names namespaces, for every other namespace it writes (a bulkWrite's `nsInfo`, a
     /// `$merge` / `$out` target, a rename target...), the strictest of them. An override
@@ -415,6 +412,9 @@ impl Policy {
         eff
     }
 
+    /// Resolves the actions for a request: overrides in order (the last one that sets a rule
+    /// wins), then audit mode turns every block into a warning. G001 (unreadable-command)
+    /// blocks whatever the mode and the overrides: mongoguard fails closed.
     pub(crate) fn effective(&self, ns: Namespace<'_>, ctx: &RequestContext<'_>) -> Effective {
         let mut eff = Effective {
             actions: self.actions,
