@@ -759,3 +759,67 @@ async fn a_half_closed_client_still_gets_its_reply() {
         assert_still_serving(&proxy).await;
     }
 }
+
+/// A client that pipelines several requests and then shuts down its write side gets every
+/// reply, in order, in both modes, with the upstream slower than the client's close; the
+/// write among them is applied once; nothing is left holding an upstream connection (the
+/// proxy serves the next client). Ports from the 27800-27899 range.
+#[tokio::test]
+async fn a_half_closed_client_that_pipelined_gets_every_reply() {
+    for (pooled, base) in [(false, 27_840u16), (true, 27_850u16)] {
+        let standin = StandIn::start(StandInConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], base)),
+            ..StandInConfig::default()
+        })
+        .await
+        .unwrap();
+        let mut config = Config::for_upstream(&standin.uri()).unwrap();
+        config.audit.sink = mongoguard::audit::SinkSpec::None;
+        config.proxy.listen = std::net::SocketAddr::from(([127, 0, 0, 1], base + 1));
+        config.admin.listen = None;
+        if pooled {
+            config.proxy.mode = mongoguard::config::Mode::Pooled;
+            config.auth.allow_unauthenticated = true;
+        }
+        let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+        let mut c = Raw::connect(&proxy).await;
+        assert!(ok(&c.command(1, rawdoc! {"ping": 1, "$db": "admin"}).await));
+        standin.set_fault(Fault::Delay(Duration::from_millis(200)));
+        let mut pipelined = Vec::new();
+        for (id, body) in [
+            (
+                2,
+                rawdoc! {"find": "c", "filter": {"_id": 1}, "$db": "test"},
+            ),
+            (
+                3,
+                rawdoc! {"insert": "c", "documents": [{"_id": 7}], "$db": "test"},
+            ),
+            (
+                4,
+                rawdoc! {"find": "c", "filter": {"_id": 7}, "$db": "test"},
+            ),
+        ] {
+            pipelined.extend_from_slice(&MsgBuilder::new(body).encode(id, 0));
+        }
+        c.send(&pipelined).await;
+        c.write.shutdown().await.unwrap();
+        for id in [2, 3, 4] {
+            let reply = c
+                .recv()
+                .await
+                .unwrap_or_else(|| panic!("pooled {pooled}: request {id}: closed without it"));
+            assert_eq!(reply.header().response_to, id, "pooled {pooled}");
+            let body = OpMsg::parse(reply.bytes()).unwrap().body().to_owned();
+            assert!(ok(&body), "pooled {pooled}: {body:?}");
+        }
+        c.expect_closed().await;
+        standin.set_fault(Fault::None);
+        assert_eq!(
+            standin.stats().command_count("insert"),
+            1,
+            "pooled {pooled}"
+        );
+        assert_still_serving(&proxy).await;
+    }
+}

@@ -344,9 +344,7 @@ impl Allowlist {
                     ),
                     Lookup::NewShape => detail,
                 };
-                let action = policy
-                    .effective(view.namespace(), rctx)
-                    .action(RuleId::A001);
+                let action = policy.effective_for(view, rctx).action(RuleId::A001);
                 if action == Action::Off {
                     return None;
                 }

@@ -99,10 +99,14 @@ pub fn stage_filter(stage: &RawDocument) -> Option<&RawDocument> {
 }
 
 impl<'a> CommandView<'a> {
-    /// The top-level `pipeline` of an aggregate (also inside explain).
+    /// The top-level `pipeline` of an aggregate (also inside explain), or of a view's
+    /// definition (`create` / `collMod` with `viewOn`): mongod runs a view's pipeline on every
+    /// read of the view, and refuses only `$out` and `$merge` in it.
     pub fn pipeline(&self) -> Result<Option<&'a RawArray>, CommandError> {
         match (self.kind, self.fields()) {
             (Kind::Aggregate, Some(body)) => super::value::get_array(body, "pipeline", "aggregate"),
+            (Kind::Create, Some(body)) => super::value::get_array(body, "pipeline", "create"),
+            (Kind::CollMod, Some(body)) => super::value::get_array(body, "pipeline", "collMod"),
             _ => Ok(None),
         }
     }
@@ -119,14 +123,15 @@ impl<'a> CommandView<'a> {
     }
 
     /// Every filter the command applies, with the statement index for write statements:
-    /// find / count / distinct / mapReduce filters, legacy query selectors, update and delete
-    /// `q`s (body, sequence, bulkWrite, legacy), findAndModify `query`, and each filtering
-    /// pipeline stage at any depth. For an `explain` view, the explained command's filters.
+    /// find / count / distinct / mapReduce / geoNear / group filters, legacy query
+    /// selectors, update and delete `q`s (body, sequence, bulkWrite, legacy), findAndModify
+    /// `query`, and each filtering pipeline stage at any depth. For an `explain` view, the
+    /// explained command's filters.
     pub fn for_each_filter(
         &self,
         mut f: impl FnMut(Option<usize>, &'a RawDocument) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, CommandError> {
-        if let Source::LegacyQuery { filter } = self.source {
+        if let Source::LegacyQuery { filter, .. } = self.source {
             return Ok(f(None, filter));
         }
         if let Some(body) = self.fields() {
@@ -142,6 +147,40 @@ impl<'a> CommandView<'a> {
                     if f(None, filter).is_break() {
                         return Ok(ControlFlow::Break(()));
                     }
+                }
+            }
+            // group (servers before 4.2) filters with the first of `cond`, `condition`,
+            // `query` and `q` of its spec that is a document (src/mongo/db/commands/
+            // group_cmd.cpp, `GroupCommand::parseRequest`).
+            if self.kind == Kind::Other && self.name() == "group" {
+                if let Some(RawBsonRef::Document(spec)) = get(body, "group")? {
+                    for field in ["cond", "condition", "query", "q"] {
+                        if let Some(RawBsonRef::Document(filter)) = get(spec, field)? {
+                            if f(None, filter).is_break() {
+                                return Ok(ControlFlow::Break(()));
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            // geoNear (servers before 4.2) appends its `query` to the $near query it runs
+            // when that is a document or an array, and ignores another type
+            // (src/mongo/db/commands/geo_near_cmd.cpp). An array (read as the document of its
+            // elements) is refused.
+            if self.kind == Kind::Other && self.name() == "geoNear" {
+                let filter = match get(body, "query")? {
+                    Some(RawBsonRef::Document(filter)) => Some(filter),
+                    Some(RawBsonRef::Array(_)) => {
+                        return Err(CommandError::BadField {
+                            command: "geoNear",
+                            field: "query",
+                        })
+                    }
+                    _ => None,
+                };
+                if filter.is_some_and(|filter| f(None, filter).is_break()) {
+                    return Ok(ControlFlow::Break(()));
                 }
             }
         }

@@ -67,6 +67,10 @@ pub enum Statement<'a> {
         collation: Option<&'a RawDocument>,
         /// The statement's `hint` (an index name or key pattern).
         hint: Option<RawBsonRef<'a>>,
+        /// The document an upsert inserts as it is: `c.new` (bulkWrite `constants.new`) of a
+        /// statement with `upsertSupplied` (src/mongo/db/ops/parsed_update.cpp requires it
+        /// to be a document; mongod's `$merge` sends these). `None` without the flag.
+        supplied: Option<&'a RawDocument>,
     },
     /// A delete statement.
     Delete {
@@ -82,8 +86,9 @@ pub enum Statement<'a> {
 }
 
 impl<'a> Statement<'a> {
-    /// The whole document it writes: an inserted document or a replacement (what the
-    /// document rules judge); `None` for operator and pipeline updates and deletes.
+    /// The whole document it writes: an inserted document, a replacement, or the document
+    /// an upsert supplies (what the document rules judge); `None` for other operator and
+    /// pipeline updates and deletes.
     pub fn written_document(&self) -> Option<&'a RawDocument> {
         match *self {
             Statement::Insert { doc }
@@ -91,7 +96,10 @@ impl<'a> Statement<'a> {
                 update: UpdateMods::Replacement(doc),
                 ..
             } => Some(doc),
-            _ => None,
+            // Constants are refused on any update but a pipeline (mongod: 51198), so a
+            // statement writes one whole document at most.
+            Statement::Update { supplied, .. } => supplied,
+            Statement::Delete { .. } => None,
         }
     }
 }
@@ -210,6 +218,7 @@ impl<'a> CommandView<'a> {
                     upsert: u.is_upsert(),
                     collation: None,
                     hint: None,
+                    supplied: None,
                 })))
             }
             Source::LegacyDelete(d) => Ok(sink(only(Statement::Delete {
@@ -381,6 +390,7 @@ impl<'a> CommandView<'a> {
                 upsert: flag(op, "upsert", "bulkWrite")?,
                 collation: get_opt_doc(op, "collation", "bulkWrite")?,
                 hint: get(op, "hint")?,
+                supplied: supplied(op, "constants", "bulkWrite")?,
             },
             "delete" => Statement::Delete {
                 filter: filter()?,
@@ -420,16 +430,25 @@ impl<'a> CommandView<'a> {
 }
 
 /// The fields of an update statement [`update_statement`] reads.
-const UPDATE_FIELDS: [&str; 6] = ["q", "u", "multi", "upsert", "collation", "hint"];
+const UPDATE_FIELDS: [&str; 8] = [
+    "q",
+    "u",
+    "multi",
+    "upsert",
+    "collation",
+    "hint",
+    "c",
+    "upsertSupplied",
+];
 
 /// The fields of a delete statement [`delete_statement`] reads.
 const DELETE_FIELDS: [&str; 4] = ["q", "limit", "collation", "hint"];
 
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
-    // Six fields are read, in one walk that also checks the keys (a 1,000-statement update
-    // is read once per rule family).
+    // Eight fields are read, in one walk that also checks the keys (a 1,000-statement
+    // update is read once per rule family).
     let picked = value::Picked::new(stmt, &UPDATE_FIELDS)?;
-    let [q, u, multi, upsert, collation, hint] = picked.fields();
+    let [q, u, multi, upsert, collation, hint, c, upsert_supplied] = picked.fields();
     Ok(Statement::Update {
         filter: get_doc(q, "q", "update")?.ok_or(CommandError::BadField {
             command: "update",
@@ -447,7 +466,36 @@ fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
         upsert: flag(upsert, "upsert", "update")?,
         collation: get_opt_doc(collation, "collation", "update")?,
         hint: get(hint, "hint")?,
+        supplied: if flag(upsert_supplied, "upsertSupplied", "update")? {
+            supplied_document(get_opt_doc(c, "c", "update")?)?
+        } else {
+            None
+        },
     })
+}
+
+/// `constants.new` of a bulkWrite update op with `upsertSupplied`, or `None`.
+fn supplied<'a>(
+    op: &'a RawDocument,
+    constants: &'static str,
+    command: &'static str,
+) -> Result<Option<&'a RawDocument>, CommandError> {
+    if !flag(op, "upsertSupplied", command)? {
+        return Ok(None);
+    }
+    supplied_document(get_opt_doc(op, constants, command)?)
+}
+
+/// The `new` document of a statement's constants (`c` / `constants`), read once its
+/// `upsertSupplied` is true; a repeated key refused (mongod would insert one `new` or the
+/// other); a missing or non-document `new` is mongod's to refuse (`None`).
+fn supplied_document(
+    constants: Option<&RawDocument>,
+) -> Result<Option<&RawDocument>, CommandError> {
+    let Some(constants) = constants else {
+        return Ok(None);
+    };
+    get_opt_doc(value::unique_keys(constants)?, "new", "update")
 }
 
 fn delete_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
@@ -498,6 +546,8 @@ fn find_and_modify_statement(body: &RawDocument) -> Result<Statement<'_>, Comman
         upsert: flag(body, "upsert", "findAndModify")?,
         collation: get_opt_doc(body, "collation", "findAndModify")?,
         hint: get(body, "hint")?,
+        // mongod builds no supplied-document upsert from findAndModify.
+        supplied: None,
     })
 }
 

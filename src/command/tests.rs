@@ -556,3 +556,165 @@ fn a_statements_array_is_read_wherever_it_sits_and_a_second_one_refused() {
         }
     }
 }
+
+/// What the statement parsers read of one update or delete statement, or the error, next to
+/// what mongod's IDL reads of it (src/mongo/db/ops/write_ops.idl: `UpdateOpEntry` is strict,
+/// `multi` and `upsert` are `bool`; `DeleteOpEntry.limit` is `multi_delete_bool`, read by
+/// `readMultiDeleteProperty` as `numberDouble()` that must be 0 or 1; a repeated field is
+/// `throwDuplicateField`). The guard may refuse what mongod accepts (a number for `multi`
+/// reads as its truth value, mongod refuses it), never read "one" or "not multi" where mongod
+/// reads "many" or "multi".
+#[test]
+fn statement_fields_read_as_mongod_does_or_refused() {
+    fn read(update: bool, stmt: RawDocumentBuf) -> Result<String, CommandError> {
+        let body = if update {
+            rawdoc! {"update": "c", "$db": "d", "updates": [stmt]}
+        } else {
+            rawdoc! {"delete": "c", "$db": "d", "deletes": [stmt]}
+        };
+        let bytes = msg(body);
+        let parsed = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+        let view = CommandView::from_message(&parsed).unwrap();
+        let mut out = String::new();
+        let _ = view.for_each_statement(|s| {
+            out = match s.statement {
+                Statement::Update { multi, update, .. } => format!(
+                    "multi={multi} {}",
+                    match update {
+                        UpdateMods::Operators(_) => "ops",
+                        UpdateMods::Replacement(_) => "replace",
+                        UpdateMods::Pipeline(_) => "pipeline",
+                    }
+                ),
+                Statement::Delete { many, .. } => format!("many={many}"),
+                Statement::Insert { .. } => "insert".into(),
+            };
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+    let upd = |s| read(true, s);
+    let del = |s| read(false, s);
+    let dec = |s: &str| bson::Bson::Decimal128(s.parse().unwrap());
+    let set = rawdoc! {"$set": {"a": 1}};
+    let u = |multi: bson::Bson| {
+        let mut d = rawdoc! {"q": {}, "u": set.clone()};
+        d.append(
+            bson::cstr!("multi"),
+            bson::RawBson::try_from(multi).unwrap(),
+        );
+        upd(d).map_err(|e| e.to_string())
+    };
+    for (multi, want) in [
+        (bson::Bson::Boolean(true), Ok("multi=true ops")),
+        (bson::Bson::Int32(1), Ok("multi=true ops")),
+        (bson::Bson::Double(1.0), Ok("multi=true ops")),
+        (bson::Bson::Double(0.5), Ok("multi=true ops")),
+        (bson::Bson::Double(f64::NAN), Ok("multi=true ops")),
+        (bson::Bson::Int64(0), Ok("multi=false ops")),
+        (dec("0E+10"), Ok("multi=false ops")),
+        (dec("1E-6176"), Ok("multi=true ops")),
+        (bson::Bson::Null, Ok("multi=false ops")),
+        (bson::Bson::String("yes".into()), Err(())),
+        (bson::Bson::Document(bson::doc! {}), Err(())),
+    ] {
+        let got = u(multi.clone());
+        assert_eq!(got.is_ok(), want.is_ok(), "multi {multi:?}: {got:?}");
+        if let (Ok(g), Ok(w)) = (&got, want) {
+            assert_eq!(g, w, "multi {multi:?}");
+        }
+    }
+    // `u`: an array is a pipeline, a document whose first key is an operator, else a
+    // replacement (`{}` included); any other type refused.
+    assert_eq!(
+        upd(rawdoc! {"q": {}, "u": [{"$set": {"a": 1}}]}).unwrap(),
+        "multi=false pipeline"
+    );
+    assert_eq!(
+        upd(rawdoc! {"q": {}, "u": {}}).unwrap(),
+        "multi=false replace"
+    );
+    assert_eq!(
+        upd(rawdoc! {"q": {}, "u": {"a": 1, "$set": {"b": 1}}}).unwrap(),
+        "multi=false replace"
+    );
+    assert!(upd(rawdoc! {"q": {}, "u": "x"}).is_err());
+    // `q` missing, of another type, or only a key it prefixes.
+    assert!(upd(rawdoc! {"u": set.clone(), "multi": true}).is_err());
+    assert!(upd(rawdoc! {"q": 1, "u": set.clone(), "multi": true}).is_err());
+    assert!(upd(rawdoc! {"qq": {}, "u": set.clone(), "multi": true}).is_err());
+    // A repeated key, read or not, of any type: mongod's parser refuses it, and a first-value
+    // reader and a last-value reader would disagree.
+    let mut twice = rawdoc! {"q": {"_id": 1}, "u": set.clone(), "multi": false};
+    twice.append(bson::cstr!("multi"), true);
+    assert!(matches!(upd(twice), Err(CommandError::DuplicateKey)));
+    let mut twice = rawdoc! {"q": {"_id": 1}, "u": set.clone()};
+    twice.append(bson::cstr!("q"), bson::rawdoc! {});
+    assert!(matches!(upd(twice), Err(CommandError::DuplicateKey)));
+    // ... also after more keys than the one walk decides (the slow path's check).
+    let mut many = rawdoc! {"q": {"_id": 1}, "u": set.clone(), "multi": false};
+    for i in 0..20 {
+        many.append(bson::raw::CString::try_from(format!("k{i}")).unwrap(), i);
+    }
+    many.append(bson::cstr!("multi"), true);
+    assert!(matches!(upd(many), Err(CommandError::DuplicateKey)));
+    // A key that is not UTF-8 (mongod: an unknown field of a strict struct), before or after
+    // the fields read.
+    for at_start in [true, false] {
+        let mut bytes = Vec::new();
+        let mut element = vec![0x10, 0xff, 0xfe, 0x00];
+        element.extend_from_slice(&1i32.to_le_bytes());
+        let known = rawdoc! {"q": {}, "u": set.clone(), "multi": false};
+        let inner = known.as_bytes().get(4..known.as_bytes().len() - 1).unwrap();
+        if at_start {
+            bytes.extend_from_slice(&element);
+            bytes.extend_from_slice(inner);
+        } else {
+            bytes.extend_from_slice(inner);
+            bytes.extend_from_slice(&element);
+        }
+        let mut doc = ((bytes.len() + 5) as i32).to_le_bytes().to_vec();
+        doc.extend_from_slice(&bytes);
+        doc.push(0);
+        let stmt = RawDocumentBuf::from_bytes(doc).unwrap();
+        assert!(upd(stmt).is_err(), "a non-UTF-8 key, first {at_start}");
+    }
+    // A statement that is not a document.
+    let body = rawdoc! {"update": "c", "$db": "d", "updates": [1]};
+    let bytes = msg(body);
+    let parsed = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE).unwrap();
+    let view = CommandView::from_message(&parsed).unwrap();
+    assert!(view
+        .for_each_statement(|_| ControlFlow::Continue(()))
+        .is_err());
+
+    // Delete `limit`: 0 (any numeric type, -0 too) is many, 1 is one, anything else refused
+    // (mongod reads a non-number as 0, "many": refusing it never guesses "one").
+    let d = |limit: bson::Bson| {
+        let mut s = rawdoc! {"q": {}};
+        s.append(
+            bson::cstr!("limit"),
+            bson::RawBson::try_from(limit).unwrap(),
+        );
+        del(s).ok()
+    };
+    for (limit, want) in [
+        (bson::Bson::Int32(0), Some("many=true")),
+        (bson::Bson::Int64(0), Some("many=true")),
+        (bson::Bson::Double(-0.0), Some("many=true")),
+        (dec("0.000"), Some("many=true")),
+        (bson::Bson::Int32(1), Some("many=false")),
+        (bson::Bson::Double(1.0), Some("many=false")),
+        (dec("1.000"), Some("many=false")),
+        (bson::Bson::Double(0.5), None),
+        (bson::Bson::Int32(2), None),
+        (bson::Bson::Double(f64::NAN), None),
+        (bson::Bson::String("0".into()), None),
+        (bson::Bson::Boolean(true), None),
+        (bson::Bson::Boolean(false), None),
+        (bson::Bson::Null, None),
+    ] {
+        assert_eq!(d(limit.clone()).as_deref(), want, "limit {limit:?}");
+    }
+    assert!(del(rawdoc! {"q": {}}).is_err(), "limit is required");
+}

@@ -39,8 +39,12 @@ pub(crate) enum Source<'a> {
         index: Index<'a>,
         msg: Option<OpMsg<'a>>,
     },
-    /// A legacy OP_QUERY on a collection (not `$cmd`): a find.
-    LegacyQuery { filter: &'a RawDocument },
+    /// A legacy OP_QUERY on a collection (not `$cmd`): a find, and its projection (the
+    /// message's returnFieldsSelector).
+    LegacyQuery {
+        filter: &'a RawDocument,
+        projection: Option<&'a RawDocument>,
+    },
     /// Legacy OP_INSERT.
     LegacyInsert(crate::wire::OpInsert<'a>),
     /// Legacy OP_UPDATE.
@@ -189,23 +193,45 @@ impl<'a> CommandView<'a> {
         Ok(view)
     }
 
-    /// A legacy OP_QUERY on a collection: a find whose filter is `$query` or the whole query.
+    /// A legacy OP_QUERY on a collection: a find whose filter is the one mongod runs. mongod
+    /// reads a `query` field first, then `$query`, each where it sits in the query, and takes
+    /// the first that is a document or an array; with neither, the whole query is the filter
+    /// (`initFindCommand`, src/mongo/db/query/query_request_helper.cpp; `QueryRequest::init`
+    /// before 5.0: `queryObj["query"]`, then `queryObj["$query"]`, `isABSONObj()`). A wrapper
+    /// that is an array (mongod reads it as the document of its elements, keyed "0", "1"...)
+    /// and a `$query` of another type are refused.
     fn legacy_query(q: OpQuery<'a>) -> Result<CommandView<'a>, CommandError> {
-        let filter = match value::get(q.query, "$query")? {
+        // Not a query: before 4.2, mongod runs an OP_QUERY on `<db>.$cmd.sys.inprog`,
+        // `.killop` and `.unlock` as currentOp, killOp and fsyncUnlock with the query's fields
+        // as arguments (`assembleResponse` -> `receivedPseudoCommand`,
+        // src/mongo/db/assemble_response.cpp). Never judged as a find.
+        if q.collection().starts_with("$cmd.") {
+            return Err(CommandError::BadReference(
+                "a legacy pseudo-command ($cmd.sys.*): send the command itself",
+            ));
+        }
+        let bad = |field| CommandError::BadField {
+            command: "find",
+            field,
+        };
+        let filter = match value::get(q.query, "query")? {
             Some(RawBsonRef::Document(d)) => d,
-            Some(_) => {
-                return Err(CommandError::BadField {
-                    command: "find",
-                    field: "$query",
-                })
-            }
-            None => q.query,
+            Some(RawBsonRef::Array(_)) => return Err(bad("query")),
+            // Not a wrapper: a filter on a field named `query`, unless `$query` is one.
+            Some(_) | None => match value::get(q.query, "$query")? {
+                Some(RawBsonRef::Document(d)) => d,
+                Some(_) => return Err(bad("$query")),
+                None => q.query,
+            },
         };
         Ok(Self::legacy(
             Kind::Find,
             "find",
             q.full_collection_name,
-            Source::LegacyQuery { filter },
+            Source::LegacyQuery {
+                filter,
+                projection: q.return_fields_selector,
+            },
         ))
     }
 
@@ -295,6 +321,15 @@ impl<'a> CommandView<'a> {
     pub fn body(&self) -> Option<&'a RawDocument> {
         match self.source {
             Source::Command { index, .. } => Some(index.doc()),
+            _ => None,
+        }
+    }
+
+    /// The projection of a legacy OP_QUERY on a collection (its returnFieldsSelector): mongod
+    /// reads it as a find's `projection` (aggregation expressions included, 4.4+).
+    pub fn legacy_projection(&self) -> Option<&'a RawDocument> {
+        match self.source {
+            Source::LegacyQuery { projection, .. } => projection,
             _ => None,
         }
     }

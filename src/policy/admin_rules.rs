@@ -88,6 +88,16 @@ pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     "killAllSessionsByPattern",
     "logRotate",
     "rotateCertificates",
+    // Before 4.2: arbitrary server-side JavaScript, writes and drops included, on behalf of
+    // a user granted anyAction on anyResource (src/mongo/db/commands/dbeval.cpp).
+    "eval",
+    "$eval",
+    // Before 4.2: a database or collection copied whole from another host, into any
+    // database (admin included), documents no rule can see (src/mongo/db/commands/copydb.cpp,
+    // clone.cpp, clone_collection.cpp).
+    "copydb",
+    "clone",
+    "cloneCollection",
     "addshard",
     "removeshard",
     "addshardtozone",

@@ -271,6 +271,17 @@ impl Effective {
     pub fn action(&self, rule: super::RuleId) -> Action {
         action_in(&self.actions, rule)
     }
+
+    /// The stricter of two: each rule's higher action, enforce over audit.
+    fn strictest(mut self, other: &Effective) -> Effective {
+        for (a, b) in self.actions.iter_mut().zip(other.actions.iter()) {
+            *a = (*a).max(*b);
+        }
+        if other.mode == Mode::Enforce {
+            self.mode = Mode::Enforce;
+        }
+        self
+    }
 }
 
 impl Policy {
@@ -373,6 +384,32 @@ impl Policy {
             Action::Off => None,
             _ => Some((Action::Warn, mode)),
         }
+    }
+
+    /// What applies to `view`: [`Policy::effective`] for its namespace and, when an override
+    /// names namespaces, for every other namespace it writes (a bulkWrite's `nsInfo`, a
+    /// `$merge` / `$out` target, a rename target...), the strictest of them. An override
+    /// keyed on a namespace then relaxes a request only when it matches every namespace the
+    /// request writes, and tightens it when it matches any: a write routed through bulkWrite
+    /// (run on `admin`) or an aggregate in another database neither escapes a namespace's
+    /// tightened rules nor carries a namespace's relaxed ones elsewhere.
+    pub(crate) fn effective_for(
+        &self,
+        view: &crate::command::CommandView<'_>,
+        ctx: &RequestContext<'_>,
+    ) -> Effective {
+        let own = view.namespace();
+        let mut eff = self.effective(own, ctx);
+        if self.overrides.iter().any(|o| o.namespace.is_some()) {
+            // An unreadable namespace is the rules' to refuse (G001).
+            let _ = view.for_each_written_namespace(|ns| {
+                if ns != own {
+                    eff = eff.strictest(&self.effective(ns, ctx));
+                }
+                std::ops::ControlFlow::Continue(())
+            });
+        }
+        eff
     }
 
     /// Resolves the actions for a request: overrides in order (the last one that sets a rule

@@ -1,10 +1,11 @@
 //! D001–D005: the documents written, and the names they are written under.
 //!
 //! D001–D004 look at every inserted document (insert body or kind-1 sequence, legacy
-//! OP_INSERT, bulkWrite `insert`) and every replacement document (update `u`, findAndModify
-//! `update`, bulkWrite `updateMods` without operators). Pipeline and operator updates are
-//! not documents and are not judged here. An explained write writes nothing: its statements
-//! are not seen, so D001–D005 never fire on explain.
+//! OP_INSERT, bulkWrite `insert`), every replacement document (update `u`, findAndModify
+//! `update`, bulkWrite `updateMods` without operators) and the document an upsert with
+//! `upsertSupplied` inserts as it is (`c.new`, bulkWrite `constants.new`). Pipeline and
+//! operator updates are not documents and are not judged here. An explained write writes
+//! nothing: its statements are not seen, so D001–D005 never fire on explain.
 //!
 //! Edge decisions:
 //! - D001: the document's BSON length in bytes, strictly above `max_document_bytes`.

@@ -262,7 +262,7 @@ pub(crate) fn evaluate<'a>(
     view: &CommandView<'a>,
     ctx: &RequestContext<'_>,
 ) -> Decision<'a> {
-    let eff = policy.effective(view.namespace(), ctx);
+    let eff = policy.effective_for(view, ctx);
     let mut violations = Vec::new();
     let mut measure = Vec::new();
     let mut seen = Seen::default();

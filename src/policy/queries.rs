@@ -3,18 +3,20 @@
 //! Two passes, both borrowed and allocation-free:
 //!
 //! - **Filters.** Every filter [`CommandView::for_each_filter`] yields (find, count, distinct,
-//!   mapReduce and legacy query filters, update / delete / findAndModify / bulkWrite
-//!   statement filters, and `$match` / `$geoNear.query` /
+//!   mapReduce, geoNear, group and legacy query filters, update / delete / findAndModify /
+//!   bulkWrite statement filters, and `$match` / `$geoNear.query` /
 //!   `$graphLookup.restrictSearchWithMatch` at any pipeline depth) is walked once with
 //!   [`walk_filter`], `$expr` included. All five rules are decided there, with the statement
 //!   index and the filter for the record. The statements of a write are read once, for
 //!   their filters and (Q002) their update pipelines together.
 //! - **Server-side JavaScript elsewhere** (Q002 only): every stage of the aggregate pipeline
-//!   (nested `$lookup` / `$facet` / `$unionWith` pipelines, `$group` and `$project`
-//!   expressions), update pipelines of update / findAndModify / bulkWrite statements, a find
-//!   `projection`, a findAndModify `fields`, a command's `let`; and the mapReduce command
-//!   itself. Negations, regexes and lists in non-filter expressions (a `$project` computing
-//!   `$ne`) select nothing, so Q001 / Q003 / Q004 / Q005 do not look there.
+//!   and of a view's definition (`create` / `collMod`; nested `$lookup` / `$facet` /
+//!   `$unionWith` pipelines, `$group` and `$project` expressions), update pipelines of update /
+//!   findAndModify / bulkWrite statements, a find `projection` (and a legacy OP_QUERY's
+//!   returnFieldsSelector), a findAndModify `fields`, a command's `let`; and the mapReduce
+//!   and group commands themselves. Negations, regexes and lists in non-filter expressions
+//!   (a `$project` computing `$ne`) select nothing, so Q001 / Q003 / Q004 / Q005 do not look
+//!   there.
 //!
 //! Edge decisions:
 //! - Q001 fires on `$ne`, `$not` (whatever it wraps), and `$nin` with at least one value,
@@ -181,15 +183,31 @@ fn has_javascript(walk: impl FnOnce(&mut Js) -> ControlFlow<()>) -> Result<bool,
 
 /// Q002 outside filters: see the module docs.
 fn javascript<'a>(view: &CommandView<'a>, em: &mut Emitter<'_, 'a>) -> Result<(), CommandError> {
-    if view.kind() == Kind::MapReduce {
+    // mapReduce, and before 4.2 `group` (its `$reduce` is a JavaScript function:
+    // src/mongo/db/commands/group_cmd.cpp): JavaScript whatever they hold.
+    if view.kind() == Kind::MapReduce || (view.kind() == Kind::Other && view.name() == "group") {
         em.emit(RuleId::Q002, None, None);
+        return Ok(());
+    }
+    // A legacy OP_QUERY's projection travels beside its query, not in a body.
+    if let Some(projection) = view.legacy_projection() {
+        if mentions_javascript(projection.as_bytes())
+            && projection_has_javascript(RawBsonRef::Document(projection))?
+        {
+            em.emit(RuleId::Q002, None, None);
+        }
         return Ok(());
     }
     let projection = match view.kind() {
         Kind::Find => "projection",
         Kind::FindAndModify => "fields",
-        // No projection: only `let` (and an aggregate's pipeline) is looked at.
-        Kind::Aggregate | Kind::Update | Kind::Delete | Kind::BulkWrite => "let",
+        // No projection: only `let` (and an aggregate's or a view's pipeline) is looked at.
+        Kind::Aggregate
+        | Kind::Update
+        | Kind::Delete
+        | Kind::BulkWrite
+        | Kind::Create
+        | Kind::CollMod => "let",
         _ => return Ok(()),
     };
     let Some(body) = view.body() else {

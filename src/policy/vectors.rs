@@ -14,8 +14,9 @@
 //!                                        instead of command (then no db, sequences,
 //!                                        more_to_come): "insert" (ns, documents), "update"
 //!                                        (ns, selector, update), "delete" (ns, selector),
-//!                                        "query" (ns, query: an OP_QUERY; ns ending .$cmd =
-//!                                        command); flags optional everywhere
+//!                                        "query" (ns, query, optional projection: an
+//!                                        OP_QUERY; ns ending .$cmd = command); flags
+//!                                        optional everywhere
 //!  "profile": "strict",                  optional, default "standard"
 //!  "policy": "TOML text",                optional, instead of profile
 //!  "context": {"app": "x", "user": "u", "client": "10.0.0.1", "wire_version": 7},   optional
@@ -133,6 +134,8 @@ enum Legacy {
         #[serde(default)]
         flags: i32,
         query: Value,
+        /// The returnFieldsSelector (projection), optional.
+        projection: Option<Value>,
     },
 }
 
@@ -260,8 +263,14 @@ fn encode(case: &Vector) -> Result<bytes::Bytes, String> {
                 flags,
                 selector,
             } => encode_delete(1, ns, *flags, &doc(selector)?),
-            Legacy::Query { ns, flags, query } => {
-                encode_query(1, *flags, ns, 0, -1, &doc(query)?, None)
+            Legacy::Query {
+                ns,
+                flags,
+                query,
+                projection,
+            } => {
+                let projection = projection.as_ref().map(doc).transpose()?;
+                encode_query(1, *flags, ns, 0, -1, &doc(query)?, projection.as_deref())
             }
         });
     }
