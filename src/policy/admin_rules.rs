@@ -98,6 +98,17 @@ pub(crate) const SERVER_ADMINISTRATION: &[&str] = &[
     "copydb",
     "clone",
     "cloneCollection",
+    // Maintenance that rewrites a database, a collection or its indexes, or the server's
+    // users, for every client of it: repairDatabase (before 4.2), compact
+    // (src/mongo/db/commands/compact.cpp), reIndex (CmdReIndex in
+    // src/mongo/db/commands/drop_indexes.cpp), authSchemaUpgrade (before 4.2,
+    // CmdAuthSchemaUpgrade in src/mongo/db/commands/user_management_commands.cpp), resync (a
+    // member drops its data and syncs from scratch; src/mongo/db/repl/resync.cpp).
+    "repairDatabase",
+    "compact",
+    "reIndex",
+    "authSchemaUpgrade",
+    "resync",
     "addshard",
     "removeshard",
     "addshardtozone",
