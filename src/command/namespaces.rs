@@ -77,6 +77,47 @@ impl<'a> CommandView<'a> {
         }
     }
 
+    /// Calls `f` for each other collection a pipeline reads: `$lookup` and `$graphLookup`
+    /// `from`, `$unionWith` (its name, or its `coll`), at any depth (nested pipelines,
+    /// `$facet`), in the command's database; a `from` naming a database (`{db, coll}`) is
+    /// that namespace. Only pipelines have these (an aggregate, a view's definition); a
+    /// `from` that is neither a string nor a document is mongod's to refuse and is skipped.
+    pub fn for_each_read_namespace(
+        &self,
+        mut f: impl FnMut(Namespace<'a>) -> ControlFlow<()>,
+    ) -> Flow {
+        let db = self.namespace().db;
+        self.for_each_stage(|stage| {
+            let Some(Ok(elem)) = stage.iter_elements().next() else {
+                return ControlFlow::Continue(());
+            };
+            let from = match (elem.key().as_str(), elem.value()) {
+                ("$lookup" | "$graphLookup", Ok(RawBsonRef::Document(spec))) => {
+                    get(spec, "from").ok().flatten()
+                }
+                ("$unionWith", Ok(RawBsonRef::Document(spec))) => get(spec, "coll").ok().flatten(),
+                ("$unionWith", Ok(name @ RawBsonRef::String(_))) => Some(name),
+                _ => None,
+            };
+            match from {
+                Some(RawBsonRef::String(coll)) => f(Namespace {
+                    db,
+                    coll: Some(coll),
+                }),
+                Some(RawBsonRef::Document(d)) => match (get(d, "db"), get(d, "coll")) {
+                    (Ok(Some(RawBsonRef::String(db))), Ok(Some(RawBsonRef::String(coll)))) => {
+                        f(Namespace {
+                            db,
+                            coll: Some(coll),
+                        })
+                    }
+                    _ => ControlFlow::Continue(()),
+                },
+                _ => ControlFlow::Continue(()),
+            }
+        })
+    }
+
     /// cloneCollectionAsCapped writes `toCollection` in the same database.
     fn clone_target(
         &self,

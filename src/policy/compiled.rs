@@ -388,11 +388,13 @@ impl Policy {
 
     /// What applies to `view`: [`Policy::effective`] for its namespace and, when an override
     /// names namespaces, for every other namespace it writes (a bulkWrite's `nsInfo`, a
-    /// `$merge` / `$out` target, a rename target...), the strictest of them. An override
-    /// keyed on a namespace then relaxes a request only when it matches every namespace the
-    /// request writes, and tightens it when it matches any: a write routed through bulkWrite
-    /// (run on `admin`) or an aggregate in another database neither escapes a namespace's
-    /// tightened rules nor carries a namespace's relaxed ones elsewhere.
+    /// `$merge` / `$out` target, a rename target...) or its pipeline reads (`$lookup`,
+    /// `$graphLookup`, `$unionWith`; an explain's, the explained command's), the strictest of
+    /// them. An override keyed on a namespace then relaxes a request only when it matches
+    /// every namespace the request touches, and tightens it when it matches any: a write
+    /// routed through bulkWrite (run on `admin`), an aggregate in another database or one
+    /// that reads another collection neither escapes a namespace's tightened rules nor
+    /// carries a namespace's relaxed ones elsewhere.
     pub(crate) fn effective_for(
         &self,
         view: &crate::command::CommandView<'_>,
@@ -401,13 +403,20 @@ impl Policy {
         let own = view.namespace();
         let mut eff = self.effective(own, ctx);
         if self.overrides.iter().any(|o| o.namespace.is_some()) {
-            // An unreadable namespace is the rules' to refuse (G001).
-            let _ = view.for_each_written_namespace(|ns| {
+            let mut touched = |ns| {
                 if ns != own {
                     eff = eff.strictest(&self.effective(ns, ctx));
                 }
                 std::ops::ControlFlow::Continue(())
-            });
+            };
+            // An unreadable namespace is the rules' to refuse (G001).
+            let _ = view.for_each_written_namespace(&mut touched);
+            // What an explained command would read is what its explain reads.
+            let explained = view.explained().ok().flatten();
+            let _ = explained
+                .as_ref()
+                .unwrap_or(view)
+                .for_each_read_namespace(&mut touched);
         }
         eff
     }
