@@ -149,6 +149,58 @@ impl<'a> CommandView<'a> {
         }
     }
 
+    /// Each statement's filter and, for an update whose `u` is a pipeline, that pipeline, in
+    /// batch order: what the query rules read of a write. An update or delete command's
+    /// statements are read for `q` and `u` only (their keys still checked distinct), so this
+    /// is for statements [`CommandView::for_each_statement`] already read whole without error:
+    /// the checks of their other fields are not repeated. Every other write goes through
+    /// [`CommandView::for_each_statement`].
+    pub fn for_each_statement_filter(
+        &self,
+        mut f: impl FnMut(usize, &'a RawDocument, Option<&'a RawArray>) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, CommandError> {
+        let light = match (self.source, self.kind) {
+            _ if self.explain => None,
+            (Source::Command { index, .. }, Kind::Update) => {
+                Some((index.doc(), "updates", "update"))
+            }
+            (Source::Command { index, .. }, Kind::Delete) => {
+                Some((index.doc(), "deletes", "delete"))
+            }
+            _ => None,
+        };
+        let Some((body, field, command)) = light else {
+            return self.for_each_statement(|s| match s.statement {
+                Statement::Update { filter, update, .. } => {
+                    let pipeline = match update {
+                        UpdateMods::Pipeline(p) => Some(p),
+                        _ => None,
+                    };
+                    f(s.index, filter, pipeline)
+                }
+                Statement::Delete { filter, .. } => f(s.index, filter, None),
+                Statement::Insert { .. } => ControlFlow::Continue(()),
+            });
+        };
+        let mut err = None;
+        let flow = self.each_entry(
+            body,
+            field,
+            command,
+            &mut |index, entry| match statement_filter(entry, command) {
+                Ok((filter, pipeline)) => f(index, filter, pipeline),
+                Err(e) => {
+                    err = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(flow),
+        }
+    }
+
     /// The statements of a command body (and its kind-1 sequences).
     fn command_statements(
         &self,
@@ -443,6 +495,38 @@ const UPDATE_FIELDS: [&str; 8] = [
 
 /// The fields of a delete statement [`delete_statement`] reads.
 const DELETE_FIELDS: [&str; 4] = ["q", "limit", "collation", "hint"];
+
+/// An update statement's `q` and `u`, as [`update_statement`] reads them.
+const UPDATE_FILTER_FIELDS: [&str; 2] = ["q", "u"];
+
+/// A delete statement's `q`, as [`delete_statement`] reads it.
+const DELETE_FILTER_FIELDS: [&str; 1] = ["q"];
+
+/// The filter of an update or delete statement and an update's pipeline (`u` an array), read
+/// as [`update_statement`] and [`delete_statement`] read them
+/// ([`CommandView::for_each_statement_filter`]).
+fn statement_filter<'a>(
+    stmt: &'a RawDocument,
+    command: &'static str,
+) -> Result<(&'a RawDocument, Option<&'a RawArray>), CommandError> {
+    let bad_q = CommandError::BadField {
+        command,
+        field: "q",
+    };
+    if command == "delete" {
+        let picked = value::Picked::new(stmt, &DELETE_FILTER_FIELDS)?;
+        let [q] = picked.fields();
+        return Ok((get_doc(q, "q", command)?.ok_or(bad_q)?, None));
+    }
+    let picked = value::Picked::new(stmt, &UPDATE_FILTER_FIELDS)?;
+    let [q, u] = picked.fields();
+    let filter = get_doc(q, "q", command)?.ok_or(bad_q)?;
+    let pipeline = match get(u, "u")? {
+        Some(RawBsonRef::Array(p)) => Some(p),
+        _ => None,
+    };
+    Ok((filter, pipeline))
+}
 
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
     // Eight fields are read, in one walk that also checks the keys (a 1,000-statement

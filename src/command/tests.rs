@@ -718,3 +718,97 @@ fn statement_fields_read_as_mongod_does_or_refused() {
     }
     assert!(del(rawdoc! {"q": {}}).is_err(), "limit is required");
 }
+
+/// What the query rules read of a write's statements through `for_each_statement_filter`
+/// (each filter's bytes, an update pipeline's bytes).
+fn statement_filters(view: &CommandView<'_>, light: bool) -> Result<Vec<String>, CommandError> {
+    let mut out = Vec::new();
+    let mut push = |i: usize, f: &bson::RawDocument, p: Option<&bson::RawArray>| {
+        out.push(format!(
+            "{i} {:?} {:?}",
+            f.as_bytes(),
+            p.map(|p| p.as_bytes())
+        ));
+        ControlFlow::Continue(())
+    };
+    if light {
+        view.for_each_statement_filter(&mut push)?;
+    } else {
+        view.for_each_statement(|s| match s.statement {
+            Statement::Update {
+                filter,
+                update: UpdateMods::Pipeline(p),
+                ..
+            } => push(s.index, filter, Some(p)),
+            Statement::Update { filter, .. } | Statement::Delete { filter, .. } => {
+                push(s.index, filter, None)
+            }
+            Statement::Insert { .. } => ControlFlow::Continue(()),
+        })?;
+    }
+    Ok(out)
+}
+
+/// Wherever the statements of an update or delete read whole without error, reading only
+/// their filters and pipelines gives the same filters and pipelines, numbered alike: on every
+/// readable corruption of statements in the body array, and of one in a kind-1 sequence.
+#[test]
+fn statement_filters_read_alone_are_those_read_whole() {
+    let updates = [
+        rawdoc! {"q": {"status": "A", "n": {"$gt": 1}}, "u": {"$set": {"x": 1}}, "multi": true},
+        rawdoc! {"u": [{"$set": {"x": {"$literal": "y"}}}], "q": {}, "upsert": 1_i32, "hint": "a_1"},
+        rawdoc! {"q": {"a": "é"}, "u": {"b": "ü"}, "c": {"new": {"z": 1}}, "upsertSupplied": false},
+    ];
+    let deletes = [
+        rawdoc! {"q": {"_id": 1}, "limit": 0_i32, "collation": {"locale": "fr"}},
+        rawdoc! {"limit": 1.0, "q": {"a": {"$in": [1, 2]}}, "hint": {"a": 1}},
+    ];
+    let mut agreed = 0;
+    for (command, field, stmts) in [
+        ("update", "updates", &updates[..]),
+        ("delete", "deletes", &deletes[..]),
+    ] {
+        for (i, good) in stmts.iter().enumerate() {
+            crate::wire::each_readable_variant(good.as_bytes(), |_, doc| {
+                let mut others: Vec<RawDocumentBuf> = stmts.to_vec();
+                others[i] = doc.to_owned();
+                let array: Vec<bson::RawBson> = others
+                    .iter()
+                    .map(|d| bson::RawBson::Document(d.clone()))
+                    .collect();
+                let head = || {
+                    if command == "update" {
+                        rawdoc! {"update": "c", "$db": "d"}
+                    } else {
+                        rawdoc! {"delete": "c", "$db": "d"}
+                    }
+                };
+                let mut body = head();
+                let array = bson::RawArrayBuf::from_iter(array);
+                if field == "updates" {
+                    body.append(bson::cstr!("updates"), array);
+                } else {
+                    body.append(bson::cstr!("deletes"), array);
+                }
+                let in_body = msg(body);
+                let in_sequence = MsgBuilder::new(head())
+                    .sequence(Sequence::new(field, others.clone()))
+                    .encode(1, 0);
+                for bytes in [in_body, in_sequence] {
+                    let Ok(m) = Message::parse(&bytes, DEFAULT_MAX_MESSAGE_SIZE) else {
+                        continue;
+                    };
+                    let Ok(v) = CommandView::from_message(&m) else {
+                        continue;
+                    };
+                    if let Ok(whole) = statement_filters(&v, false) {
+                        assert_eq!(statement_filters(&v, true), Ok(whole));
+                        agreed += 1;
+                    }
+                }
+            });
+        }
+    }
+    // Most variants are read whole without error: the comparison is not of nothing.
+    assert!(agreed > 500, "{agreed} agreed");
+}

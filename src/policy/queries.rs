@@ -33,7 +33,7 @@
 use crate::wire::GetFast;
 use std::ops::ControlFlow;
 
-use bson::{RawBsonRef, RawDocument};
+use bson::{RawArray, RawBsonRef, RawDocument};
 
 use super::{
     evaluate::{each_filter, Emitter},
@@ -295,20 +295,14 @@ fn statements<'a>(
     limits: Limits,
 ) -> Result<(), CommandError> {
     let js = em.on(RuleId::Q002);
+    // The write rules read every statement whole without error (so whether the write
+    // writes documents is known): what is read again here is each filter and pipeline only.
+    let read_whole = em.writes_documents.is_some();
     let mut statements = *view;
     statements.explain = false;
     let mut err = None;
-    let _ = statements.for_each_statement(|s| {
-        let (filter, pipeline) = match s.statement {
-            Statement::Update { filter, update, .. } => match update {
-                UpdateMods::Pipeline(p) if js && mentions_javascript(p.as_bytes()) => {
-                    (filter, Some(p))
-                }
-                _ => (filter, None),
-            },
-            Statement::Delete { filter, .. } => (filter, None),
-            Statement::Insert { .. } => return ControlFlow::Continue(()),
-        };
+    let mut judge = |index: usize, filter: &'a RawDocument, pipeline: Option<&'a RawArray>| {
+        let pipeline = pipeline.filter(|p| js && mentions_javascript(p.as_bytes()));
         let judged = scan_filter(filter, limits).and_then(|mut found| {
             if let Some(p) = pipeline {
                 found.javascript |= has_javascript(|v| walk_pipeline(p, v))?;
@@ -317,7 +311,7 @@ fn statements<'a>(
         });
         match judged {
             Ok(found) => {
-                found.emit(em, Some(s.index), filter);
+                found.emit(em, Some(index), filter);
                 ControlFlow::Continue(())
             }
             Err(e) => {
@@ -325,7 +319,19 @@ fn statements<'a>(
                 ControlFlow::Break(())
             }
         }
-    })?;
+    };
+    let _ = if read_whole {
+        statements.for_each_statement_filter(&mut judge)?
+    } else {
+        statements.for_each_statement(|s| match s.statement {
+            Statement::Update { filter, update, .. } => match update {
+                UpdateMods::Pipeline(p) => judge(s.index, filter, Some(p)),
+                _ => judge(s.index, filter, None),
+            },
+            Statement::Delete { filter, .. } => judge(s.index, filter, None),
+            Statement::Insert { .. } => ControlFlow::Continue(()),
+        })?
+    };
     err.map_or(Ok(()), Err)
 }
 
