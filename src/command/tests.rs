@@ -732,9 +732,9 @@ fn statement_filters(view: &CommandView<'_>, light: bool) -> Result<Vec<String>,
         ControlFlow::Continue(())
     };
     if light {
-        view.for_each_statement_filter(&mut push)?;
+        let _ = view.for_each_statement_filter(&mut push)?;
     } else {
-        view.for_each_statement(|s| match s.statement {
+        let _ = view.for_each_statement(|s| match s.statement {
             Statement::Update {
                 filter,
                 update: UpdateMods::Pipeline(p),
