@@ -1144,3 +1144,63 @@ async fn a_session_killed_while_waiting_for_a_primary_ends_at_once() {
     proxy.shutdown().await;
     rs.shutdown().await;
 }
+
+/// A replica set whose first seed is down (a member in maintenance, a host gone) while the
+/// others, primary among them, serve: the proxy serves, so `/readyz` must say ready. Probing
+/// only the URI's first host made every mongoguard of a deployment unready at once (the load
+/// balancer or Kubernetes then takes all of them out of service) while a primary was there.
+#[tokio::test]
+async fn readyz_is_ready_when_the_first_seed_is_down_but_the_set_serves() {
+    use mongoguard::wire::builder::MsgBuilder;
+    use mongoguard_standin::{ReplicaSet, ReplicaSetConfig};
+    let set = ReplicaSet::start(ReplicaSetConfig {
+        name: "rs_ready".into(),
+        members: 3,
+        base: StandInConfig::default(),
+    })
+    .await
+    .unwrap();
+    // A port nobody listens on: connections to it are refused.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let hosts: Vec<String> = set.members().iter().map(|m| m.addr().to_string()).collect();
+    let uri = format!("mongodb://{dead},{}/?replicaSet=rs_ready", hosts.join(","));
+    let mut config = Config::for_upstream(&uri).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    config.upstream.heartbeat_interval = Duration::from_millis(200);
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+
+    // The proxy serves: a ping goes through to the primary.
+    let mut raw = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    let ping = MsgBuilder::new(bson::rawdoc! {"ping": 1, "$db": "admin"}).encode(1, 0);
+    raw.write_all(&ping).await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(20), raw.read(&mut buf))
+        .await
+        .expect("the ping's reply in time")
+        .unwrap();
+    assert!(n > 0, "the proxy serves through the replica set");
+
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let ready = support::eventually(100, Duration::from_millis(100), || {
+        let seen = seen.clone();
+        async move {
+            let (status, _, body) = http(admin, "GET", "/readyz", None).await;
+            *seen.lock().unwrap() = body;
+            status == 200
+        }
+    })
+    .await;
+    let last = seen.lock().unwrap().clone();
+    assert!(ready, "/readyz while a primary serves: {last}");
+    let v: Value = serde_json::from_str(&last).unwrap();
+    assert!(
+        hosts.iter().any(|h| v["upstream"] == h.as_str()),
+        "a live member: {last}"
+    );
+    proxy.shutdown().await;
+    set.shutdown().await;
+}
