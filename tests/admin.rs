@@ -1204,3 +1204,65 @@ async fn readyz_is_ready_when_the_first_seed_is_down_but_the_set_serves() {
     proxy.shutdown().await;
     set.shutdown().await;
 }
+
+/// One GET on a fresh connection; `Err` when the connection is refused, reset or closed
+/// before a status line (no panic: the caller reports what it saw).
+async fn try_get(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut raw)).await {
+        Err(_) => return Err("no reply within 30 s".into()),
+        Ok(Err(e)) if raw.is_empty() => return Err(e.to_string()),
+        Ok(_) => {}
+    }
+    let text = String::from_utf8_lossy(&raw);
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line: {text:?}"))
+}
+
+/// Connections that send nothing (or one request, then nothing) held every admin connection
+/// slot: `/healthz` (the liveness probe, Docker's HEALTHCHECK) and `/readyz` were refused until
+/// the 10 s header timeout freed them, and an attacker reconnecting every 10 s kept them
+/// refused for good, without a token (the token is checked per request). A new connection
+/// must get its answer by closing the oldest idle connection.
+#[tokio::test]
+async fn idle_admin_connections_cannot_lock_out_the_probes() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    // Silent connections, then keep-alive ones that made one request; more than the cap.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        held.push(TcpStream::connect(admin).await.unwrap());
+    }
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(admin).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        // The 41st and later may be refused on main; only the answered ones stay held.
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            if n > 0 {
+                held.push(s);
+            }
+        }
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let answer = try_get(admin, path).await;
+        assert_eq!(
+            answer,
+            Ok(200),
+            "{path} with the admin slots held by idle clients"
+        );
+    }
+    drop(held);
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
