@@ -1266,3 +1266,57 @@ async fn idle_admin_connections_cannot_lock_out_the_probes() {
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// Violation records that cannot be written (a full disk: `/dev/full`) are lost; the process
+/// goes on, as it must, but the operator only had a warning at most once a second in the log.
+/// An audit trail losing records must be visible where alerts are: in the metrics, by stream
+/// and reason.
+#[tokio::test]
+async fn lost_audit_lines_are_counted_in_the_metrics() {
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("no /dev/full here; not checked");
+        return;
+    }
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.audit.sink = mongoguard::audit::SinkSpec::File("/dev/full".into());
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let client = support::client(&client_uri(&proxy, "lossy")).await;
+    let coll = client.database("db_lost").collection::<Document>("t");
+    // W003 blocks: one violation record, which the sink cannot write.
+    let blocked = coll.delete_many(doc! {}).await.unwrap_err();
+    assert!(blocked.to_string().contains("W003"), "{blocked}");
+    let series = r#"mongoguard_audit_lines_lost_total{stream="violations",reason="write_error"}"#;
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let counted = support::eventually(100, Duration::from_millis(100), || {
+        let seen = seen.clone();
+        async move {
+            let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+            let ok = sample(&m, series).is_some_and(|v| v >= 1.0);
+            *seen.lock().unwrap() = m;
+            ok
+        }
+    })
+    .await;
+    let m = seen.lock().unwrap().clone();
+    assert!(
+        counted,
+        "{series} in the scrape:\n{}",
+        m.lines()
+            .filter(|l| l.contains("audit"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        sample(
+            &m,
+            r#"mongoguard_audit_lines_lost_total{stream="events",reason="queue_full"}"#
+        ),
+        Some(0.0)
+    );
+    drop(client);
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}

@@ -92,6 +92,21 @@ pub struct Snapshot {
     pub pinned: Pinned,
     /// Bytes of client messages held from the memory budget now, and the budget.
     pub memory_budget: (u64, u64),
+    /// Audit lines lost: (violations, events) × (queue full or closed, write failed).
+    pub audit_lost: AuditLost,
+}
+
+/// Lines of the two audit streams that never reached their sink.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AuditLost {
+    /// Violation records and summaries dropped on a full (or closed) queue.
+    pub violations_queue_full: u64,
+    /// Violation records and summaries whose write failed.
+    pub violations_write_error: u64,
+    /// Events dropped on a full (or closed) queue.
+    pub events_queue_full: u64,
+    /// Events whose write failed.
+    pub events_write_error: u64,
 }
 
 /// Where scrape-time values come from (the proxy).

@@ -275,5 +275,22 @@ fn reloads_and_log(
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",
         crate::logging::dropped_lines(),
-    )
+    )?;
+    let lost = s.audit_lost;
+    let mut m = encoder.encode_descriptor(
+        "mongoguard_audit_lines_lost",
+        "Violation records and events that never reached their sink: dropped on a full \
+         queue (a slow sink) or not written (a full disk, a removed directory)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (stream, reason, v) in [
+        ("violations", "queue_full", lost.violations_queue_full),
+        ("violations", "write_error", lost.violations_write_error),
+        ("events", "queue_full", lost.events_queue_full),
+        ("events", "write_error", lost.events_write_error),
+    ] {
+        ConstCounter::new(v).encode(m.encode_family(&[("stream", stream), ("reason", reason)])?)?;
+    }
+    Ok(())
 }

@@ -169,6 +169,7 @@ impl Context {
             stats: stats.clone(),
             pooled: pooled.clone(),
             budget: budget.clone(),
+            audit: audit.clone(),
         });
         let metrics = Arc::new(Metrics::new(&config.admin, scrape));
         if let Some(p) = &pooled {

@@ -20,6 +20,7 @@ pub(crate) struct ProxyScrape {
     pub stats: Arc<ProxyStats>,
     pub pooled: Option<Arc<Pooled>>,
     pub budget: Arc<super::client_io::MemoryBudget>,
+    pub audit: Arc<crate::audit::AuditLog>,
 }
 
 impl std::fmt::Debug for ProxyScrape {
@@ -67,6 +68,15 @@ impl Scrape for ProxyScrape {
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
+            audit_lost: {
+                let (v, e) = (self.audit.counters(), self.audit.event_counters());
+                crate::metrics::AuditLost {
+                    violations_queue_full: v.dropped(),
+                    violations_write_error: v.lines_not_written(),
+                    events_queue_full: e.dropped(),
+                    events_write_error: e.lines_not_written(),
+                }
+            },
         }
     }
 }
