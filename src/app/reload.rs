@@ -189,6 +189,9 @@ pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
     let from_file = matches!(ctx.policy.source(), PolicySource::File(_));
     let poll = ctx.config.policy.reload_poll;
     let mut last_seen = None;
+    // The modification time of a file already refused: not read again until it changes
+    // (or a SIGHUP asks), else an invalid file nobody touches is refused every other poll.
+    let mut refused = None;
     loop {
         let hangup = async {
             #[cfg(unix)]
@@ -216,17 +219,21 @@ pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
         if by_signal {
             last_seen = None;
             reloader.everything();
+            // Still different from the policy in force: this file was refused.
+            refused = ctx.policy.changed_on_disk();
             continue;
         }
         // Reload only once the modification time has been stable for a whole poll interval,
         // so a file caught half-written by a non-atomic editor is never read.
         let seen = ctx.policy.changed_on_disk();
-        let stable = seen.is_some() && seen == last_seen;
+        let stable = seen.is_some() && seen == last_seen && seen != refused;
         last_seen = seen;
         if stable {
             last_seen = None;
             // Errors are logged and counted there; the next change or SIGHUP tries again.
-            let _ = reloader.policy("file_change");
+            if reloader.policy("file_change").is_err() {
+                refused = seen;
+            }
         }
     }
 }
