@@ -21,7 +21,9 @@ use std::{
 };
 
 use bson::{doc, Document};
-use hostile::{op_msg_reply, proxy_from_toml, read_frame, RawClient, OP_MSG};
+use hostile::{
+    body_of, op_msg, op_msg_reply, proxy_from_toml, read_frame, temp_dir, Binary, RawClient, OP_MSG,
+};
 use mongoguard::wire::OpMsg;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -143,4 +145,83 @@ async fn one_lost_monitoring_connection_does_not_close_the_sessions_on_the_prima
         .await
         .expect("the session on the primary survives one lost monitoring connection");
     proxy.shutdown().await;
+}
+
+/// mongoguard out of file descriptors (a connection storm above `LimitNOFILE`): a new
+/// session's upstream connect fails with EMFILE, which says nothing about the server, but
+/// it marked the replica set's primary Unknown, and so closed every other session attached
+/// to it: a local shortage turned into a disconnect of every client. Only errors that
+/// implicate the server (refused, reset, timed out, unreachable) may mark it Unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_file_descriptors_does_not_close_the_sessions_on_the_primary() {
+    use mongoguard_standin::{StandIn, StandInConfig};
+    let standin = StandIn::start(StandInConfig {
+        replica_set: Some("rs_fd".into()),
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let dir = temp_dir("nofile");
+    let config = dir.join("mongoguard.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+             [upstream]\nuri = \"{}/?replicaSet=rs_fd\"\nheartbeat_interval = \"200ms\"\n\
+             [admin]\nlisten = \"off\"\n[audit]\nsink = \"none\"\n",
+            standin.uri()
+        ),
+    )
+    .unwrap();
+    let Some(mut bin) = Binary::start_with_nofile(&config, 48) else {
+        eprintln!("no prlimit(1) here; not checked");
+        return;
+    };
+    let mut client = RawClient::connect(bin.addr).await;
+    client.ping(REPLY).await.expect("a ping through the proxy");
+
+    // Idle connections take the descriptors that are left; then each sends a ping, whose
+    // upstream connect finds none.
+    let mut idle = Vec::new();
+    for _ in 0..60 {
+        idle.push(RawClient::connect(bin.addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, c) in idle.iter_mut().enumerate() {
+        let frame = op_msg(i as i32 + 1, 0, &doc! {"ping": 1, "$db": "admin"});
+        let _ = c.send_bytes(&frame).await;
+    }
+    let mut emfile = 0;
+    for c in idle.iter_mut() {
+        if let Ok(reply) = read_frame(&mut c.stream, Duration::from_millis(200)).await {
+            let body = body_of(&reply);
+            if body
+                .get_str("errmsg")
+                .is_ok_and(|m| m.contains("Too many open files"))
+            {
+                emfile += 1;
+            }
+        }
+    }
+    assert!(
+        emfile > 0,
+        "no upstream connect ran out of descriptors; nothing checked"
+    );
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = client.ping(REPLY).await;
+    bin.signal("TERM");
+    let _ = bin.exited_within(Duration::from_secs(10));
+    after.unwrap_or_else(|e| {
+        panic!(
+            "the session on the primary survives the descriptor shortage: {e}\n{}",
+            bin.stderr_text()
+                .lines()
+                .filter(|l| !l.contains("DEBUG"))
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    standin.shutdown().await;
 }
