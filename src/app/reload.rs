@@ -37,8 +37,26 @@ impl Reloader {
         if let Some(p) = &ctx.pooled {
             if p.has_users_file() {
                 match p.reload_users() {
-                    Ok(n) => info!(users = n, "users file reloaded"),
+                    Ok(n) => {
+                        ctx.stats.users_reloads.inc();
+                        info!(users = n, "users file reloaded");
+                    }
                     Err(e) => {
+                        ctx.stats.users_reload_failures.inc();
+                        let source = format!(
+                            "users:{}",
+                            ctx.config
+                                .auth
+                                .users_file
+                                .as_ref()
+                                .map(|f| f.display().to_string())
+                                .unwrap_or_default()
+                        );
+                        ctx.audit.event(Event::PolicyReloadFailed {
+                            source,
+                            error: e.clone(),
+                            trigger: "signal",
+                        });
                         warn!(error = %e, "users file reload failed; keeping the previous users")
                     }
                 }

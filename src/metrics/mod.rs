@@ -86,6 +86,10 @@ pub struct Snapshot {
     pub allowlist_reloads: u64,
     /// Refused allowlist reloads.
     pub allowlist_reload_failures: u64,
+    /// Successful users file reloads (pooled mode).
+    pub users_reloads: u64,
+    /// Refused users file reloads.
+    pub users_reload_failures: u64,
     /// Pooled mode: every pool. `None` in passthrough mode.
     pub pools: Option<Vec<PoolRow>>,
     /// Pinned counts (zeros in passthrough mode).

@@ -271,6 +271,18 @@ fn reloads_and_log(
     )?;
     counter(
         encoder,
+        "mongoguard_users_reloads",
+        "Successful users file reloads (pooled mode, SIGHUP)",
+        s.users_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_users_reload_failures",
+        "Users file reloads refused (unreadable or invalid file; the old users stayed)",
+        s.users_reload_failures,
+    )?;
+    counter(
+        encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",

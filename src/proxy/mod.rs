@@ -101,6 +101,10 @@ pub struct ProxyStats {
     pub allowlist_reloads: Counter,
     /// Allowlist reloads refused (unreadable or invalid file): the old allowlist stayed.
     pub allowlist_reload_failures: Counter,
+    /// Successful users file reloads (pooled mode, SIGHUP).
+    pub users_reloads: Counter,
+    /// Users file reloads refused (unreadable or invalid file): the old users stayed.
+    pub users_reload_failures: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,

@@ -65,6 +65,8 @@ impl Scrape for ProxyScrape {
             policy_reload_failures: s.policy_reload_failures.get(),
             allowlist_reloads: s.allowlist_reloads.get(),
             allowlist_reload_failures: s.allowlist_reload_failures.get(),
+            users_reloads: s.users_reloads.get(),
+            users_reload_failures: s.users_reload_failures.get(),
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
