@@ -1320,3 +1320,56 @@ async fn lost_audit_lines_are_counted_in_the_metrics() {
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// One request with extra header lines; the status code.
+async fn status_with(addr: SocketAddr, method: &str, path: &str, extra: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut raw))
+        .await
+        .expect("admin reply in time")
+        .unwrap();
+    String::from_utf8_lossy(&raw)
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code")
+}
+
+/// Without a token (the default on loopback) any web page open in a browser on the host
+/// could act on the admin API: a cross-origin `fetch(..., {method: "POST", mode:
+/// "no-cors"})` is sent without a preflight, so a page could pause the proxy, kill
+/// connections, drain servers or reset the statistics. Browsers name the page's origin in
+/// `Origin` on such requests: an action whose `Origin` is not the admin listener itself is
+/// refused (403). Tools that send no `Origin` (curl, `mongoguard admin`) are unaffected.
+#[tokio::test]
+async fn cross_origin_actions_from_a_browser_are_refused() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    for path in ["/pause", "/stats/reset", "/reload", "/connections/1/kill"] {
+        assert_eq!(
+            status_with(admin, "POST", path, "Origin: http://evil.example\r\n").await,
+            403,
+            "{path} from another origin"
+        );
+    }
+    assert_eq!(get_json(admin, "/connections").await["paused"], false);
+    // The admin listener's own origin (its status page), and no Origin at all, may act.
+    let own = format!("Origin: http://{admin}\r\n");
+    assert_eq!(status_with(admin, "POST", "/pause", &own).await, 200);
+    assert_eq!(get_json(admin, "/connections").await["paused"], true);
+    assert_eq!(status_with(admin, "POST", "/resume", "").await, 200);
+    assert_eq!(get_json(admin, "/connections").await["paused"], false);
+    // Reading stays open to any origin's GET as before (the token guards reads).
+    assert_eq!(
+        status_with(admin, "GET", "/healthz", "Origin: http://evil.example\r\n").await,
+        200
+    );
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}

@@ -270,6 +270,13 @@ impl Admin {
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return r;
         }
+        if cross_origin_action(&req) {
+            return json(
+                StatusCode::FORBIDDEN,
+                r#"{"error":"cross-origin request refused: a web page cannot act on the admin API"}"#
+                    .to_owned(),
+            );
+        }
         let ctx = &self.ctx;
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
@@ -356,6 +363,31 @@ impl Admin {
             .map(str::trim);
         let given = header.or_else(|| query.get("token"));
         given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
+    }
+}
+
+/// A request that changes something (any method but GET and HEAD) sent by a web page of
+/// another origin: browsers send such a POST without a preflight (`mode: "no-cors"`), so
+/// without a token any page open on the host could pause the proxy or kill connections.
+/// They name the page in `Origin`; tools (curl, `mongoguard admin`) send none.
+fn cross_origin_action(req: &Request<Incoming>) -> bool {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return false;
+    }
+    let Some(origin) = req.headers().get(hyper::header::ORIGIN) else {
+        return false;
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    match (authority, host) {
+        (Some(a), Some(h)) => !a.eq_ignore_ascii_case(h),
+        _ => true,
     }
 }
 
