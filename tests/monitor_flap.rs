@@ -4,9 +4,11 @@
 //! connection tracking, a DBA's `killOp`, a single slow hello) marked its server Unknown at
 //! once. For a replica set's primary that means "the primary changed": every passthrough
 //! session attached to it was closed, all clients at once, although the primary never
-//! moved and answered the next check 100 ms later. The server discovery and monitoring
-//! specification has the monitor retry once, at once, on a new connection, when a check of a
-//! known server fails on an established connection; only a failed retry marks it Unknown.
+//! moved and answered the next check 100 ms later. The server monitoring specification
+//! marks the server Unknown and checks again at once ("Retry hello calls once": a network
+//! error on a long-lived monitoring connection is usually a glitch); a driver's application
+//! does not see that Unknown, mongoguard's clients do. So the monitor checks again at once on
+//! a new connection first, and only a failed recheck marks the server Unknown.
 
 #[path = "support/hostile.rs"]
 mod hostile;

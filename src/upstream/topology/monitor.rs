@@ -192,9 +192,11 @@ impl Monitor {
     ///
     /// A network error (or a timeout) on an established connection of a server that was up
     /// is checked again at once on a new connection, and only a second failure reports it
-    /// down (the server discovery and monitoring specification's retry): one lost monitoring
-    /// connection (a middlebox's reset, a `killOp`) would otherwise make a primary Unknown
-    /// and close every passthrough session attached to it.
+    /// down. The server monitoring specification marks the server Unknown first and then
+    /// checks again at once ("Retry hello calls once": such an error is usually a glitch);
+    /// a driver's application does not see that, but here Unknown closes every passthrough
+    /// session attached to a primary, so one lost monitoring connection (a middlebox's
+    /// reset, a `killOp`) would disconnect every client: the recheck comes first.
     async fn check(&mut self) -> Result<Arc<HelloFacts>, ConnectError> {
         let timeout = self.settings.connect_timeout;
         if let Some(c) = self.conn.as_mut() {
