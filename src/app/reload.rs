@@ -34,6 +34,32 @@ impl Reloader {
         }
         let _ = self.allowlist("signal");
         ctx.audit.reopen();
+        if let Some(tls) = &ctx.server_tls {
+            match tls.reload(&ctx.config.tls) {
+                Ok(()) => {
+                    ctx.stats.tls_reloads.inc();
+                    info!("TLS certificate and key reloaded");
+                }
+                Err(e) => {
+                    ctx.stats.tls_reload_failures.inc();
+                    let source = format!(
+                        "tls:{}",
+                        ctx.config
+                            .tls
+                            .cert_file
+                            .as_ref()
+                            .map(|f| f.display().to_string())
+                            .unwrap_or_default()
+                    );
+                    ctx.audit.event(Event::PolicyReloadFailed {
+                        source,
+                        error: e.to_string(),
+                        trigger: "signal",
+                    });
+                    warn!(error = %e, "TLS certificate reload failed; keeping the certificate in force");
+                }
+            }
+        }
         if let Some(p) = &ctx.pooled {
             if p.has_users_file() {
                 match p.reload_users() {

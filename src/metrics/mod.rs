@@ -90,6 +90,10 @@ pub struct Snapshot {
     pub users_reloads: u64,
     /// Refused users file reloads.
     pub users_reload_failures: u64,
+    /// Successful TLS certificate reloads.
+    pub tls_reloads: u64,
+    /// Refused TLS certificate reloads.
+    pub tls_reload_failures: u64,
     /// Pooled mode: every pool. `None` in passthrough mode.
     pub pools: Option<Vec<PoolRow>>,
     /// Pinned counts (zeros in passthrough mode).

@@ -283,6 +283,18 @@ fn reloads_and_log(
     )?;
     counter(
         encoder,
+        "mongoguard_tls_reloads",
+        "Successful TLS certificate reloads (SIGHUP)",
+        s.tls_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_tls_reload_failures",
+        "TLS certificate reloads refused (unreadable or invalid files; the old ones stayed)",
+        s.tls_reload_failures,
+    )?;
+    counter(
+        encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",

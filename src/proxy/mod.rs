@@ -105,6 +105,10 @@ pub struct ProxyStats {
     pub users_reloads: Counter,
     /// Users file reloads refused (unreadable or invalid file): the old users stayed.
     pub users_reload_failures: Counter,
+    /// Successful TLS certificate reloads (SIGHUP).
+    pub tls_reloads: Counter,
+    /// TLS certificate reloads refused (unreadable or invalid files): the old ones stayed.
+    pub tls_reload_failures: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,

@@ -67,6 +67,8 @@ impl Scrape for ProxyScrape {
             allowlist_reload_failures: s.allowlist_reload_failures.get(),
             users_reloads: s.users_reloads.get(),
             users_reload_failures: s.users_reload_failures.get(),
+            tls_reloads: s.tls_reloads.get(),
+            tls_reload_failures: s.tls_reload_failures.get(),
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
