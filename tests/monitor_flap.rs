@@ -168,7 +168,9 @@ async fn running_out_of_file_descriptors_does_not_close_the_sessions_on_the_prim
     std::fs::write(
         &config,
         format!(
-            "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+            // Two session threads: a machine with many CPUs would otherwise spend the
+            // 48 descriptors on event loops before any client.
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nthreads = 2\n\
              [upstream]\nuri = \"{}/?replicaSet=rs_fd\"\nheartbeat_interval = \"200ms\"\n\
              [admin]\nlisten = \"off\"\n[audit]\nsink = \"none\"\n",
             standin.uri()
