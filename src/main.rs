@@ -64,9 +64,10 @@ SIGNALS
     SIGHUP           reload the policy file (validated first; an invalid file keeps the
                      old policy; a built-in profile has nothing to reload), the allowlist
                      file ([allowlist] mode = \"enforce\"; an invalid file keeps the old
-                     allowlist), the users file (pooled mode), and reopen the audit file
-                     sinks (logrotate). Never terminates the process. The policy file is
-                     also reloaded when it changes on disk.
+                     allowlist), the users file (pooled mode), the TLS certificate, key
+                     and client CA ([tls]; an invalid set keeps the one in force), and
+                     reopen the audit file sinks (logrotate). Never terminates the process.
+                     The policy file is also reloaded when it changes on disk.
     SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
                      [proxy] drain_timeout (30s by default), then close what is left; the
                      audit streams are written out before exit.

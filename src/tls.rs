@@ -9,7 +9,7 @@
 //!   `tlsAllowInvalidCertificates=true` / `tlsInsecure=true` (nothing verified). Both
 //!   weakenings are logged as warnings at startup.
 
-use std::{fs, path::Path, sync::Arc, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
 use rustls::{
     client::{
@@ -39,8 +39,11 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = fs::read(path).map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+    // A regular file (read again at SIGHUP: a named pipe would block the reload) of PEM text.
+    let pem = crate::config::read_text_file(path, true)
+        .map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+    let pem = pem.as_bytes();
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
     if certs.is_empty() {
@@ -53,8 +56,11 @@ fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, T
 }
 
 fn read_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = fs::read(path).map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+    // A regular file (read again at SIGHUP: a named pipe would block the reload) of PEM text.
+    let pem = crate::config::read_text_file(path, true)
+        .map_err(|e| TlsError(format!("{what} {}: {e}", path.display())))?;
+    let pem = pem.as_bytes();
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| {
         TlsError(format!(
             "{what} {}: no usable private key: {e}",
             path.display()
@@ -72,10 +78,11 @@ fn roots(certs: Vec<CertificateDer<'static>>, path: &Path) -> Result<RootCertSto
     Ok(store)
 }
 
-/// The client-facing TLS acceptor.
+/// The client-facing TLS acceptor; every clone shares it, and [`ServerTls::reload`] swaps it
+/// for all of them (connections already open keep their session).
 #[derive(Clone)]
 pub struct ServerTls {
-    acceptor: tokio_rustls::TlsAcceptor,
+    acceptor: Arc<std::sync::RwLock<tokio_rustls::TlsAcceptor>>,
     timeout: Duration,
 }
 
@@ -114,14 +121,38 @@ impl ServerTls {
             .with_single_cert(chain, key)
             .map_err(|e| TlsError(format!("tls: certificate and key do not fit: {e}")))?;
         Ok(ServerTls {
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            acceptor: Arc::new(std::sync::RwLock::new(tokio_rustls::TlsAcceptor::from(
+                Arc::new(config),
+            ))),
             timeout: cfg.handshake_timeout,
         })
     }
 
+    /// Reads the certificate chain, key and client CA again (SIGHUP: a rotation on disk)
+    /// and serves them to the next handshakes; an unreadable or invalid set is refused and
+    /// the one in force stays.
+    pub fn reload(&self, cfg: &crate::config::TlsConfig) -> Result<(), TlsError> {
+        let fresh = ServerTls::load(cfg)?;
+        let acceptor = fresh
+            .acceptor
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        *self
+            .acceptor
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = acceptor;
+        Ok(())
+    }
+
     /// Runs the server handshake on an accepted socket, within the handshake timeout.
     pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<ClientStream> {
-        match tokio::time::timeout(self.timeout, self.acceptor.accept(tcp)).await {
+        let acceptor = self
+            .acceptor
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match tokio::time::timeout(self.timeout, acceptor.accept(tcp)).await {
             Ok(Ok(s)) => Ok(Either::Tls(s)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(std::io::Error::new(

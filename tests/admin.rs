@@ -1144,3 +1144,232 @@ async fn a_session_killed_while_waiting_for_a_primary_ends_at_once() {
     proxy.shutdown().await;
     rs.shutdown().await;
 }
+
+/// A replica set whose first seed is down (a member in maintenance, a host gone) while the
+/// others, primary among them, serve: the proxy serves, so `/readyz` must say ready. Probing
+/// only the URI's first host made every mongoguard of a deployment unready at once (the load
+/// balancer or Kubernetes then takes all of them out of service) while a primary was there.
+#[tokio::test]
+async fn readyz_is_ready_when_the_first_seed_is_down_but_the_set_serves() {
+    use mongoguard::wire::builder::MsgBuilder;
+    use mongoguard_standin::{ReplicaSet, ReplicaSetConfig};
+    let set = ReplicaSet::start(ReplicaSetConfig {
+        name: "rs_ready".into(),
+        members: 3,
+        base: StandInConfig::default(),
+    })
+    .await
+    .unwrap();
+    // A port nobody listens on: connections to it are refused.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let hosts: Vec<String> = set.members().iter().map(|m| m.addr().to_string()).collect();
+    let uri = format!("mongodb://{dead},{}/?replicaSet=rs_ready", hosts.join(","));
+    let mut config = Config::for_upstream(&uri).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::None;
+    config.upstream.heartbeat_interval = Duration::from_millis(200);
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+
+    // The proxy serves: a ping goes through to the primary.
+    let mut raw = TcpStream::connect(proxy.local_addr()).await.unwrap();
+    let ping = MsgBuilder::new(bson::rawdoc! {"ping": 1, "$db": "admin"}).encode(1, 0);
+    raw.write_all(&ping).await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(20), raw.read(&mut buf))
+        .await
+        .expect("the ping's reply in time")
+        .unwrap();
+    assert!(n > 0, "the proxy serves through the replica set");
+
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let ready = support::eventually(100, Duration::from_millis(100), || {
+        let seen = seen.clone();
+        async move {
+            let (status, _, body) = http(admin, "GET", "/readyz", None).await;
+            *seen.lock().unwrap() = body;
+            status == 200
+        }
+    })
+    .await;
+    let last = seen.lock().unwrap().clone();
+    assert!(ready, "/readyz while a primary serves: {last}");
+    let v: Value = serde_json::from_str(&last).unwrap();
+    assert!(
+        hosts.iter().any(|h| v["upstream"] == h.as_str()),
+        "a live member: {last}"
+    );
+    proxy.shutdown().await;
+    set.shutdown().await;
+}
+
+/// One GET on a fresh connection; `Err` when the connection is refused, reset or closed
+/// before a status line (no panic: the caller reports what it saw).
+async fn try_get(addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut raw)).await {
+        Err(_) => return Err("no reply within 30 s".into()),
+        Ok(Err(e)) if raw.is_empty() => return Err(e.to_string()),
+        Ok(_) => {}
+    }
+    let text = String::from_utf8_lossy(&raw);
+    text.split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line: {text:?}"))
+}
+
+/// Connections that send nothing (or one request, then nothing) held every admin connection
+/// slot: `/healthz` (the liveness probe, Docker's HEALTHCHECK) and `/readyz` were refused until
+/// the 10 s header timeout freed them, and an attacker reconnecting every 10 s kept them
+/// refused for good, without a token (the token is checked per request). A new connection
+/// must get its answer by closing the oldest idle connection.
+#[tokio::test]
+async fn idle_admin_connections_cannot_lock_out_the_probes() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    // Silent connections, then keep-alive ones that made one request; more than the cap.
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        held.push(TcpStream::connect(admin).await.unwrap());
+    }
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(admin).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        // The 41st and later may be refused on main; only the answered ones stay held.
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            if n > 0 {
+                held.push(s);
+            }
+        }
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let answer = try_get(admin, path).await;
+        assert_eq!(
+            answer,
+            Ok(200),
+            "{path} with the admin slots held by idle clients"
+        );
+    }
+    drop(held);
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+/// Violation records that cannot be written (a full disk: `/dev/full`) are lost; the process
+/// goes on, as it must, but the operator only had a warning at most once a second in the log.
+/// An audit trail losing records must be visible where alerts are: in the metrics, by stream
+/// and reason.
+#[tokio::test]
+async fn lost_audit_lines_are_counted_in_the_metrics() {
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("no /dev/full here; not checked");
+        return;
+    }
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |c| {
+        c.audit.sink = mongoguard::audit::SinkSpec::File("/dev/full".into());
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let client = support::client(&client_uri(&proxy, "lossy")).await;
+    let coll = client.database("db_lost").collection::<Document>("t");
+    // W003 blocks: one violation record, which the sink cannot write.
+    let blocked = coll.delete_many(doc! {}).await.unwrap_err();
+    assert!(blocked.to_string().contains("W003"), "{blocked}");
+    let series = r#"mongoguard_audit_lines_lost_total{stream="violations",reason="write_error"}"#;
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let counted = support::eventually(100, Duration::from_millis(100), || {
+        let seen = seen.clone();
+        async move {
+            let (_, _, m) = http(admin, "GET", "/metrics", None).await;
+            let ok = sample(&m, series).is_some_and(|v| v >= 1.0);
+            *seen.lock().unwrap() = m;
+            ok
+        }
+    })
+    .await;
+    let m = seen.lock().unwrap().clone();
+    assert!(
+        counted,
+        "{series} in the scrape:\n{}",
+        m.lines()
+            .filter(|l| l.contains("audit"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(
+        sample(
+            &m,
+            r#"mongoguard_audit_lines_lost_total{stream="events",reason="queue_full"}"#
+        ),
+        Some(0.0)
+    );
+    drop(client);
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+/// One request with extra header lines; the status code.
+async fn status_with(addr: SocketAddr, method: &str, path: &str, extra: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut raw))
+        .await
+        .expect("admin reply in time")
+        .unwrap();
+    String::from_utf8_lossy(&raw)
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code")
+}
+
+/// Without a token (the default on loopback) any web page open in a browser on the host
+/// could act on the admin API: a cross-origin `fetch(..., {method: "POST", mode:
+/// "no-cors"})` is sent without a preflight, so a page could pause the proxy, kill
+/// connections, drain servers or reset the statistics. Browsers name the page's origin in
+/// `Origin` on such requests: an action whose `Origin` is not the admin listener itself is
+/// refused (403). Tools that send no `Origin` (curl, `mongoguard admin`) are unaffected.
+#[tokio::test]
+async fn cross_origin_actions_from_a_browser_are_refused() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    for path in ["/pause", "/stats/reset", "/reload", "/connections/1/kill"] {
+        assert_eq!(
+            status_with(admin, "POST", path, "Origin: http://evil.example\r\n").await,
+            403,
+            "{path} from another origin"
+        );
+    }
+    assert_eq!(get_json(admin, "/connections").await["paused"], false);
+    // The admin listener's own origin (its status page), and no Origin at all, may act.
+    let own = format!("Origin: http://{admin}\r\n");
+    assert_eq!(status_with(admin, "POST", "/pause", &own).await, 200);
+    assert_eq!(get_json(admin, "/connections").await["paused"], true);
+    assert_eq!(status_with(admin, "POST", "/resume", "").await, 200);
+    assert_eq!(get_json(admin, "/connections").await["paused"], false);
+    // Reading stays open to any origin's GET as before (the token guards reads).
+    assert_eq!(
+        status_with(admin, "GET", "/healthz", "Origin: http://evil.example\r\n").await,
+        200
+    );
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}

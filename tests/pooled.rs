@@ -910,3 +910,43 @@ async fn end_sessions_is_answered_here_and_ends_the_sessions_upstream() {
         .await
         .expect("shutdown hung on the background endSessions");
 }
+
+/// A users file refused at SIGHUP keeps the users in force, and said so only in a log line:
+/// unlike the policy and the allowlist, no metric (nor event) told the operator that the
+/// users file in place is not the one in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_file_reloads_are_counted_in_the_metrics() {
+    let standin = standin().await;
+    let upstream = format!(
+        "mongodb://{}:{}@{}/?authSource=admin",
+        UPSTREAM_USER.0,
+        UPSTREAM_USER.1,
+        standin.addr()
+    );
+    let (_, users) = users_file_at();
+    let mut cfg = Config::for_upstream(&upstream).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.auth.users_file = Some(users.clone());
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let value = |name: &str| {
+        proxy.metrics().encode().lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    let saved = std::fs::read_to_string(&users).unwrap();
+    std::fs::write(&users, "[[users]]\nname = \"broken\"\n").unwrap();
+    proxy.hangup();
+    assert_eq!(value("mongoguard_users_reload_failures_total"), Some(1.0));
+    assert_eq!(value("mongoguard_users_reloads_total"), Some(0.0));
+    std::fs::write(&users, saved).unwrap();
+    proxy.hangup();
+    assert_eq!(value("mongoguard_users_reload_failures_total"), Some(1.0));
+    assert_eq!(value("mongoguard_users_reloads_total"), Some(1.0));
+    proxy.shutdown().await;
+}

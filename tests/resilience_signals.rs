@@ -264,3 +264,67 @@ async fn fill_large_collection(standin: &StandIn) {
 fn large_find() -> bson::Document {
     doc! {"find": "big", "$db": "slow", "filter": {}, "batchSize": 1000}
 }
+
+/// `systemctl reload` right after `systemctl start` (a configuration manager's handler, the
+/// unit is Type=simple: active at once): SIGHUP reached the process while it was still
+/// starting (here: waiting for the SRV records of a `mongodb+srv://` upstream from a name
+/// server that does not answer; a slow DNS, a syslog sink, a large allowlist widen the
+/// window too), before its handler existed, and its default action killed mongoguard. The
+/// handler must be installed first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_while_starting_does_not_kill() {
+    use std::os::unix::process::ExitStatusExt;
+    // A name server that receives the queries and never answers.
+    let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let dir = temp_dir("sighup-start");
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+             [upstream]\nuri = \"mongodb+srv://cluster.example.test/\"\n\
+             dns_server = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            dns.local_addr().unwrap()
+        ),
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+        .arg("--config")
+        .arg(&config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first query arrives: the process is resolving, well into its start.
+    let mut buf = [0u8; 512];
+    let asked = dns.recv_from(&mut buf);
+    assert!(asked.is_ok(), "mongoguard never asked for the SRV records");
+    let kill = |sig: &str| {
+        std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap()
+    };
+    assert!(kill("HUP").success());
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    let mut status = None;
+    while std::time::Instant::now() < deadline {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Some(s) = status {
+        assert_ne!(
+            s.signal(),
+            Some(1),
+            "SIGHUP during the start killed mongoguard ({s})"
+        );
+    }
+}

@@ -323,3 +323,80 @@ async fn upstream_tls_verifies_the_server() {
     assert!(Proxy::start(Arc::new(cfg)).await.is_err());
     upstream.shutdown().await;
 }
+
+/// A TLS handshake with the proxy by a client trusting only `ca`: Ok when it completes.
+async fn handshake_trusting(addr: std::net::SocketAddr, ca: &Ca) -> Result<(), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
+        .await
+        .map_err(|_| "handshake timed out".to_string())?
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Certificates are rotated on disk (cert-manager, an ACME client) and `systemctl reload`
+/// follows: SIGHUP left the certificate loaded at start in use until it expired and every
+/// client refused it; only a restart, which drains every connection, took the new one. SIGHUP
+/// reloads the certificate, the key and the client CA; an invalid set is refused, counted and
+/// the one in force stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_broken() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let pki = Pki::new();
+    let (ca1, _) = pki.ca("ca1");
+    let (ca2, _) = pki.ca("ca2");
+    let (cert1, key1, _) = pki.leaf(&ca1, "leaf1", &["localhost"], true, false);
+    let (cert2, key2, _) = pki.leaf(&ca2, "leaf2", &["localhost"], true, false);
+    // The paths the configuration names, holding leaf1 at start.
+    let cert = pki.dir.join("server.crt");
+    let key = pki.dir.join("server.key");
+    std::fs::copy(&cert1, &cert).unwrap();
+    std::fs::copy(&key1, &key).unwrap();
+    let proxy = tls_proxy(&standin.uri(), &cert, &key, None).await;
+    let addr = proxy.local_addr();
+    assert_eq!(handshake_trusting(addr, &ca1).await, Ok(()));
+    assert!(handshake_trusting(addr, &ca2).await.is_err());
+
+    // Rotated on disk, then SIGHUP (here for this proxy only).
+    std::fs::copy(&cert2, &cert).unwrap();
+    std::fs::copy(&key2, &key).unwrap();
+    proxy.hangup();
+    assert_eq!(
+        handshake_trusting(addr, &ca2).await,
+        Ok(()),
+        "the rotated certificate is served after SIGHUP"
+    );
+    assert!(handshake_trusting(addr, &ca1).await.is_err());
+
+    // A broken certificate file: refused, counted, the rotated one stays.
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    proxy.hangup();
+    assert_eq!(handshake_trusting(addr, &ca2).await, Ok(()));
+    let scrape = proxy.metrics().encode();
+    let value = |name: &str| {
+        scrape.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    assert_eq!(value("mongoguard_tls_reloads_total"), Some(1.0));
+    assert_eq!(value("mongoguard_tls_reload_failures_total"), Some(1.0));
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}

@@ -69,9 +69,83 @@ const STATUS_HTML: &str = include_str!("status.html");
 
 /// A request's headers must arrive within this long (slow clients cannot hold sockets).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Admin connections open at once; more are closed at accept (scrapers and a status page
-/// need a handful).
+/// Admin connections open at once (scrapers and a status page need a handful). A connection
+/// beyond it closes the oldest one that is idle (no request being answered), so clients that
+/// connect and send nothing cannot keep the probes out; when every one is busy, it is closed.
 const MAX_CONNECTIONS: usize = 64;
+/// How long a new connection waits for the slot of the idle one it closed.
+const EVICT_WAIT: Duration = Duration::from_secs(1);
+
+/// The open admin connections, oldest first: whether each is answering a request, and how
+/// to close it.
+#[derive(Default)]
+struct Open {
+    next: std::sync::atomic::AtomicU64,
+    list: std::sync::Mutex<Vec<OpenConn>>,
+}
+
+struct OpenConn {
+    id: u64,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+    close: CancellationToken,
+}
+
+impl Open {
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<OpenConn>> {
+        self.list
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn register(&self) -> (u64, Arc<std::sync::atomic::AtomicBool>, CancellationToken) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let close = CancellationToken::new();
+        self.list().push(OpenConn {
+            id,
+            busy: busy.clone(),
+            close: close.clone(),
+        });
+        (id, busy, close)
+    }
+
+    fn remove(&self, id: u64) {
+        self.list().retain(|c| c.id != id);
+    }
+
+    /// Closes the oldest connection not answering a request (taking it off the list); false
+    /// when every one is busy.
+    fn evict_oldest_idle(&self) -> bool {
+        let mut list = self.list();
+        let idle = list
+            .iter()
+            .position(|c| !c.busy.load(std::sync::atomic::Ordering::Acquire));
+        match idle {
+            Some(i) => {
+                let c = list.remove(i);
+                c.close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Marks a connection busy while its request is answered (also when the answer is dropped).
+struct BusyGuard(Arc<std::sync::atomic::AtomicBool>);
+
+impl BusyGuard {
+    fn new(flag: &Arc<std::sync::atomic::AtomicBool>) -> BusyGuard {
+        flag.store(true, std::sync::atomic::Ordering::Release);
+        BusyGuard(flag.clone())
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
 
 struct Admin {
     ctx: AdminState,
@@ -95,6 +169,7 @@ pub(crate) async fn serve(
     });
     let tracker = TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(Open::default());
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -110,32 +185,54 @@ pub(crate) async fn serve(
                 }
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            warn!(
-                limit = MAX_CONNECTIONS,
-                "too many admin connections; closing a new one"
-            );
-            drop(stream);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) if open.evict_oldest_idle() => None,
+            Err(_) => {
+                warn!(
+                    limit = MAX_CONNECTIONS,
+                    "too many admin connections, every one answering a request; closing a new one"
+                );
+                drop(stream);
+                continue;
+            }
         };
-        tracker.spawn(connection(admin.clone(), stream, slot, stop.clone()));
+        let (admin, open, slots, stop) = (admin.clone(), open.clone(), slots.clone(), stop.clone());
+        tracker.spawn(async move {
+            let slot = match slot {
+                Some(slot) => slot,
+                // The evicted connection's task gives its slot back as it ends.
+                None => match tokio::time::timeout(EVICT_WAIT, slots.acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => return,
+                },
+            };
+            connection(admin, stream, slot, &open, stop).await;
+        });
     }
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
 }
 
 /// One admin connection (HTTP/1.1, headers within [`HEADER_READ_TIMEOUT`]), shut down
-/// gracefully when the listener stops.
+/// gracefully when the listener stops, closed at once when a new connection needs its slot
+/// while it is idle.
 async fn connection(
     admin: Arc<Admin>,
     stream: tokio::net::TcpStream,
     slot: tokio::sync::OwnedSemaphorePermit,
+    open: &Open,
     stop: CancellationToken,
 ) {
     let _slot = slot;
+    let (id, busy, evicted) = open.register();
     let service = service_fn(move |req| {
         let admin = admin.clone();
-        async move { Ok::<_, Infallible>(admin.handle(req).await) }
+        let busy = busy.clone();
+        async move {
+            let _busy = BusyGuard::new(&busy);
+            Ok::<_, Infallible>(admin.handle(req).await)
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -148,11 +245,15 @@ async fn connection(
                 debug!(error = %e, "admin connection ended");
             }
         }
+        _ = evicted.cancelled() => {
+            debug!("idle admin connection closed: its slot went to a new connection");
+        }
         _ = stop.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
         }
     }
+    open.remove(id);
 }
 
 impl Admin {
@@ -168,6 +269,13 @@ impl Admin {
             r.headers_mut()
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return r;
+        }
+        if cross_origin_action(&req) {
+            return json(
+                StatusCode::FORBIDDEN,
+                r#"{"error":"cross-origin request refused: a web page cannot act on the admin API"}"#
+                    .to_owned(),
+            );
         }
         let ctx = &self.ctx;
         match (req.method(), path.as_str()) {
@@ -255,6 +363,31 @@ impl Admin {
             .map(str::trim);
         let given = header.or_else(|| query.get("token"));
         given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
+    }
+}
+
+/// A request that changes something (any method but GET and HEAD) sent by a web page of
+/// another origin: browsers send such a POST without a preflight (`mode: "no-cors"`), so
+/// without a token any page open on the host could pause the proxy or kill connections.
+/// They name the page in `Origin`; tools (curl, `mongoguard admin`) send none.
+fn cross_origin_action(req: &Request<Incoming>) -> bool {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return false;
+    }
+    let Some(origin) = req.headers().get(hyper::header::ORIGIN) else {
+        return false;
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    match (authority, host) {
+        (Some(a), Some(h)) => !a.eq_ignore_ascii_case(h),
+        _ => true,
     }
 }
 

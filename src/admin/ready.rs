@@ -1,5 +1,6 @@
-//! `/readyz`: can mongoguard reach its upstream? A TCP connect and a hello to the first
-//! upstream host, at most every second (the result is cached), within 2 seconds.
+//! `/readyz`: can mongoguard reach its upstream? A TCP connect and a hello to a server of
+//! the topology (the primary the monitors see first, then the others in turn), at most every
+//! second (the result is cached), within 2 seconds in all.
 
 use std::time::{Duration, Instant};
 
@@ -30,23 +31,33 @@ impl Readiness {
             .as_ref()
             .is_some_and(|(at, _)| at.elapsed() < CACHE_FOR);
         if !fresh {
-            // The topology's first server: the URI's first seed, unless a mongodb+srv://
-            // rescan has replaced it.
-            let first = ctx.topology.servers().into_iter().next();
-            let Some(host) = first.or_else(|| ctx.config.upstream.uri.primary_seed().cloned())
-            else {
+            let candidates = candidates(ctx);
+            if candidates.is_empty() {
                 return unready("no upstream host configured");
-            };
-            let outcome = UpstreamConn::probe(
-                &host,
-                BUDGET,
-                ctx.config.proxy.max_message_size,
-                ctx.upstream_tls.as_ref(),
-                ctx.config.upstream.uri.load_balanced(),
-            )
-            .await
-            .map(|_| host.to_string())
-            .map_err(|e| e.to_string());
+            }
+            // Each candidate in turn within the one budget: the first that answers a hello
+            // makes the proxy ready.
+            let deadline = Instant::now() + BUDGET;
+            let mut outcome = Err("no upstream server answered".to_owned());
+            for host in candidates {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                outcome = UpstreamConn::probe(
+                    &host,
+                    left,
+                    ctx.config.proxy.max_message_size,
+                    ctx.upstream_tls.as_ref(),
+                    ctx.config.upstream.uri.load_balanced(),
+                )
+                .await
+                .map(|_| host.to_string())
+                .map_err(|e| e.to_string());
+                if outcome.is_ok() {
+                    break;
+                }
+            }
             *last = Some((Instant::now(), outcome));
         }
         match last.as_ref().map(|(_, o)| o) {
@@ -58,6 +69,43 @@ impl Readiness {
             None => unready("not checked"),
         }
     }
+}
+
+/// The servers to probe, best first: the primary the monitors see, then the other servers
+/// they see serving, then the rest (the URI's seeds, or what a `mongodb+srv://` rescan
+/// replaced them with); drained servers last. Probing only the first seed made a replica set
+/// whose first member is down (maintenance, a lost host) unready while its primary served.
+fn candidates(ctx: &Context) -> Vec<crate::config::Host> {
+    let snapshot = ctx.topology.snapshot();
+    let drained = ctx.topology.drained();
+    let mut order: Vec<crate::config::Host> = Vec::new();
+    let mut push = |h: &crate::config::Host| {
+        if !order.contains(h) {
+            order.push(h.clone());
+        }
+    };
+    if let Some(p) = snapshot.primary().filter(|p| !drained.contains(p)) {
+        push(p);
+    }
+    for s in &snapshot.servers {
+        if s.role.is_some() && !drained.contains(&s.host) {
+            push(&s.host);
+        }
+    }
+    for s in &snapshot.servers {
+        if !drained.contains(&s.host) {
+            push(&s.host);
+        }
+    }
+    for s in &snapshot.servers {
+        push(&s.host);
+    }
+    if snapshot.servers.is_empty() {
+        if let Some(seed) = ctx.config.upstream.uri.primary_seed() {
+            push(seed);
+        }
+    }
+    order
 }
 
 fn unready(error: &str) -> (StatusCode, String) {

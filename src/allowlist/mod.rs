@@ -273,7 +273,9 @@ impl Allowlist {
             path: path.display().to_string(),
             message,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        // A regular file only, at most MAX_TEXT_FILE_SIZE: a named pipe would block the
+        // reload (SIGHUP, POST /reload) until someone writes to it.
+        let text = crate::config::read_text_file(path, true).map_err(|e| err(e.to_string()))?;
         let parsed = file::parse(&text).map_err(err)?;
         let (table, loaded) = Table::from_parsed(parsed, self.max_apps, self.max_shapes);
         if loaded.over_caps > 0 {

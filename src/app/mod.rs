@@ -40,15 +40,28 @@ pub struct Proxy;
 impl Proxy {
     /// Binds the listen address and starts accepting clients in the background.
     pub async fn start(config: Arc<Config>) -> Result<ProxyHandle, ProxyError> {
+        // First of all: SIGHUP's default action kills, and a start can take seconds (SRV
+        // lookups, a syslog sink, a large allowlist) while `systemctl reload` may already
+        // come (the unit is Type=simple: active at once).
+        let hup = reload::hangup_signal();
         let policy =
             PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
-        Self::start_with_policy(config, policy).await
+        Self::start_inner(config, policy, hup).await
     }
 
     /// Like [`Proxy::start`], with an already loaded policy.
     pub async fn start_with_policy(
         config: Arc<Config>,
         policy: PolicyHolder,
+    ) -> Result<ProxyHandle, ProxyError> {
+        let hup = reload::hangup_signal();
+        Self::start_inner(config, policy, hup).await
+    }
+
+    async fn start_inner(
+        config: Arc<Config>,
+        policy: PolicyHolder,
+        hup: reload::Hangup,
     ) -> Result<ProxyHandle, ProxyError> {
         // A mongodb+srv:// upstream becomes hosts (and TXT options) before anything else:
         // everything below sees the resolved URI; a failed lookup fails the start.
@@ -96,11 +109,8 @@ impl Proxy {
             policy = %policy.source(),
             policy_mode = policy.current().mode().as_str(), "mongoguard listening");
         let reloader = Arc::new(reload::Reloader::new(ctx.clone()));
-        // Installed before anything else can be signalled: SIGHUP's default action kills.
-        let reload = tokio::spawn(reload::on_triggers(
-            reloader.clone(),
-            reload::hangup_signal(),
-        ));
+        // The SIGHUP stream was registered first thing in the start.
+        let reload = tokio::spawn(reload::on_triggers(reloader.clone(), hup));
         let learn = tokio::spawn(reload::save_allowlist(ctx.clone()));
         let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
         tokio::spawn(proxy::conn_report::run(ctx.clone(), background.clone()));

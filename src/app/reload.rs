@@ -34,11 +34,55 @@ impl Reloader {
         }
         let _ = self.allowlist("signal");
         ctx.audit.reopen();
+        if let Some(tls) = &ctx.server_tls {
+            match tls.reload(&ctx.config.tls) {
+                Ok(()) => {
+                    ctx.stats.tls_reloads.inc();
+                    info!("TLS certificate and key reloaded");
+                }
+                Err(e) => {
+                    ctx.stats.tls_reload_failures.inc();
+                    let source = format!(
+                        "tls:{}",
+                        ctx.config
+                            .tls
+                            .cert_file
+                            .as_ref()
+                            .map(|f| f.display().to_string())
+                            .unwrap_or_default()
+                    );
+                    ctx.audit.event(Event::PolicyReloadFailed {
+                        source,
+                        error: e.to_string(),
+                        trigger: "signal",
+                    });
+                    warn!(error = %e, "TLS certificate reload failed; keeping the certificate in force");
+                }
+            }
+        }
         if let Some(p) = &ctx.pooled {
             if p.has_users_file() {
                 match p.reload_users() {
-                    Ok(n) => info!(users = n, "users file reloaded"),
+                    Ok(n) => {
+                        ctx.stats.users_reloads.inc();
+                        info!(users = n, "users file reloaded");
+                    }
                     Err(e) => {
+                        ctx.stats.users_reload_failures.inc();
+                        let source = format!(
+                            "users:{}",
+                            ctx.config
+                                .auth
+                                .users_file
+                                .as_ref()
+                                .map(|f| f.display().to_string())
+                                .unwrap_or_default()
+                        );
+                        ctx.audit.event(Event::PolicyReloadFailed {
+                            source,
+                            error: e.clone(),
+                            trigger: "signal",
+                        });
                         warn!(error = %e, "users file reload failed; keeping the previous users")
                     }
                 }
@@ -189,6 +233,9 @@ pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
     let from_file = matches!(ctx.policy.source(), PolicySource::File(_));
     let poll = ctx.config.policy.reload_poll;
     let mut last_seen = None;
+    // The modification time of a file already refused: not read again until it changes
+    // (or a SIGHUP asks), else an invalid file nobody touches is refused every other poll.
+    let mut refused = None;
     loop {
         let hangup = async {
             #[cfg(unix)]
@@ -216,17 +263,21 @@ pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
         if by_signal {
             last_seen = None;
             reloader.everything();
+            // Still different from the policy in force: this file was refused.
+            refused = ctx.policy.changed_on_disk();
             continue;
         }
         // Reload only once the modification time has been stable for a whole poll interval,
         // so a file caught half-written by a non-atomic editor is never read.
         let seen = ctx.policy.changed_on_disk();
-        let stable = seen.is_some() && seen == last_seen;
+        let stable = seen.is_some() && seen == last_seen && seen != refused;
         last_seen = seen;
         if stable {
             last_seen = None;
             // Errors are logged and counted there; the next change or SIGHUP tries again.
-            let _ = reloader.policy("file_change");
+            if reloader.policy("file_change").is_err() {
+                refused = seen;
+            }
         }
     }
 }

@@ -35,6 +35,8 @@ pub struct AuditCounters {
     dropped: AtomicU64,
     written: AtomicU64,
     write_errors: AtomicU64,
+    /// Lines of the batches the sink failed to write.
+    lines_not_written: AtomicU64,
 }
 
 impl AuditCounters {
@@ -105,8 +107,16 @@ impl AuditCounters {
         self.written.fetch_add(lines, Ordering::Relaxed);
     }
 
-    pub(crate) fn add_write_error(&self) {
+    /// Lines lost because the sink failed to write their batch (a full disk, a removed
+    /// directory, a syslog socket gone).
+    pub fn lines_not_written(&self) -> u64 {
+        self.lines_not_written.load(Ordering::Relaxed)
+    }
+
+    /// A batch of `lines` lines the sink failed to write.
+    pub(crate) fn add_write_error(&self, lines: u64) {
         self.write_errors.fetch_add(1, Ordering::Relaxed);
+        self.lines_not_written.fetch_add(lines, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(&'static str, Action, Mode), u64>> {
@@ -152,10 +162,11 @@ mod tests {
         assert_eq!(c.add_dropped(), 1);
         assert_eq!(c.add_dropped(), 2);
         c.add_written(5);
-        c.add_write_error();
+        c.add_write_error(3);
         assert_eq!(
             (c.suppressed(), c.dropped(), c.written(), c.write_errors()),
             (1, 2, 5, 1)
         );
+        assert_eq!(c.lines_not_written(), 3);
     }
 }

@@ -186,7 +186,7 @@ impl Writer {
         match result {
             Ok(()) => counters.add_written(lines),
             Err(error) => {
-                counters.add_write_error();
+                counters.add_write_error(lines);
                 if self.shared.write_warning.allow() {
                     warn!(
                         sink = %self.target,

@@ -152,7 +152,8 @@ impl Users {
     /// # Errors
     /// I/O errors, TOML errors and invalid values, each naming the file (and line).
     pub fn load(path: &Path) -> Result<Users, UsersError> {
-        let text = std::fs::read_to_string(path).map_err(|source| UsersError::Io {
+        // Read again at every SIGHUP: a regular file only, at most MAX_TEXT_FILE_SIZE.
+        let text = crate::config::read_text_file(path, true).map_err(|source| UsersError::Io {
             file: path.to_path_buf(),
             source,
         })?;

@@ -79,6 +79,46 @@ pub struct Config {
     pub allowlist: AllowlistConfig,
 }
 
+/// The largest file mongoguard reads as text (configuration, policy, users file, allowlist,
+/// admin token): far above any real one, so that a wrong path (a log file, a disk image)
+/// fails with an error instead of being read whole into memory.
+pub const MAX_TEXT_FILE_SIZE: u64 = 64 * 1024 * 1024;
+
+/// Reads a policy, users or allowlist file: at most [`MAX_TEXT_FILE_SIZE`] bytes (checked
+/// before reading and while reading). With `regular_only` (the files that SIGHUP, the mtime
+/// poll and `POST /reload` read again while the proxy runs), refuses without opening it what
+/// is not a regular file after symlinks: reading a named pipe blocks until someone writes to
+/// it, on the thread that reloads, and a `--policy <(...)` process substitution reads as
+/// empty the second time (an empty policy file is the `standard` profile: the operator's
+/// policy would be silently replaced at the first SIGHUP).
+pub fn read_text_file(path: &Path, regular_only: bool) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let meta = std::fs::metadata(path)?;
+    if regular_only && !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let too_large = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_TEXT_FILE_SIZE} bytes"),
+        )
+    };
+    if meta.len() > MAX_TEXT_FILE_SIZE {
+        return Err(too_large());
+    }
+    let file = std::fs::File::open(path)?;
+    let mut text = String::new();
+    file.take(MAX_TEXT_FILE_SIZE + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_TEXT_FILE_SIZE {
+        return Err(too_large());
+    }
+    Ok(text)
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

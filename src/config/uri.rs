@@ -433,10 +433,37 @@ impl fmt::Display for UpstreamUri {
             f.write_str(db)?;
         }
         for (i, (k, v)) in self.options.iter().enumerate() {
-            write!(f, "{}{k}={v}", if i == 0 { "?" } else { "&" })?;
+            write!(f, "{}{k}=", if i == 0 { "?" } else { "&" })?;
+            write_option_value(f, k, v)?;
         }
         Ok(())
     }
+}
+
+/// Options whose whole value is a secret (key file passwords).
+const SECRET_OPTIONS: [&str; 2] = ["tlsCertificateKeyFilePassword", "sslPEMKeyPassword"];
+
+/// An option's value as printed: secrets masked (a key file password; in
+/// `authMechanismProperties`, the `AWS_SESSION_TOKEN`), the rest as given.
+fn write_option_value(f: &mut fmt::Formatter<'_>, key: &str, value: &str) -> fmt::Result {
+    if SECRET_OPTIONS.iter().any(|s| s.eq_ignore_ascii_case(key)) {
+        return f.write_str(super::mask::MASK);
+    }
+    if !key.eq_ignore_ascii_case("authMechanismProperties") {
+        return f.write_str(value);
+    }
+    for (i, prop) in value.split(',').enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        match prop.split_once(':') {
+            Some((k, _)) if k.eq_ignore_ascii_case("AWS_SESSION_TOKEN") => {
+                write!(f, "{k}:{}", super::mask::MASK)?;
+            }
+            _ => f.write_str(prop)?,
+        }
+    }
+    Ok(())
 }
 
 impl fmt::Debug for UpstreamUri {
@@ -613,5 +640,32 @@ mod tests {
             ok.parse::<UpstreamUri>()
                 .unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
+    }
+
+    /// The URI is printed in the startup log line and by `--check-config` ("secrets
+    /// masked"): the password was masked, but URI options that carry secrets were printed
+    /// as given (a driver URI copied with MONGODB-AWS session token or a key file password).
+    #[test]
+    fn secret_options_are_masked_when_printed() {
+        let u: UpstreamUri = "mongodb://u:pw@h:1/?authMechanism=MONGODB-AWS\
+            &authMechanismProperties=AWS_SESSION_TOKEN:SECRETTOKEN\
+            &tlsCertificateKeyFilePassword=KEYPASS&sslPEMKeyPassword=PEMPASS&replicaSet=rs0"
+            .parse()
+            .unwrap();
+        let shown = u.to_string();
+        for secret in ["pw", "SECRETTOKEN", "KEYPASS", "PEMPASS"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("replicaSet=rs0"), "{shown}");
+        assert!(
+            shown.contains("tlsCertificateKeyFilePassword=***"),
+            "{shown}"
+        );
+        assert!(format!("{u:?}").contains("***"));
+        // The options themselves are kept for whoever reads them.
+        assert_eq!(
+            u.option("authMechanismProperties"),
+            Some("AWS_SESSION_TOKEN:SECRETTOKEN")
+        );
     }
 }

@@ -86,12 +86,35 @@ pub struct Snapshot {
     pub allowlist_reloads: u64,
     /// Refused allowlist reloads.
     pub allowlist_reload_failures: u64,
+    /// Successful users file reloads (pooled mode).
+    pub users_reloads: u64,
+    /// Refused users file reloads.
+    pub users_reload_failures: u64,
+    /// Successful TLS certificate reloads.
+    pub tls_reloads: u64,
+    /// Refused TLS certificate reloads.
+    pub tls_reload_failures: u64,
     /// Pooled mode: every pool. `None` in passthrough mode.
     pub pools: Option<Vec<PoolRow>>,
     /// Pinned counts (zeros in passthrough mode).
     pub pinned: Pinned,
     /// Bytes of client messages held from the memory budget now, and the budget.
     pub memory_budget: (u64, u64),
+    /// Audit lines lost: (violations, events) × (queue full or closed, write failed).
+    pub audit_lost: AuditLost,
+}
+
+/// Lines of the two audit streams that never reached their sink.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AuditLost {
+    /// Violation records and summaries dropped on a full (or closed) queue.
+    pub violations_queue_full: u64,
+    /// Violation records and summaries whose write failed.
+    pub violations_write_error: u64,
+    /// Events dropped on a full (or closed) queue.
+    pub events_queue_full: u64,
+    /// Events whose write failed.
+    pub events_write_error: u64,
 }
 
 /// Where scrape-time values come from (the proxy).

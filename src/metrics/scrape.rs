@@ -271,9 +271,50 @@ fn reloads_and_log(
     )?;
     counter(
         encoder,
+        "mongoguard_users_reloads",
+        "Successful users file reloads (pooled mode, SIGHUP)",
+        s.users_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_users_reload_failures",
+        "Users file reloads refused (unreadable or invalid file; the old users stayed)",
+        s.users_reload_failures,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_tls_reloads",
+        "Successful TLS certificate reloads (SIGHUP)",
+        s.tls_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_tls_reload_failures",
+        "TLS certificate reloads refused (unreadable or invalid files; the old ones stayed)",
+        s.tls_reload_failures,
+    )?;
+    counter(
+        encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",
         crate::logging::dropped_lines(),
-    )
+    )?;
+    let lost = s.audit_lost;
+    let mut m = encoder.encode_descriptor(
+        "mongoguard_audit_lines_lost",
+        "Violation records and events that never reached their sink: dropped on a full \
+         queue (a slow sink) or not written (a full disk, a removed directory)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (stream, reason, v) in [
+        ("violations", "queue_full", lost.violations_queue_full),
+        ("violations", "write_error", lost.violations_write_error),
+        ("events", "queue_full", lost.events_queue_full),
+        ("events", "write_error", lost.events_write_error),
+    ] {
+        ConstCounter::new(v).encode(m.encode_family(&[("stream", stream), ("reason", reason)])?)?;
+    }
+    Ok(())
 }

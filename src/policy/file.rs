@@ -117,11 +117,24 @@ impl Policy {
         Policy::from_toml(text, &format!("{name} (built in)")).ok()
     }
 
-    /// Reads and compiles a policy file.
+    /// Reads and compiles a policy file (at most [`crate::config::MAX_TEXT_FILE_SIZE`]
+    /// bytes; a named pipe or device is read too: `mongoguard policy validate /dev/stdin`).
     pub fn load(path: &std::path::Path) -> Result<Policy, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
-            path: path.display().to_string(),
-            source,
+        Self::load_from(path, false)
+    }
+
+    /// Reads and compiles the policy file of a running proxy: a regular file only, since it
+    /// is read again at every reload ([`crate::config::read_text_file`]).
+    pub fn load_reloadable(path: &std::path::Path) -> Result<Policy, PolicyError> {
+        Self::load_from(path, true)
+    }
+
+    fn load_from(path: &std::path::Path, regular_only: bool) -> Result<Policy, PolicyError> {
+        let text = crate::config::read_text_file(path, regular_only).map_err(|source| {
+            PolicyError::Read {
+                path: path.display().to_string(),
+                source,
+            }
         })?;
         Policy::from_toml(&text, &path.display().to_string())
     }

@@ -83,7 +83,12 @@ impl PolicyHolder {
             Some(path) => PolicySource::resolve(path)?,
             None => PolicySource::BuiltIn("standard"),
         };
-        let policy = source.load()?;
+        // Read again at every reload: a regular file from the start (a pipe would read as
+        // empty, the standard profile, at the first SIGHUP).
+        let policy = match &source {
+            PolicySource::File(path) => Policy::load_reloadable(path)?,
+            PolicySource::BuiltIn(_) => source.load()?,
+        };
         let modified = match &source {
             PolicySource::File(path) => mtime(path),
             PolicySource::BuiltIn(_) => None,
@@ -124,7 +129,7 @@ impl PolicyHolder {
             return Ok(None);
         };
         let modified = mtime(path);
-        let policy = Policy::load(path)?;
+        let policy = Policy::load_reloadable(path)?;
         let hash = policy.hash();
         match self.current.write() {
             Ok(mut g) => *g = Arc::new(policy),
@@ -145,5 +150,89 @@ impl PolicyHolder {
         let now = mtime(path);
         let loaded = self.modified.read().map(|m| *m).unwrap_or(None);
         (now != loaded).then_some(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mg-holder-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Runs `reload` on a thread of its own: the outcome, or `None` when it did not end in
+    /// `bound` (it blocks).
+    fn reload_within(
+        holder: &Arc<PolicyHolder>,
+        bound: std::time::Duration,
+    ) -> Option<Result<Option<u64>, PolicyError>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = holder.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(h.reload());
+        });
+        rx.recv_timeout(bound).ok()
+    }
+
+    /// SIGHUP (or the mtime poll, or `POST /reload`) with the policy path replaced by a named
+    /// pipe (or a `--policy <(...)` process substitution, a device): reading it blocked the
+    /// reload until someone wrote to the pipe, on a runtime thread, and every later reload
+    /// with it. A reload must refuse what is not a regular file, at once, and keep the old
+    /// policy.
+    #[test]
+    fn reload_refuses_a_fifo_at_once_and_keeps_the_policy() {
+        let dir = temp_dir("fifo");
+        let path = dir.join("policy.toml");
+        std::fs::write(&path, "mode = \"audit\"\n").unwrap();
+        let holder = Arc::new(PolicyHolder::load(Some(&path)).unwrap());
+        let before = holder.current().hash();
+        std::fs::remove_file(&path).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success(), "mkfifo");
+        let outcome = reload_within(&holder, std::time::Duration::from_secs(10));
+        if outcome.is_none() {
+            // Release the blocked reader before failing.
+            let _ = std::fs::OpenOptions::new().write(true).open(&path);
+        }
+        let outcome = outcome.expect("a reload of a named pipe ends at once");
+        let err = outcome.expect_err("a named pipe is no policy file");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        assert_eq!(holder.current().hash(), before, "the old policy stays");
+        // Nor does a proxy start from one: read once it would be the standard profile (an
+        // empty file) at the first SIGHUP.
+        let err = PolicyHolder::load(Some(&path)).expect_err("a named pipe at start");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A directory, or a file far larger than any policy (a log file named by mistake), is
+    /// refused without reading it whole into memory.
+    #[test]
+    fn reload_refuses_a_directory_and_a_huge_file() {
+        let dir = temp_dir("huge");
+        let path = dir.join("policy.toml");
+        std::fs::write(&path, "mode = \"audit\"\n").unwrap();
+        let holder = Arc::new(PolicyHolder::load(Some(&path)).unwrap());
+        let before = holder.current().hash();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let err = holder.reload().expect_err("a directory");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        std::fs::remove_dir(&path).unwrap();
+        // Sparse: no disk used.
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(crate::config::MAX_TEXT_FILE_SIZE + 1).unwrap();
+        drop(f);
+        let err = holder.reload().expect_err("a huge file");
+        assert!(err.to_string().contains("larger than"), "{err}");
+        assert_eq!(holder.current().hash(), before, "the old policy stays");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

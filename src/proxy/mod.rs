@@ -101,6 +101,14 @@ pub struct ProxyStats {
     pub allowlist_reloads: Counter,
     /// Allowlist reloads refused (unreadable or invalid file): the old allowlist stayed.
     pub allowlist_reload_failures: Counter,
+    /// Successful users file reloads (pooled mode, SIGHUP).
+    pub users_reloads: Counter,
+    /// Users file reloads refused (unreadable or invalid file): the old users stayed.
+    pub users_reload_failures: Counter,
+    /// Successful TLS certificate reloads (SIGHUP).
+    pub tls_reloads: Counter,
+    /// TLS certificate reloads refused (unreadable or invalid files): the old ones stayed.
+    pub tls_reload_failures: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,
@@ -169,6 +177,7 @@ impl Context {
             stats: stats.clone(),
             pooled: pooled.clone(),
             budget: budget.clone(),
+            audit: audit.clone(),
         });
         let metrics = Arc::new(Metrics::new(&config.admin, scrape));
         if let Some(p) = &pooled {

@@ -20,6 +20,7 @@ pub(crate) struct ProxyScrape {
     pub stats: Arc<ProxyStats>,
     pub pooled: Option<Arc<Pooled>>,
     pub budget: Arc<super::client_io::MemoryBudget>,
+    pub audit: Arc<crate::audit::AuditLog>,
 }
 
 impl std::fmt::Debug for ProxyScrape {
@@ -64,9 +65,22 @@ impl Scrape for ProxyScrape {
             policy_reload_failures: s.policy_reload_failures.get(),
             allowlist_reloads: s.allowlist_reloads.get(),
             allowlist_reload_failures: s.allowlist_reload_failures.get(),
+            users_reloads: s.users_reloads.get(),
+            users_reload_failures: s.users_reload_failures.get(),
+            tls_reloads: s.tls_reloads.get(),
+            tls_reload_failures: s.tls_reload_failures.get(),
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
+            audit_lost: {
+                let (v, e) = (self.audit.counters(), self.audit.event_counters());
+                crate::metrics::AuditLost {
+                    violations_queue_full: v.dropped(),
+                    violations_write_error: v.lines_not_written(),
+                    events_queue_full: e.dropped(),
+                    events_write_error: e.lines_not_written(),
+                }
+            },
         }
     }
 }

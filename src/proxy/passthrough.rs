@@ -109,7 +109,9 @@ impl Passthrough {
         let stream = match stream {
             Ok(s) => s,
             Err(e) => {
-                topology.mark_unknown(&host);
+                if e.implicates_server() {
+                    topology.mark_unknown(&host);
+                }
                 return Err(e.into());
             }
         };

@@ -211,6 +211,8 @@ pub struct UpstreamConn {
     io: FramedRead<crate::net::UpstreamStream, MessageCodec>,
     facts: Arc<HelloFacts>,
     host: Host,
+    /// The server has no `hello` (older than 4.4.2): heartbeats say `isMaster`.
+    legacy_hello: bool,
 }
 
 impl std::fmt::Debug for UpstreamConn {
@@ -224,8 +226,30 @@ impl std::fmt::Debug for UpstreamConn {
 /// The hello of a connection's later checks (the topology monitor's heartbeats): no `client`
 /// metadata, which mongod accepts only in a connection's first hello and refuses afterwards
 /// with ClientMetadataCannotBeMutated (186).
-fn heartbeat_hello() -> RawDocumentBuf {
-    bson::rawdoc! {"hello": 1, "helloOk": true, "$db": "admin"}
+fn heartbeat_hello(legacy: bool) -> RawDocumentBuf {
+    if legacy {
+        bson::rawdoc! {"isMaster": 1, "helloOk": true, "$db": "admin"}
+    } else {
+        bson::rawdoc! {"hello": 1, "helloOk": true, "$db": "admin"}
+    }
+}
+
+/// A reply saying the server has no such command (CommandNotFound, 59): `hello` on a server
+/// older than 4.4.2 (4.2.10, 4.0.21, 3.6.21), which knows only the legacy `isMaster`.
+fn command_not_found(reply: &RawDocument) -> bool {
+    matches!(reply.get("code"), Ok(Some(RawBsonRef::Int32(59))))
+}
+
+/// [`own_hello`] as the legacy `isMaster`, for a server without `hello`.
+fn own_is_master(sasl_user: Option<&Credentials>, load_balanced: bool) -> RawDocumentBuf {
+    let hello = own_hello(sasl_user, load_balanced);
+    let mut legacy = bson::rawdoc! {"isMaster": 1};
+    for (k, v) in hello.iter().flatten() {
+        if k.as_str() != "hello" {
+            legacy.append(k, v);
+        }
+    }
+    legacy
 }
 
 /// The first hello mongoguard sends on each of its own upstream connections (with `client`
@@ -349,8 +373,14 @@ impl UpstreamConn {
             // Replaced by the hello's below, before the connection is handed out.
             facts: Arc::new(HelloFacts::not_yet_known()),
             host: host.clone(),
+            legacy_hello: false,
         };
-        let reply = conn.command(&own_hello(creds, load_balanced)).await?;
+        let mut reply = conn.command(&own_hello(creds, load_balanced)).await?;
+        if command_not_found(&reply) {
+            // As drivers do for a server without `hello`: the legacy handshake.
+            conn.legacy_hello = true;
+            reply = conn.command(&own_is_master(creds, load_balanced)).await?;
+        }
         let facts = HelloFacts::from_reply(&reply).ok_or_else(|| ConnectError::Handshake {
             host: host.to_string(),
             reason: "hello failed".into(),
@@ -363,7 +393,7 @@ impl UpstreamConn {
     /// sent when it opened) and records what the server says now. A failed hello (`ok: 0`) is
     /// an error.
     pub(crate) async fn heartbeat(&mut self) -> Result<Arc<HelloFacts>, ConnectError> {
-        let reply = self.command(&heartbeat_hello()).await?;
+        let reply = self.command(&heartbeat_hello(self.legacy_hello)).await?;
         let facts = HelloFacts::from_reply(&reply).ok_or_else(|| ConnectError::Handshake {
             host: self.host.to_string(),
             reason: format!("hello failed: {}", error_text(&reply)),

@@ -63,6 +63,32 @@ pub enum ConnectError {
     },
 }
 
+impl ConnectError {
+    /// False when the failure is mongoguard's own (out of file descriptors, of memory, of
+    /// local ports): it says nothing about the server, which must not be marked Unknown for
+    /// it (that would close every session attached to a primary that is fine).
+    pub fn implicates_server(&self) -> bool {
+        match self {
+            ConnectError::Io { source, .. } => !is_local_shortage(source),
+            _ => true,
+        }
+    }
+}
+
+/// EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL (no local port left).
+fn is_local_shortage(e: &std::io::Error) -> bool {
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    #[cfg(target_os = "linux")]
+    const ENOBUFS: i32 = 105;
+    #[cfg(not(target_os = "linux"))]
+    const ENOBUFS: i32 = 55;
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::AddrNotAvailable | std::io::ErrorKind::OutOfMemory
+    ) || matches!(e.raw_os_error(), Some(ENFILE | EMFILE | ENOBUFS))
+}
+
 /// Opens a connection to `host` (TLS when `tls` is given) within `timeout`.
 pub async fn connect(
     host: &Host,

@@ -386,7 +386,30 @@ impl Binary {
     /// Starts `mongoguard --config FILE --log-format json` and waits (up to 20 s) for its
     /// "mongoguard listening" line to learn the port.
     pub fn start(config_file: &Path) -> Binary {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+        Binary::start_from(Command::new(env!("CARGO_BIN_EXE_mongoguard")), config_file)
+    }
+
+    /// [`Binary::start`] with at most `nofile` file descriptors (through prlimit(1), which
+    /// execs it: the child is mongoguard itself). `None` when prlimit is not installed.
+    pub fn start_with_nofile(config_file: &Path, nofile: u32) -> Option<Binary> {
+        let found = Command::new("prlimit")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return None;
+        }
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--nofile={nofile}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_mongoguard"));
+        Some(Binary::start_from(cmd, config_file))
+    }
+
+    fn start_from(mut command: Command, config_file: &Path) -> Binary {
+        let mut child = command
             .arg("--config")
             .arg(config_file)
             .args(["--log-format", "json"])

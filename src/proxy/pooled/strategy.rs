@@ -260,9 +260,11 @@ impl PooledSide {
                 warn!(error = %e, "checkout timeout");
                 (CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME)
             }
-            PoolError::Connect { .. } => {
+            PoolError::Connect { source, .. } => {
                 warn!(error = %e, "cannot open an upstream connection");
-                self.pooled.topology.mark_unknown(host);
+                if source.implicates_server() {
+                    self.pooled.topology.mark_unknown(host);
+                }
                 HOST_UNREACHABLE
             }
             PoolError::Closed { .. } => return refused_end(SessionError::Killed),

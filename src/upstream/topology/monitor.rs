@@ -8,7 +8,7 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Kind, Topology};
 use crate::config::ConfigError;
@@ -189,16 +189,35 @@ impl Monitor {
     /// One check: opens the connection (its first hello), or on an open one sends a
     /// heartbeat, a hello without client metadata (mongod refuses metadata after a
     /// connection's first hello). Both are bounded by `connect_timeout`.
+    ///
+    /// A network error (or a timeout) on an established connection of a server that was up
+    /// is checked again at once on a new connection, and only a second failure reports it
+    /// down. The server monitoring specification marks the server Unknown first and then
+    /// checks again at once ("Retry hello calls once": such an error is usually a glitch);
+    /// a driver's application does not see that, but here Unknown closes every passthrough
+    /// session attached to a primary, so one lost monitoring connection (a middlebox's
+    /// reset, a `killOp`) would disconnect every client: the recheck comes first.
     async fn check(&mut self) -> Result<Arc<HelloFacts>, ConnectError> {
         let timeout = self.settings.connect_timeout;
         if let Some(c) = self.conn.as_mut() {
-            return match tokio::time::timeout(timeout, c.heartbeat()).await {
+            let result = match tokio::time::timeout(timeout, c.heartbeat()).await {
                 Ok(r) => r,
                 Err(_) => Err(ConnectError::Timeout {
                     host: self.host.to_string(),
                     timeout,
                 }),
             };
+            match result {
+                Ok(facts) => return Ok(facts),
+                Err(e @ (ConnectError::Io { .. } | ConnectError::Timeout { .. }))
+                    if self.was_ok == Some(true) =>
+                {
+                    debug!(upstream = %self.host, error = %e,
+                        "monitoring connection lost; checking again on a new one");
+                    self.conn = None;
+                }
+                Err(e) => return Err(e),
+            }
         }
         let c = UpstreamConn::open(
             &self.host,
