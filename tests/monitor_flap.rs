@@ -22,11 +22,11 @@ use std::{
     time::Duration,
 };
 
-use bson::{doc, Document};
+use bson::doc;
 use hostile::{
-    body_of, op_msg, op_msg_reply, proxy_from_toml, read_frame, temp_dir, Binary, RawClient, OP_MSG,
+    body_of, op_msg, primary_hello, proxy_from_toml, read_frame, serve_op_msg, temp_dir, Binary,
+    RawClient,
 };
-use mongoguard::wire::OpMsg;
 use tokio::net::{TcpListener, TcpStream};
 
 const REPLY: Duration = Duration::from_secs(10);
@@ -66,61 +66,25 @@ impl Drop for FlakyPrimary {
 }
 
 async fn serve(
-    mut stream: TcpStream,
+    stream: TcpStream,
     me: SocketAddr,
     once: Arc<AtomicBool>,
     dropped: Arc<tokio::sync::Notify>,
 ) {
     let mut hellos = 0;
-    let mut reply_id = 1_000;
-    loop {
-        let Ok(frame) = read_frame(&mut stream, Duration::from_secs(3600)).await else {
-            return;
-        };
-        let request_id = i32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
-        let op = i32::from_le_bytes([frame[12], frame[13], frame[14], frame[15]]);
-        if op != OP_MSG {
-            return;
-        }
-        let Ok(msg) = OpMsg::parse(&frame) else {
-            return;
-        };
-        let Ok(body) = Document::from_reader(msg.body().as_bytes()) else {
-            return;
-        };
-        let name = body.keys().next().cloned().unwrap_or_default();
-        let reply = match name.as_str() {
-            "hello" | "isMaster" | "ismaster" => {
-                hellos += 1;
-                if hellos == 3 && !once.swap(true, Ordering::SeqCst) {
-                    // The connection is lost: closed without a reply.
-                    dropped.notify_one();
-                    return;
-                }
-                doc! {
-                    "isWritablePrimary": true, "ismaster": true, "helloOk": true,
-                    "setName": "rs_flap", "setVersion": 1,
-                    "hosts": [me.to_string()], "primary": me.to_string(), "me": me.to_string(),
-                    "electionId": bson::oid::ObjectId::from_bytes(
-                        [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
-                    "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
-                    "maxWriteBatchSize": 100_000, "localTime": bson::DateTime::now(),
-                    "logicalSessionTimeoutMinutes": 30, "connectionId": 1,
-                    "minWireVersion": 0, "maxWireVersion": 21, "readOnly": false, "ok": 1.0,
-                }
+    serve_op_msg(stream, 1_000, |name, _| match name {
+        "hello" | "isMaster" | "ismaster" => {
+            hellos += 1;
+            if hellos == 3 && !once.swap(true, Ordering::SeqCst) {
+                // The connection is lost: closed without a reply.
+                dropped.notify_one();
+                return None;
             }
-            _ => doc! {"ok": 1.0},
-        };
-        reply_id += 1;
-        use tokio::io::AsyncWriteExt;
-        if stream
-            .write_all(&op_msg_reply(reply_id, request_id, &reply))
-            .await
-            .is_err()
-        {
-            return;
+            Some(primary_hello("rs_flap", me, 21))
         }
-    }
+        _ => Some(doc! {"ok": 1.0}),
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

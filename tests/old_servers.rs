@@ -13,9 +13,8 @@ mod hostile;
 
 use std::{net::SocketAddr, time::Duration};
 
-use bson::{doc, Document};
-use hostile::{op_msg_reply, proxy_from_toml, read_frame, RawClient, OP_MSG};
-use mongoguard::wire::OpMsg;
+use bson::doc;
+use hostile::{primary_hello, proxy_from_toml, serve_op_msg, RawClient};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -35,51 +34,25 @@ async fn start_old_primary(set: &'static str) -> (SocketAddr, tokio::task::JoinH
     (addr, task)
 }
 
-async fn serve(mut stream: TcpStream, me: SocketAddr, set: &'static str) {
-    let mut reply_id = 1_000;
-    loop {
-        let Ok(frame) = read_frame(&mut stream, Duration::from_secs(3600)).await else {
-            return;
-        };
-        let request_id = i32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
-        let op = i32::from_le_bytes([frame[12], frame[13], frame[14], frame[15]]);
-        if op != OP_MSG {
-            return;
-        }
-        let Ok(msg) = OpMsg::parse(&frame) else {
-            return;
-        };
-        let Ok(body) = Document::from_reader(msg.body().as_bytes()) else {
-            return;
-        };
-        let name = body.keys().next().cloned().unwrap_or_default();
-        let reply = match name.as_str() {
-            "isMaster" | "ismaster" => doc! {
-                "ismaster": true, "secondary": false,
-                "setName": set, "setVersion": 1,
-                "hosts": [me.to_string()], "primary": me.to_string(), "me": me.to_string(),
-                "electionId": bson::oid::ObjectId::from_bytes(
-                    [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
-                "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": 48_000_000,
-                "maxWriteBatchSize": 100_000, "localTime": bson::DateTime::now(),
-                "logicalSessionTimeoutMinutes": 30, "connectionId": 1,
-                "minWireVersion": 0, "maxWireVersion": 8, "readOnly": false, "ok": 1.0,
-            },
+async fn serve(stream: TcpStream, me: SocketAddr, set: &'static str) {
+    serve_op_msg(stream, 1_000, |name, _| {
+        Some(match name {
+            "isMaster" | "ismaster" => {
+                // A server before hello: isMaster's fields only, at wire version 8 (4.2).
+                let mut reply = primary_hello(set, me, 8);
+                reply.remove("isWritablePrimary");
+                reply.remove("helloOk");
+                reply.insert("secondary", false);
+                reply
+            }
             "hello" => doc! {
                 "ok": 0.0, "errmsg": "no such command: 'hello'", "code": 59,
                 "codeName": "CommandNotFound",
             },
             _ => doc! {"ok": 1.0},
-        };
-        reply_id += 1;
-        if stream
-            .write_all(&op_msg_reply(reply_id, request_id, &reply))
-            .await
-            .is_err()
-        {
-            return;
-        }
-    }
+        })
+    })
+    .await
 }
 
 async fn readyz(admin: SocketAddr) -> (u16, String) {

@@ -182,23 +182,13 @@ impl<'a> CommandView<'a> {
                 Statement::Insert { .. } => ControlFlow::Continue(()),
             });
         };
-        let mut err = None;
-        let flow = self.each_entry(
+        self.each_read(
             body,
             field,
             command,
-            &mut |index, entry| match statement_filter(entry, command) {
-                Ok((filter, pipeline)) => f(index, filter, pipeline),
-                Err(e) => {
-                    err = Some(e);
-                    ControlFlow::Break(())
-                }
-            },
-        )?;
-        match err {
-            Some(e) => Err(e),
-            None => Ok(flow),
-        }
+            |entry| statement_filter(entry, command),
+            |index, (filter, pipeline)| f(index, filter, pipeline),
+        )
     }
 
     /// The statements of a command body (and its kind-1 sequences).
@@ -295,18 +285,33 @@ impl<'a> CommandView<'a> {
         ns: Namespace<'a>,
         sink: Sink<'_, 'a>,
     ) -> Result<ControlFlow<()>, CommandError> {
+        self.each_read(body, field, command, parse, |index, statement| {
+            sink(StatementRef {
+                index,
+                ns,
+                statement,
+                find_and_modify: false,
+            })
+        })
+    }
+
+    /// `each_entry` with `read` applied to each entry before `f`; a read error stops the walk
+    /// and is returned.
+    fn each_read<T>(
+        &self,
+        body: &'a RawDocument,
+        field: &'static str,
+        command: &'static str,
+        read: impl Fn(&'a RawDocument) -> Result<T, CommandError>,
+        mut f: impl FnMut(usize, T) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, CommandError> {
         let mut err = None;
         let flow = self.each_entry(
             body,
             field,
             command,
-            &mut |index, entry| match parse(entry) {
-                Ok(statement) => sink(StatementRef {
-                    index,
-                    ns,
-                    statement,
-                    find_and_modify: false,
-                }),
+            &mut |index, entry| match read(entry) {
+                Ok(t) => f(index, t),
                 Err(e) => {
                     err = Some(e);
                     ControlFlow::Break(())

@@ -580,13 +580,34 @@ impl Drop for FakeUpstream {
 const ELECTION_ID: [u8; 12] = [0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1];
 
 async fn serve_fake(
-    mut stream: TcpStream,
+    stream: TcpStream,
     me: SocketAddr,
     set_name: String,
     answer: Answer,
     commands: Arc<AtomicUsize>,
 ) {
-    let mut reply_id = 1_000_000;
+    serve_op_msg(stream, 1_000_000, |name, body| {
+        let reply = match name {
+            "hello" | "isMaster" | "ismaster" => primary_hello(&set_name, me, 21),
+            _ => {
+                commands.fetch_add(1, Ordering::Relaxed);
+                answer(name, body)
+            }
+        };
+        (!reply.contains_key(CLOSE_INSTEAD)).then_some(reply)
+    })
+    .await
+}
+
+/// Serves OP_MSG commands on `stream` until it closes: `answer(name, body)` is each reply
+/// (`None`: close the connection instead of replying). Another opcode or an unreadable
+/// message closes it too. Reply ids count up from `first_reply_id`.
+pub async fn serve_op_msg(
+    mut stream: TcpStream,
+    first_reply_id: i32,
+    mut answer: impl FnMut(&str, &Document) -> Option<Document>,
+) {
+    let mut reply_id = first_reply_id;
     loop {
         let Ok(frame) = read_frame(&mut stream, Duration::from_secs(3600)).await else {
             return;
@@ -603,36 +624,9 @@ async fn serve_fake(
             return;
         };
         let name = body.keys().next().cloned().unwrap_or_default();
-        let reply = match name.as_str() {
-            "hello" | "isMaster" | "ismaster" => doc! {
-                "isWritablePrimary": true,
-                "ismaster": true,
-                "helloOk": true,
-                "setName": &set_name,
-                "setVersion": 1,
-                "hosts": [me.to_string()],
-                "primary": me.to_string(),
-                "me": me.to_string(),
-                "electionId": bson::oid::ObjectId::from_bytes(ELECTION_ID),
-                "maxBsonObjectSize": 16 * 1024 * 1024,
-                "maxMessageSizeBytes": 48_000_000,
-                "maxWriteBatchSize": 100_000,
-                "localTime": bson::DateTime::now(),
-                "logicalSessionTimeoutMinutes": 30,
-                "connectionId": 1,
-                "minWireVersion": 0,
-                "maxWireVersion": 21,
-                "readOnly": false,
-                "ok": 1.0,
-            },
-            _ => {
-                commands.fetch_add(1, Ordering::Relaxed);
-                answer(&name, &body)
-            }
-        };
-        if reply.contains_key(CLOSE_INSTEAD) {
+        let Some(reply) = answer(&name, &body) else {
             return;
-        }
+        };
         reply_id += 1;
         if stream
             .write_all(&op_msg_reply(reply_id, request_id, &reply))
@@ -641,5 +635,31 @@ async fn serve_fake(
         {
             return;
         }
+    }
+}
+
+/// The hello reply of the primary `me` of a one-member replica set `set` at wire version
+/// `max_wire` (mongod's fields; the electionId is mongod's form: 0x7fffffff, then the term).
+pub fn primary_hello(set: &str, me: SocketAddr, max_wire: i32) -> Document {
+    doc! {
+        "isWritablePrimary": true,
+        "ismaster": true,
+        "helloOk": true,
+        "setName": set,
+        "setVersion": 1,
+        "hosts": [me.to_string()],
+        "primary": me.to_string(),
+        "me": me.to_string(),
+        "electionId": bson::oid::ObjectId::from_bytes(ELECTION_ID),
+        "maxBsonObjectSize": 16 * 1024 * 1024,
+        "maxMessageSizeBytes": 48_000_000,
+        "maxWriteBatchSize": 100_000,
+        "localTime": bson::DateTime::now(),
+        "logicalSessionTimeoutMinutes": 30,
+        "connectionId": 1,
+        "minWireVersion": 0,
+        "maxWireVersion": max_wire,
+        "readOnly": false,
+        "ok": 1.0,
     }
 }
