@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use bson::rawdoc;
 use futures::StreamExt;
 use mongoguard::{
-    app::Proxy,
+    app::{Proxy, ProxyHandle},
     config::Config,
     wire::{builder::MsgBuilder, MessageCodec, OpMsg},
 };
@@ -31,19 +31,40 @@ async fn delete_all_code(addr: std::net::SocketAddr, id: i32) -> i32 {
     body.get_i32("code").unwrap_or(0)
 }
 
-#[tokio::test]
-async fn policy_file_changes_are_validated_then_swapped() {
-    let dir = std::env::temp_dir().join(format!("mg-reload-{}", std::process::id()));
+/// Waits (at most 10 s, polling every 10 ms) until `done` holds; panics with `what` otherwise.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}");
+}
+
+/// A stand-in and a proxy whose policy file (`standard` at first) is polled every `poll`, in
+/// a fresh directory named after `name`: (directory, file, stand-in, proxy).
+async fn proxy_with_policy_file(
+    name: &str,
+    poll: Duration,
+) -> (std::path::PathBuf, std::path::PathBuf, StandIn, ProxyHandle) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("policy.toml");
     std::fs::write(&file, "extends = \"standard\"\n").unwrap();
-
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();
     let mut config = Config::for_upstream(&standin.uri()).unwrap();
     config.policy.file = Some(file.clone());
-    config.policy.reload_poll = Duration::from_millis(50);
+    config.policy.reload_poll = poll;
     config.audit.sink = mongoguard::audit::SinkSpec::None;
     let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    (dir, file, standin, proxy)
+}
+
+#[tokio::test]
+async fn policy_file_changes_are_validated_then_swapped() {
+    let (_dir, file, _standin, proxy) =
+        proxy_with_policy_file("mg-reload", Duration::from_millis(50)).await;
     let addr = proxy.local_addr();
     let stats = proxy.stats();
     assert_eq!(
@@ -54,28 +75,18 @@ async fn policy_file_changes_are_validated_then_swapped() {
 
     // Audit mode: the same command is forwarded.
     std::fs::write(&file, "extends = \"standard\"\nmode = \"audit\"\n").unwrap();
-    let mut reloaded = false;
-    for _ in 0..400 {
-        if stats.policy_reloads.get() >= 1 {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(reloaded, "the file change was not picked up");
+    until("the file change was not picked up", || {
+        stats.policy_reloads.get() >= 1
+    })
+    .await;
     assert_eq!(delete_all_code(addr, 2).await, 0, "audit mode forwards");
 
     // An invalid file is refused; the audit policy stays in force.
     std::fs::write(&file, "extends = \"standard\"\n[rules]\nW003 = \"maybe\"\n").unwrap();
-    let mut refused = false;
-    for _ in 0..400 {
-        if stats.policy_reload_failures.get() >= 1 {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(refused, "the invalid file was not noticed");
+    until("the invalid file was not noticed", || {
+        stats.policy_reload_failures.get() >= 1
+    })
+    .await;
     assert_eq!(
         delete_all_code(addr, 3).await,
         0,
@@ -84,15 +95,10 @@ async fn policy_file_changes_are_validated_then_swapped() {
 
     // A valid file again: enforcement is back.
     std::fs::write(&file, "extends = \"strict\"\n").unwrap();
-    let mut reloaded = false;
-    for _ in 0..400 {
-        if stats.policy_reloads.get() >= 2 {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(reloaded, "the valid file was not picked up");
+    until("the valid file was not picked up", || {
+        stats.policy_reloads.get() >= 2
+    })
+    .await;
     assert_eq!(delete_all_code(addr, 4).await, 65001);
     proxy.shutdown().await;
 }
@@ -104,16 +110,8 @@ async fn policy_file_changes_are_validated_then_swapped() {
 /// tried, and a SIGHUP still retries at once.
 #[tokio::test]
 async fn an_invalid_policy_file_is_refused_once_per_change() {
-    let dir = std::env::temp_dir().join(format!("mg-reload-once-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("policy.toml");
-    std::fs::write(&file, "extends = \"standard\"\n").unwrap();
-    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
-    let mut config = Config::for_upstream(&standin.uri()).unwrap();
-    config.policy.file = Some(file.clone());
-    config.policy.reload_poll = Duration::from_millis(20);
-    config.audit.sink = mongoguard::audit::SinkSpec::None;
-    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let (dir, file, standin, proxy) =
+        proxy_with_policy_file("mg-reload-once", Duration::from_millis(20)).await;
     let stats = proxy.stats();
 
     // Written whole at once (a rename), so there is one modification time to see.
@@ -123,15 +121,10 @@ async fn an_invalid_policy_file_is_refused_once_per_change() {
         std::fs::rename(&tmp, &file).unwrap();
     };
     write("extends = \"standard\"\n[rules]\nW003 = \"maybe\"\n");
-    let mut refused = false;
-    for _ in 0..1000 {
-        if stats.policy_reload_failures.get() >= 1 {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(refused, "the invalid file was not noticed");
+    until("the invalid file was not noticed", || {
+        stats.policy_reload_failures.get() >= 1
+    })
+    .await;
     // 50 more polls of the unchanged file.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(
@@ -144,15 +137,10 @@ async fn an_invalid_policy_file_is_refused_once_per_change() {
     assert_eq!(stats.policy_reload_failures.get(), 2);
     // And a fixed file is picked up.
     write("extends = \"standard\"\nmode = \"audit\"\n");
-    let mut reloaded = false;
-    for _ in 0..1000 {
-        if stats.policy_reloads.get() >= 1 {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(reloaded, "the fixed file was not picked up");
+    until("the fixed file was not picked up", || {
+        stats.policy_reloads.get() >= 1
+    })
+    .await;
     proxy.shutdown().await;
     standin.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
