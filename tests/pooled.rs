@@ -527,8 +527,9 @@ async fn a_client_that_leaves_before_its_reply_does_not_cost_a_connection() {
     proxy.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hangup_reloads_the_users_file() {
+/// A stand-in and a pooled proxy authenticating clients from a users file (CLIENT_USER), with
+/// no audit sink: (stand-in, users file, proxy).
+async fn pooled_with_users_file() -> (StandIn, PathBuf, ProxyHandle) {
     let standin = standin().await;
     let upstream = format!(
         "mongodb://{}:{}@{}/?authSource=admin",
@@ -543,6 +544,12 @@ async fn hangup_reloads_the_users_file() {
     cfg.audit.sink = mongoguard::audit::SinkSpec::None;
     cfg.validate().unwrap();
     let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    (standin, users, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hangup_reloads_the_users_file() {
+    let (_standin, users, proxy) = pooled_with_users_file().await;
     let alice = client(&proxy, Some(CLIENT_USER)).await;
     alice
         .database("x")
@@ -916,20 +923,7 @@ async fn end_sessions_is_answered_here_and_ends_the_sessions_upstream() {
 /// users file in place is not the one in force.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_file_reloads_are_counted_in_the_metrics() {
-    let standin = standin().await;
-    let upstream = format!(
-        "mongodb://{}:{}@{}/?authSource=admin",
-        UPSTREAM_USER.0,
-        UPSTREAM_USER.1,
-        standin.addr()
-    );
-    let (_, users) = users_file_at();
-    let mut cfg = Config::for_upstream(&upstream).unwrap();
-    cfg.proxy.mode = Mode::Pooled;
-    cfg.auth.users_file = Some(users.clone());
-    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
-    cfg.validate().unwrap();
-    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (_standin, users, proxy) = pooled_with_users_file().await;
     let value = |name: &str| {
         proxy.metrics().encode().lines().find_map(|l| {
             l.strip_prefix(name)?
