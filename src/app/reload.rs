@@ -12,6 +12,16 @@ use crate::{
     proxy::Context,
 };
 
+/// Records a file SIGHUP could not reload (`kind:path` as the event's source).
+fn refused(ctx: &Context, kind: &str, path: Option<&std::path::Path>, error: String) {
+    let path = path.map(|f| f.display().to_string()).unwrap_or_default();
+    ctx.audit.event(Event::PolicyReloadFailed {
+        source: format!("{kind}:{path}"),
+        error,
+        trigger: "signal",
+    });
+}
+
 /// The reload service of one running mongoguard.
 pub(crate) struct Reloader {
     ctx: Arc<Context>,
@@ -42,20 +52,12 @@ impl Reloader {
                 }
                 Err(e) => {
                     ctx.stats.tls_reload_failures.inc();
-                    let source = format!(
-                        "tls:{}",
-                        ctx.config
-                            .tls
-                            .cert_file
-                            .as_ref()
-                            .map(|f| f.display().to_string())
-                            .unwrap_or_default()
+                    refused(
+                        ctx,
+                        "tls",
+                        ctx.config.tls.cert_file.as_deref(),
+                        e.to_string(),
                     );
-                    ctx.audit.event(Event::PolicyReloadFailed {
-                        source,
-                        error: e.to_string(),
-                        trigger: "signal",
-                    });
                     warn!(error = %e, "TLS certificate reload failed; keeping the certificate in force");
                 }
             }
@@ -69,20 +71,12 @@ impl Reloader {
                     }
                     Err(e) => {
                         ctx.stats.users_reload_failures.inc();
-                        let source = format!(
-                            "users:{}",
-                            ctx.config
-                                .auth
-                                .users_file
-                                .as_ref()
-                                .map(|f| f.display().to_string())
-                                .unwrap_or_default()
+                        refused(
+                            ctx,
+                            "users",
+                            ctx.config.auth.users_file.as_deref(),
+                            e.clone(),
                         );
-                        ctx.audit.event(Event::PolicyReloadFailed {
-                            source,
-                            error: e.clone(),
-                            trigger: "signal",
-                        });
                         warn!(error = %e, "users file reload failed; keeping the previous users")
                     }
                 }
