@@ -372,10 +372,6 @@ async fn reopen_after_a_rename_writes_to_new_files_at_the_configured_paths() {
 /// writes a sink may wait on its reader; the start must end, here with an error naming the
 /// sink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails on main: the open blocks until a reader comes. The fix is not small: \
-            O_NONBLOCK (no libc constant here) would make the open fail at once but also make \
-            writes of more than PIPE_BUF bytes partial, splitting lines for the reader; an \
-            open on a helper thread with a bound leaks a blocked thread per retry"]
 async fn a_sink_on_a_pipe_without_reader_does_not_hang_the_start() {
     let dir = std::env::temp_dir().join(format!("mg-audit-fifo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -400,6 +396,50 @@ async fn a_sink_on_a_pipe_without_reader_does_not_hang_the_start() {
         Ok(proxy) => proxy.shutdown().await,
         Err(e) => assert!(e.to_string().contains("violations.pipe"), "{e}"),
     }
+    standin.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A named pipe that has a reader (a log shipper reading it) is a sink like a file: the
+/// start opens it for blocking writes, and a violation record arrives whole, on its line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_on_a_pipe_with_a_reader_gets_whole_lines() {
+    use std::io::BufRead;
+    let dir = temp_dir("mg-audit-fifo-read");
+    let fifo = dir.join("violations.pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    // The reader: blocks in its open until the proxy opens the pipe for writing.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let reader = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+        for line in reader.lines() {
+            if tx.send(line.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut config = mongoguard::config::Config::for_upstream(&standin.uri()).unwrap();
+    config.audit.sink = mongoguard::audit::SinkSpec::File(fifo.clone());
+    let proxy = tokio::time::timeout(
+        Duration::from_secs(20),
+        mongoguard::app::Proxy::start(std::sync::Arc::new(config)),
+    )
+    .await
+    .expect("the start ends")
+    .expect("a pipe with a reader is accepted");
+    blocked_deletes(proxy.local_addr(), 1).await;
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a violation record through the pipe");
+    let record: Value = serde_json::from_str(&line).expect("one whole JSON record per line");
+    assert_eq!(record["rule"], "W003", "{record}");
+    proxy.shutdown().await;
     standin.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,7 +28,43 @@ pub(crate) struct RotatingFile {
 }
 
 fn open_append(path: &Path) -> io::Result<File> {
+    if is_fifo(path) {
+        return open_pipe(path);
+    }
     OpenOptions::new().append(true).create(true).open(path)
+}
+
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// A named pipe: opening it for writing waits until a reader opens it, which for a log
+/// shipper not started (or dead) is for ever. Asked first without waiting (O_NONBLOCK: ENXIO
+/// when nobody reads), then, with a reader there, opened for blocking writes (whole lines,
+/// as to a file). A reader leaving between the two opens is the one moment left to wait.
+fn open_pipe(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    format!(
+                        "{} is a named pipe that nobody reads (start its reader first)",
+                        path.display()
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+    let file = OpenOptions::new().append(true).open(path);
+    drop(probe);
+    file
 }
 
 fn numbered(path: &Path, n: usize) -> PathBuf {
