@@ -1373,3 +1373,46 @@ async fn cross_origin_actions_from_a_browser_are_refused() {
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// An admin token kept in `admin.token_file` is rotated the way the TLS certificate and the
+/// users file are: rewrite the file, send SIGHUP. The new token is in force, the old one is
+/// refused; a file that cannot be read or is empty keeps the token in force (an operator
+/// locked out of the admin API by a half-written file would have to restart the proxy).
+#[tokio::test]
+async fn sighup_reloads_the_admin_token_file_and_keeps_it_when_the_new_one_is_broken() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let file = temp_file("rotated-token");
+    std::fs::write(&file, "first-token\n").unwrap();
+    let proxy = start(&standin, |c| c.admin.token_file = Some(file.clone())).await;
+    let admin = proxy.admin_addr().unwrap();
+    assert_eq!(
+        http(admin, "GET", "/pool", Some("first-token")).await.0,
+        200
+    );
+
+    std::fs::write(&file, "second-token\n").unwrap();
+    proxy.hangup();
+    assert_eq!(
+        http(admin, "GET", "/pool", Some("second-token")).await.0,
+        200
+    );
+    assert_eq!(
+        http(admin, "GET", "/pool", Some("first-token")).await.0,
+        401
+    );
+
+    for broken in [Some(""), Some("  \n"), None] {
+        match broken {
+            Some(text) => std::fs::write(&file, text).unwrap(),
+            None => std::fs::remove_file(&file).unwrap(),
+        }
+        proxy.hangup();
+        assert_eq!(
+            http(admin, "GET", "/pool", Some("second-token")).await.0,
+            200,
+            "{broken:?}: the token in force stays"
+        );
+    }
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}

@@ -149,8 +149,38 @@ impl Drop for BusyGuard {
 
 struct Admin {
     ctx: AdminState,
-    token: Option<String>,
+    token: Arc<AdminToken>,
     ready: ready::Readiness,
+}
+
+/// The admin API's bearer token: read at start, replaced when SIGHUP reloads
+/// `admin.token_file` ([`AdminToken::reload`]).
+#[derive(Debug, Default)]
+pub(crate) struct AdminToken(std::sync::RwLock<Option<String>>);
+
+impl AdminToken {
+    pub(crate) fn new(token: Option<String>) -> AdminToken {
+        AdminToken(std::sync::RwLock::new(token))
+    }
+
+    /// Reads `admin.token_file` again (nothing to do without one): `Ok(true)` when the file's
+    /// token is now in force; an unreadable or empty file keeps the token in force (`Err`).
+    pub(crate) fn reload(&self, config: &crate::config::AdminConfig) -> Result<bool, String> {
+        if config.token_file.is_none() {
+            return Ok(false);
+        }
+        match config.load_token() {
+            Ok(Some(token)) => {
+                match self.0.write() {
+                    Ok(mut g) => *g = Some(token),
+                    Err(poisoned) => *poisoned.into_inner() = Some(token),
+                }
+                Ok(true)
+            }
+            Ok(None) => Err("no token".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -159,7 +189,7 @@ type Reply = Response<Full<Bytes>>;
 pub(crate) async fn serve(
     listener: TcpListener,
     ctx: AdminState,
-    token: Option<String>,
+    token: Arc<AdminToken>,
     stop: CancellationToken,
 ) {
     let admin = Arc::new(Admin {
@@ -352,7 +382,11 @@ impl Admin {
     /// time. Always true when no token is configured.
     fn authorized(&self, req: &Request<Incoming>, query: &Query<'_>) -> bool {
         use subtle::ConstantTimeEq;
-        let Some(token) = &self.token else {
+        let token = match self.token.0.read() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let Some(token) = token.as_ref() else {
             return true;
         };
         let header = req

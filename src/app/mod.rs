@@ -90,7 +90,9 @@ impl Proxy {
             .map_err(ProxyError::Tls)?;
         let upstream_tls =
             crate::tls::UpstreamTls::from_uri(&config.upstream.uri).map_err(ProxyError::Tls)?;
-        let admin_token = config.admin.load_token().map_err(ProxyError::Admin)?;
+        let admin_token = Arc::new(crate::admin::AdminToken::new(
+            config.admin.load_token().map_err(ProxyError::Admin)?,
+        ));
         let background = CancellationToken::new();
         let ctx = proxy_context(
             &config,
@@ -108,7 +110,7 @@ impl Proxy {
             mode = ?config.proxy.mode, threads = ctx.loops.as_ref().map_or(0, |l| l.len()),
             policy = %policy.source(),
             policy_mode = policy.current().mode().as_str(), "mongoguard listening");
-        let reloader = Arc::new(reload::Reloader::new(ctx.clone()));
+        let reloader = Arc::new(reload::Reloader::new(ctx.clone(), admin_token.clone()));
         // The SIGHUP stream was registered first thing in the start.
         let reload = tokio::spawn(reload::on_triggers(reloader.clone(), hup));
         let learn = tokio::spawn(reload::save_allowlist(ctx.clone()));

@@ -25,16 +25,18 @@ fn refused(ctx: &Context, kind: &str, path: Option<&std::path::Path>, error: Str
 /// The reload service of one running mongoguard.
 pub(crate) struct Reloader {
     ctx: Arc<Context>,
+    admin_token: Arc<crate::admin::AdminToken>,
 }
 
 impl Reloader {
-    pub(crate) fn new(ctx: Arc<Context>) -> Reloader {
-        Reloader { ctx }
+    pub(crate) fn new(ctx: Arc<Context>, admin_token: Arc<crate::admin::AdminToken>) -> Reloader {
+        Reloader { ctx, admin_token }
     }
 
     /// What SIGHUP does: reload the policy file (a built-in profile has nothing to reload:
-    /// said so), the allowlist file (enforce mode), the users file in pooled mode, and reopen the audit file sinks (logrotate
-    /// without `copytruncate`). Each part keeps what it had when it fails.
+    /// said so), the allowlist file (enforce mode), the TLS certificate, the admin token file,
+    /// the users file in pooled mode, and reopen the audit file sinks (logrotate without
+    /// `copytruncate`). Each part keeps what it had when it fails.
     pub(crate) fn everything(&self) {
         let ctx = &self.ctx;
         if matches!(ctx.policy.source(), PolicySource::File(_)) {
@@ -60,6 +62,19 @@ impl Reloader {
                     );
                     warn!(error = %e, "TLS certificate reload failed; keeping the certificate in force");
                 }
+            }
+        }
+        match self.admin_token.reload(&ctx.config.admin) {
+            Ok(true) => info!("admin token file reloaded"),
+            Ok(false) => {}
+            Err(e) => {
+                refused(
+                    ctx,
+                    "admin-token",
+                    ctx.config.admin.token_file.as_deref(),
+                    e.clone(),
+                );
+                warn!(error = %e, "admin token file reload failed; keeping the token in force");
             }
         }
         if let Some(p) = &ctx.pooled {
