@@ -366,6 +366,17 @@ async fn reopen_after_a_rename_writes_to_new_files_at_the_configured_paths() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `DIR/violations.pipe`, a named pipe (mkfifo).
+fn named_pipe(dir: &Path) -> PathBuf {
+    let fifo = dir.join("violations.pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    fifo
+}
+
 /// A file sink whose path is a named pipe nobody reads yet (a log shipper not started, or
 /// one that died): opening it for writing blocked until a reader came, so mongoguard hung in
 /// its start, not listening, for ever (the unit is Type=simple: "active"). Nothing that
@@ -373,15 +384,8 @@ async fn reopen_after_a_rename_writes_to_new_files_at_the_configured_paths() {
 /// sink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_on_a_pipe_without_reader_does_not_hang_the_start() {
-    let dir = std::env::temp_dir().join(format!("mg-audit-fifo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let fifo = dir.join("violations.pipe");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success(), "mkfifo");
+    let dir = temp_dir("mg-audit-fifo");
+    let fifo = named_pipe(&dir);
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();
     let mut config = mongoguard::config::Config::for_upstream(&standin.uri()).unwrap();
     config.audit.sink = mongoguard::audit::SinkSpec::File(fifo.clone());
@@ -393,7 +397,10 @@ async fn a_sink_on_a_pipe_without_reader_does_not_hang_the_start() {
     }
     let started = ended.expect("the start ends with a sink on a pipe nobody reads");
     match started.unwrap() {
-        Ok(proxy) => proxy.shutdown().await,
+        Ok(proxy) => {
+            proxy.shutdown().await;
+            panic!("started with an audit sink nobody can read");
+        }
         Err(e) => assert!(e.to_string().contains("violations.pipe"), "{e}"),
     }
     standin.shutdown().await;
@@ -406,12 +413,7 @@ async fn a_sink_on_a_pipe_without_reader_does_not_hang_the_start() {
 async fn a_sink_on_a_pipe_with_a_reader_gets_whole_lines() {
     use std::io::BufRead;
     let dir = temp_dir("mg-audit-fifo-read");
-    let fifo = dir.join("violations.pipe");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success(), "mkfifo");
+    let fifo = named_pipe(&dir);
     // The reader: blocks in its open until the proxy opens the pipe for writing.
     let (tx, rx) = std::sync::mpsc::channel();
     let path = fifo.clone();

@@ -159,17 +159,18 @@ impl<'a> CommandView<'a> {
         &self,
         mut f: impl FnMut(usize, &'a RawDocument, Option<&'a RawArray>) -> ControlFlow<()>,
     ) -> Result<ControlFlow<()>, CommandError> {
-        let light = match (self.source, self.kind) {
+        type Read = for<'d> fn(&'d RawDocument) -> Result<StatementFilter<'d>, CommandError>;
+        let light: Option<(_, _, _, Read)> = match (self.source, self.kind) {
             _ if self.explain => None,
             (Source::Command { index, .. }, Kind::Update) => {
-                Some((index.doc(), "updates", "update"))
+                Some((index.doc(), "updates", "update", update_filter))
             }
             (Source::Command { index, .. }, Kind::Delete) => {
-                Some((index.doc(), "deletes", "delete"))
+                Some((index.doc(), "deletes", "delete", delete_filter))
             }
             _ => None,
         };
-        let Some((body, field, command)) = light else {
+        let Some((body, field, command, read)) = light else {
             return self.for_each_statement(|s| match s.statement {
                 Statement::Update { filter, update, .. } => {
                     let pipeline = match update {
@@ -182,13 +183,9 @@ impl<'a> CommandView<'a> {
                 Statement::Insert { .. } => ControlFlow::Continue(()),
             });
         };
-        self.each_read(
-            body,
-            field,
-            command,
-            |entry| statement_filter(entry, command),
-            |index, (filter, pipeline)| f(index, filter, pipeline),
-        )
+        self.each_read(body, field, command, read, |index, (filter, pipeline)| {
+            f(index, filter, pipeline)
+        })
     }
 
     /// The statements of a command body (and its kind-1 sequences).
@@ -507,30 +504,34 @@ const UPDATE_FILTER_FIELDS: [&str; 2] = ["q", "u"];
 /// A delete statement's `q`, as [`delete_statement`] reads it.
 const DELETE_FILTER_FIELDS: [&str; 1] = ["q"];
 
-/// The filter of an update or delete statement and an update's pipeline (`u` an array), read
-/// as [`update_statement`] and [`delete_statement`] read them
-/// ([`CommandView::for_each_statement_filter`]).
-fn statement_filter<'a>(
-    stmt: &'a RawDocument,
-    command: &'static str,
-) -> Result<(&'a RawDocument, Option<&'a RawArray>), CommandError> {
-    let bad_q = CommandError::BadField {
-        command,
-        field: "q",
-    };
-    if command == "delete" {
-        let picked = value::Picked::new(stmt, &DELETE_FILTER_FIELDS)?;
-        let [q] = picked.fields();
-        return Ok((get_doc(q, "q", command)?.ok_or(bad_q)?, None));
-    }
+/// What the query rules read of a statement: its filter and an update's pipeline.
+type StatementFilter<'a> = (&'a RawDocument, Option<&'a RawArray>);
+
+/// An update statement's `q` and, when `u` is an array, that pipeline, read as
+/// [`update_statement`] reads them ([`CommandView::for_each_statement_filter`]).
+fn update_filter(stmt: &RawDocument) -> Result<StatementFilter<'_>, CommandError> {
     let picked = value::Picked::new(stmt, &UPDATE_FILTER_FIELDS)?;
     let [q, u] = picked.fields();
-    let filter = get_doc(q, "q", command)?.ok_or(bad_q)?;
+    let filter = get_doc(q, "q", "update")?.ok_or(CommandError::BadField {
+        command: "update",
+        field: "q",
+    })?;
     let pipeline = match get(u, "u")? {
         Some(RawBsonRef::Array(p)) => Some(p),
         _ => None,
     };
     Ok((filter, pipeline))
+}
+
+/// A delete statement's `q`, read as [`delete_statement`] reads it.
+fn delete_filter(stmt: &RawDocument) -> Result<StatementFilter<'_>, CommandError> {
+    let picked = value::Picked::new(stmt, &DELETE_FILTER_FIELDS)?;
+    let [q] = picked.fields();
+    let filter = get_doc(q, "q", "delete")?.ok_or(CommandError::BadField {
+        command: "delete",
+        field: "q",
+    })?;
+    Ok((filter, None))
 }
 
 fn update_statement(stmt: &RawDocument) -> Result<Statement<'_>, CommandError> {
