@@ -304,10 +304,40 @@ fn policy_for(case: &Vector) -> Result<Policy, String> {
     Policy::profile(name).ok_or_else(|| format!("no profile {name}"))
 }
 
+/// What a vector's request gets from a policy: the rules that fire (with the simulated
+/// measurement's findings), the verdict, the statements measured.
+struct Judged {
+    fired: BTreeSet<String>,
+    verdict: Verdict,
+    measured: Vec<usize>,
+}
+
 /// Runs one vector; `Err` describes the mismatch.
 fn run_case(case: &Vector) -> Result<(), String> {
+    let Judged {
+        fired,
+        verdict,
+        measured,
+    } = judge(case, &policy_for(case)?)?;
+    if measured != case.measure {
+        return Err(format!(
+            "measured statements {measured:?}, expected {:?}",
+            case.measure
+        ));
+    }
+    let want: BTreeSet<String> = case.expect.iter().cloned().collect();
+    if fired != want || verdict != case.verdict {
+        return Err(format!(
+            "fired {fired:?} ({verdict:?}), expected {want:?} ({:?})",
+            case.verdict
+        ));
+    }
+    Ok(())
+}
+
+/// Judges a vector's request under `policy`.
+fn judge(case: &Vector, policy: &Policy) -> Result<Judged, String> {
     let bytes = encode(case)?;
-    let policy = policy_for(case)?;
     let context = case.context.as_ref();
     let client_ip = match context.and_then(|c| c.client.as_deref()) {
         Some(s) => Some(s.parse().map_err(|_| format!("context.client {s:?}"))?),
@@ -355,20 +385,11 @@ fn run_case(case: &Vector) -> Result<(), String> {
             Vec::new(),
         ),
     };
-    if measured != case.measure {
-        return Err(format!(
-            "measured statements {measured:?}, expected {:?}",
-            case.measure
-        ));
-    }
-    let want: BTreeSet<String> = case.expect.iter().cloned().collect();
-    if fired != want || verdict != case.verdict {
-        return Err(format!(
-            "fired {fired:?} ({verdict:?}), expected {want:?} ({:?})",
-            case.verdict
-        ));
-    }
-    Ok(())
+    Ok(Judged {
+        fired,
+        verdict,
+        measured,
+    })
 }
 
 /// Every `*.jsonl` file under `dir`, at any depth, sorted. A directory that cannot be listed
@@ -462,6 +483,69 @@ pub(crate) fn run_all(dir: &Path) -> (usize, Vec<String>) {
         .filter_map(|(at, v)| run_case(v).err().map(|e| format!("{at} [{}]: {e}", v.name)))
         .collect();
     (vectors.len(), failures)
+}
+
+/// Runs every vector under `dir` a second time with its policy in audit mode (every
+/// override's mode too) and checks that audit mode records what enforcement finds: the same
+/// rules fire, the same statements are measured, and nothing blocks but an unreadable command
+/// (G001; a failed measurement is a warning too, see `evaluate::on_error`). Where enforcement blocks
+/// before the measurement, audit mode forwards and so also records what the measurement finds.
+/// `(vectors run, failures)`.
+pub(crate) fn run_all_in_audit_mode(dir: &Path) -> (usize, Vec<String>) {
+    let vectors = match load_all(dir) {
+        Ok(v) => v,
+        Err(errors) => return (0, errors),
+    };
+    let failures = vectors
+        .iter()
+        .filter_map(|(at, v)| {
+            audit_parity(v)
+                .err()
+                .map(|e| format!("{at} [{}] in audit mode: {e}", v.name))
+        })
+        .collect();
+    (vectors.len(), failures)
+}
+
+fn audit_parity(case: &Vector) -> Result<(), String> {
+    let policy = policy_for(case)?;
+    let mut audit = policy.clone();
+    audit.mode = super::Mode::Audit;
+    for o in &mut audit.overrides {
+        o.mode = None;
+    }
+    let enforced = judge(case, &policy)?;
+    let audited = judge(case, &audit)?;
+    if audited.measured != enforced.measured {
+        return Err(format!(
+            "measured statements {:?}, enforcement measures {:?}",
+            audited.measured, enforced.measured
+        ));
+    }
+    let measured_after_a_block = enforced.verdict == Verdict::Block && case.measured.is_some();
+    let same = if measured_after_a_block {
+        enforced.fired.is_subset(&audited.fired)
+    } else {
+        enforced.fired == audited.fired
+    };
+    if !same {
+        return Err(format!(
+            "fired {:?}, enforcement fires {:?}",
+            audited.fired, enforced.fired
+        ));
+    }
+    let expected = match enforced.verdict {
+        Verdict::Block if audited.fired.contains("G001") => Verdict::Block,
+        Verdict::Block => Verdict::Warn,
+        v => v,
+    };
+    if audited.verdict != expected {
+        return Err(format!(
+            "verdict {:?}, expected {expected:?} (enforcement: {:?})",
+            audited.verdict, enforced.verdict
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

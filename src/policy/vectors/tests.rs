@@ -26,6 +26,21 @@ fn policy_vectors() {
     );
 }
 
+/// Staging runs in audit mode to see what enforcement would break: every vector, judged
+/// again in audit mode, must record what enforcement finds and block nothing but what fails
+/// closed (G001).
+#[test]
+fn audit_mode_records_what_every_vector_enforces() {
+    let (count, failures) = run_all_in_audit_mode(&shipped());
+    assert!(
+        failures.is_empty(),
+        "{} failures ({count} vectors run):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(count >= 50, "only {count} vectors");
+}
+
 #[test]
 fn every_implemented_rule_has_vectors_that_fire_and_stay_quiet() {
     let vectors = load_all(&shipped()).unwrap_or_else(|e| panic!("{}", e.join("\n")));
