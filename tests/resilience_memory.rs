@@ -281,6 +281,93 @@ async fn concurrent_messages_over_the_memory_budget_get_65003() {
     proxy.shutdown().await;
 }
 
+/// Eight documents of 1 MiB in `t.big`, inserted straight into the stand-in.
+async fn eight_mib_collection(standin: &StandIn) {
+    let mut c = RawClient::connect(standin.addr()).await;
+    let pad = "x".repeat(1024 * 1024);
+    for i in 0..8 {
+        let reply = c
+            .command(
+                doc! {"insert": "big", "documents": [{"_id": i, "pad": &pad}], "$db": "t"},
+                REPLY,
+            )
+            .await
+            .expect("insert a 1 MiB document");
+        assert_eq!(num(&reply, "n"), Some(1), "{reply}");
+    }
+}
+
+fn find_big() -> Document {
+    doc! {"find": "big", "filter": {"_id": {"$gte": 0}}, "batchSize": 8, "$db": "t"}
+}
+
+/// Failed before replies took budget: the memory budget counted client messages only, so
+/// clients that ask for large replies and never read them made mongoguard hold every reply
+/// (up to 48 MB each) with no bound. Proves: a large reply takes its size from the budget
+/// before it is buffered and holds it until it is sent; a second client whose 8 MiB reply
+/// finds the budget spent (12 MiB, 8 held by a client that does not read) gets error 65003
+/// saying its command ran and the reply was not relayed, then its connection is closed; the
+/// first client's reply arrives whole once it reads; the budget is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_replies_take_the_memory_budget_and_a_reply_over_it_gets_65003() {
+    let standin = standin().await;
+    eight_mib_collection(&standin).await;
+    let proxy = passthrough(
+        &standin,
+        "memory_budget = \"12MiB\"\nmemory_budget_wait = \"200ms\"\nclient_write_timeout = \"60s\"",
+    )
+    .await;
+    // A client that asks for 8 MiB and does not read: its reply is stuck in mongoguard's send.
+    let mut slow = RawClient::connect_small_window(proxy.local_addr()).await;
+    let id = slow.send(&find_big()).await;
+    assert!(
+        within(Duration::from_secs(20), || proxy.memory_budget_in_use()
+            >= 8 * 1024 * 1024)
+        .await,
+        "the unread 8 MiB reply holds the budget"
+    );
+
+    let mut other = RawClient::connect(proxy.local_addr()).await;
+    let reply = other
+        .command(find_big(), REPLY)
+        .await
+        .expect("an error reply, not a closed connection or a timeout");
+    assert_budget_refusal(&reply);
+    let errmsg = reply.get_str("errmsg").unwrap_or_default();
+    assert!(errmsg.contains("reply was not relayed"), "{errmsg}");
+    assert!(
+        read_frame(&mut other.stream, REPLY).await.is_err(),
+        "the connection whose reply was dropped is closed"
+    );
+
+    let frame = read_frame(&mut slow.stream, Duration::from_secs(30))
+        .await
+        .expect("the slow client's whole reply");
+    let response_to = i32::from_le_bytes([frame[8], frame[9], frame[10], frame[11]]);
+    assert_eq!(response_to, id);
+    let body = hostile::body_of(&frame);
+    assert_eq!(num(&body, "ok"), Some(1), "ok");
+    let batch = body
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .expect("cursor.firstBatch");
+    assert_eq!(batch.len(), 8);
+    assert!(
+        within(Duration::from_secs(10), || proxy.memory_budget_in_use()
+            == 0)
+        .await,
+        "the budget is given back once the reply is sent"
+    );
+    let mut again = RawClient::connect(proxy.local_addr()).await;
+    let reply = again.command(find_big(), REPLY).await.expect("find");
+    assert_eq!(
+        num(&reply, "ok"),
+        Some(1),
+        "with the budget free the reply is relayed"
+    );
+    proxy.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bounded state: lsid and the transaction pin map.
 

@@ -327,6 +327,11 @@ impl ProxyHandle {
         self.ctx.metrics.clone()
     }
 
+    /// Bytes of the memory budget held now (large messages in flight, both directions).
+    pub fn memory_budget_in_use(&self) -> u64 {
+        self.ctx.budget.in_use_bytes()
+    }
+
     /// The counters.
     pub fn stats(&self) -> Arc<ProxyStats> {
         self.ctx.stats.clone()

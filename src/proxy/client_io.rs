@@ -308,6 +308,20 @@ pub(crate) fn over_budget_document() -> bson::RawDocumentBuf {
     )
 }
 
+/// The error document of a request whose large reply found the memory budget spent: the
+/// server ran the command, the reply was not relayed.
+pub(crate) fn reply_over_budget_document(len: usize) -> bson::RawDocumentBuf {
+    crate::wire::builder::error_document(
+        MEMORY_BUDGET_CODE,
+        MEMORY_BUDGET_CODE_NAME,
+        &format!(
+            "mongoguard: memory budget for messages in flight is spent (proxy.memory_budget): \
+             the server's {len}-byte reply was not relayed. The command was run by the \
+             server; this connection is closed"
+        ),
+    )
+}
+
 /// A client request ready for inspection, with the memory budget it holds until it is done.
 pub(crate) struct Received {
     /// The message as the client sent it (what is forwarded).

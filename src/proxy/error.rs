@@ -81,6 +81,9 @@ pub enum SessionError {
     /// The upstream did not answer in time.
     #[error("upstream did not reply within {0:?}")]
     ReplyTimeout(Duration),
+    /// A large reply found the memory budget spent: it was not read, the session ends.
+    #[error("memory budget spent: a {0}-byte reply was not relayed")]
+    ReplyOverBudget(usize),
     /// mongoguard's drain deadline passed with this request still in flight.
     #[error("closed at the end of the shutdown drain period")]
     Killed,

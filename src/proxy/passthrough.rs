@@ -55,8 +55,15 @@ impl Link for Upstream {
         crate::net::send(&mut self.write, bytes)
     }
 
-    fn next(&mut self) -> impl Future<Output = Option<Result<Frame, CodecError>>> + Send + '_ {
-        self.read.next()
+    fn poll_next_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame, CodecError>>> {
+        self.read.poll_next_unpin(cx)
+    }
+
+    fn buffered(&self) -> &[u8] {
+        self.read.read_buffer()
     }
 }
 

@@ -38,8 +38,20 @@ pub(crate) trait Link: Send {
         &'a mut self,
         bytes: &'a [u8],
     ) -> impl Future<Output = std::io::Result<()>> + Send + 'a;
+    /// Polls for the next message from the server (`None`: it closed the connection).
+    fn poll_next_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame, CodecError>>>;
+    /// The bytes of the next message read so far (its header, once 16 bytes are in).
+    fn buffered(&self) -> &[u8];
     /// The next message from the server (`None`: it closed the connection).
-    fn next(&mut self) -> impl Future<Output = Option<Result<Frame, CodecError>>> + Send + '_;
+    fn next(&mut self) -> impl Future<Output = Option<Result<Frame, CodecError>>> + Send + '_
+    where
+        Self: Sized,
+    {
+        std::future::poll_fn(move |cx| self.poll_next_frame(cx))
+    }
 }
 
 /// What [`Strategy::acquire`] produced.

@@ -422,6 +422,19 @@ impl UpstreamConn {
         self.io.next().await
     }
 
+    /// Polls for the next message from the server (`None`: it closed the connection).
+    pub fn poll_next_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame, CodecError>>> {
+        self.io.poll_next_unpin(cx)
+    }
+
+    /// The bytes of the next message read so far.
+    pub fn buffered(&self) -> &[u8] {
+        self.io.read_buffer()
+    }
+
     /// One OP_MSG round trip of mongoguard's own (handshake, authentication, monitoring).
     pub(crate) async fn command(
         &mut self,

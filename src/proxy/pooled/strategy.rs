@@ -53,9 +53,17 @@ impl Link for Conn {
         conn.send(bytes)
     }
 
-    fn next(&mut self) -> impl Future<Output = Option<Result<Frame, CodecError>>> + Send + '_ {
+    fn poll_next_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame, CodecError>>> {
         let conn: &mut UpstreamConn = self;
-        conn.next()
+        conn.poll_next_frame(cx)
+    }
+
+    fn buffered(&self) -> &[u8] {
+        let conn: &UpstreamConn = self;
+        conn.buffered()
     }
 }
 

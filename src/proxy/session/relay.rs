@@ -8,7 +8,10 @@ use bson::RawDocumentBuf;
 use super::Session;
 use crate::{
     proxy::{
-        client_io::{bounded_write, send_to_client, watch_client, Side},
+        client_io::{
+            bounded_write, send_own_reply, send_to_client, watch_client, BudgetPermit, Side,
+            BUDGET_FREE_BELOW,
+        },
         error::{upstream_error, SessionError},
         hello,
         inspect::Request,
@@ -38,6 +41,10 @@ struct Stream<E> {
     exhaust: Option<E>,
     /// The client started a large message: not read on until the request is done.
     client_paused: bool,
+    /// A large reply's header is in and it holds no budget yet: its declared length.
+    needs_budget: Option<usize>,
+    /// The memory budget the reply being relayed holds (a large one), until it is sent.
+    permit: Option<BudgetPermit>,
 }
 
 /// How a round trip ended.
@@ -110,11 +117,21 @@ impl<S: Strategy> Session<S> {
             first: true,
             exhaust: None,
             client_paused: false,
+            needs_budget: None,
+            permit: None,
         };
         loop {
             let Some(reply) = self.next_reply(link, request, &mut stream).await? else {
+                if let Some(len) = stream.needs_budget.take() {
+                    stream.permit = Some(self.reply_budget(len, request, stream.first).await?);
+                }
                 continue;
             };
+            // A large reply that arrived whole in one read takes its size now.
+            if stream.permit.is_none() && reply.bytes().len() > BUDGET_FREE_BELOW {
+                let len = reply.bytes().len();
+                stream.permit = Some(self.reply_budget(len, request, stream.first).await?);
+            }
             let Some(more) = self.take_reply(&reply, link.host(), request, route, &mut stream)?
             else {
                 return Ok(Trip::NotPrimary(reply, link.host().clone()));
@@ -148,6 +165,7 @@ impl<S: Strategy> Session<S> {
                 Err(_) if gone => return Ok(Trip::Done),
                 sent => sent?,
             }
+            stream.permit = None;
             if !more {
                 return Ok(Trip::Done);
             }
@@ -191,10 +209,14 @@ impl<S: Strategy> Session<S> {
             // its server stops being the primary.
             _ = client.stop.draining(), if streaming_hello => Err(SessionError::Killed),
             e = server_moved, if streaming_hello => Err(e),
-            next = link.next() => match next {
-                None => Err(SessionError::UpstreamClosed),
-                Some(Err(e)) => Err(upstream_error(e)),
-                Some(Ok(f)) => Ok(Some(f)),
+            step = poll_reply(link, stream.permit.is_some()) => match step {
+                ReplyStep::Next(None) => Err(SessionError::UpstreamClosed),
+                ReplyStep::Next(Some(Err(e))) => Err(upstream_error(e)),
+                ReplyStep::Next(Some(Ok(f))) => Ok(Some(f)),
+                ReplyStep::NeedsBudget(len) => {
+                    stream.needs_budget = Some(len);
+                    Ok(None)
+                }
             },
             next = watch_client(&mut client.input), if watch_client_now => {
                 match next {
@@ -217,6 +239,49 @@ impl<S: Strategy> Session<S> {
                 SessionError::ReplyTimeout(reply_timeout)
             }),
         }
+    }
+
+    /// Takes a large reply's size (`len`, declared in its header) from the memory budget before
+    /// it is buffered, waiting up to `memory_budget_wait`. When the budget stays spent the
+    /// reply is not read: the client gets error 65003 (for the first reply of a request,
+    /// `first`: the command ran, its outcome is unknown to the client) and the session ends,
+    /// its upstream connection discarded with the reply unread.
+    async fn reply_budget(
+        &mut self,
+        len: usize,
+        request: &Request,
+        first: bool,
+    ) -> Result<BudgetPermit, SessionError> {
+        let c = &mut self.client;
+        if let Some(p) = self
+            .ctx
+            .budget
+            .take(len, c.limits.budget_wait, &c.stop)
+            .await
+        {
+            return Ok(p);
+        }
+        if c.stop.is_killed() {
+            return Err(SessionError::Killed);
+        }
+        tracing::info!(
+            bytes = len,
+            "memory budget spent: a large reply was not relayed (65003); closing the session"
+        );
+        if first && !c.gone {
+            let doc = crate::proxy::client_io::reply_over_budget_document(len);
+            send_own_reply(
+                &self.ctx,
+                &mut c.out,
+                request.op,
+                request.request_id,
+                &doc,
+                c.limits.write,
+                &c.stop,
+            )
+            .await?;
+        }
+        Err(SessionError::ReplyOverBudget(len))
     }
 
     /// Checks a reply (it answers the request or the previous reply of the stream; a valid
@@ -324,6 +389,38 @@ impl<S: Strategy> Session<S> {
 const COMPRESS_INLINE_MAX: usize = 64 * 1024;
 
 /// Compresses a reply for a client that compressed its request (pooled mode).
+/// What one poll of the upstream connection produced.
+enum ReplyStep {
+    Next(Option<Result<Frame, crate::wire::codec::CodecError>>),
+    /// A large reply's header is in and it holds no budget yet: its declared length.
+    NeedsBudget(usize),
+}
+
+/// Polls `link` for its next message; stops early when a large one (over
+/// [`BUDGET_FREE_BELOW`]) has its header in and `paid` is false, so that it takes its size
+/// from the memory budget before it is buffered (as a large client message does).
+async fn poll_reply<L: Link>(link: &mut L, paid: bool) -> ReplyStep {
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(next) = link.poll_next_frame(cx) {
+            return std::task::Poll::Ready(ReplyStep::Next(next));
+        }
+        if !paid {
+            let buffered = link.buffered();
+            if buffered.len() >= HEADER_LEN {
+                if let Some(len) =
+                    crate::wire::le_u32(buffered).and_then(|l| usize::try_from(l).ok())
+                {
+                    if len > BUDGET_FREE_BELOW {
+                        return std::task::Poll::Ready(ReplyStep::NeedsBudget(len));
+                    }
+                }
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
 async fn compress_reply(
     out: bytes::Bytes,
     compressor: crate::wire::Compressor,
