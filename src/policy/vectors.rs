@@ -474,24 +474,26 @@ fn load_all(dir: &Path) -> Result<Vec<(String, Vector)>, Vec<String>> {
 /// Reads every vector under `dir` and runs it: (vectors run, failures). Anything unreadable
 /// is a failure.
 pub(crate) fn run_all(dir: &Path) -> (usize, Vec<String>) {
-    let vectors = match load_all(dir) {
-        Ok(v) => v,
-        Err(errors) => return (0, errors),
-    };
-    let failures = vectors
-        .iter()
-        .filter_map(|(at, v)| run_case(v).err().map(|e| format!("{at} [{}]: {e}", v.name)))
-        .collect();
-    (vectors.len(), failures)
+    check_all(dir, "", run_case)
 }
 
 /// Runs every vector under `dir` a second time with its policy in audit mode (every
 /// override's mode too) and checks that audit mode records what enforcement finds: the same
 /// rules fire, the same statements are measured, and nothing blocks but an unreadable command
-/// (G001; a failed measurement is a warning too, see `evaluate::on_error`). Where enforcement blocks
-/// before the measurement, audit mode forwards and so also records what the measurement finds.
-/// `(vectors run, failures)`.
+/// (G001; a failed measurement is a warning too, see `evaluate::on_error`). Where enforcement
+/// blocks before the measurement, audit mode forwards and so also records what the
+/// measurement finds. `(vectors run, failures)`.
 pub(crate) fn run_all_in_audit_mode(dir: &Path) -> (usize, Vec<String>) {
+    check_all(dir, " in audit mode", audit_parity)
+}
+
+/// `check` on every vector under `dir`: (vectors read, failures as `file:line [name]{how}:
+/// why`). Anything unreadable is a failure.
+fn check_all(
+    dir: &Path,
+    how: &str,
+    check: impl Fn(&Vector) -> Result<(), String>,
+) -> (usize, Vec<String>) {
     let vectors = match load_all(dir) {
         Ok(v) => v,
         Err(errors) => return (0, errors),
@@ -499,9 +501,9 @@ pub(crate) fn run_all_in_audit_mode(dir: &Path) -> (usize, Vec<String>) {
     let failures = vectors
         .iter()
         .filter_map(|(at, v)| {
-            audit_parity(v)
+            check(v)
                 .err()
-                .map(|e| format!("{at} [{}] in audit mode: {e}", v.name))
+                .map(|e| format!("{at} [{}]{how}: {e}", v.name))
         })
         .collect();
     (vectors.len(), failures)
