@@ -52,19 +52,24 @@ pub(crate) fn check<'a>(
     view: &CommandView<'a>,
     em: &mut Emitter<'_, 'a>,
 ) -> Result<(), CommandError> {
-    let writes_documents = matches!(
-        view.kind(),
-        Kind::Insert | Kind::Update | Kind::FindAndModify | Kind::BulkWrite
-    );
-    // A family that read every statement found no document written: nothing to judge.
-    let none_written = em.writes_documents == Some(false);
-    if writes_documents && !none_written && !em.all_off(DOCUMENT_RULES) {
+    if reads_every_statement(view, em) {
         documents(view, em)?;
     }
     if em.on(RuleId::D005) && !view.is_explain() {
         naming(view, em)?;
     }
     Ok(())
+}
+
+/// Whether [`check`] reads every statement of `view`: a command that writes documents, a
+/// document rule on, and no family that read every statement found none written.
+pub(super) fn reads_every_statement(view: &CommandView<'_>, em: &Emitter<'_, '_>) -> bool {
+    let writes_documents = matches!(
+        view.kind(),
+        Kind::Insert | Kind::Update | Kind::FindAndModify | Kind::BulkWrite
+    );
+    let none_written = em.writes_documents == Some(false);
+    writes_documents && !none_written && !em.all_off(DOCUMENT_RULES)
 }
 
 /// What D001–D004 look for; `None` for a rule that is off.
