@@ -310,13 +310,31 @@ fn find_big() -> Document {
 /// first client's reply arrives whole once it reads; the budget is given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_replies_take_the_memory_budget_and_a_reply_over_it_gets_65003() {
+    large_replies_over_the_budget(false).await;
+}
+
+/// The same in pooled mode (the reply is read from a pooled connection, which is discarded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_large_replies_take_the_memory_budget_and_a_reply_over_it_gets_65003() {
+    large_replies_over_the_budget(true).await;
+}
+
+async fn large_replies_over_the_budget(pooled: bool) {
     let standin = standin().await;
     eight_mib_collection(&standin).await;
-    let proxy = passthrough(
-        &standin,
-        "memory_budget = \"12MiB\"\nmemory_budget_wait = \"200ms\"\nclient_write_timeout = \"60s\"",
-    )
-    .await;
+    let limits = "memory_budget = \"12MiB\"\nmemory_budget_wait = \"200ms\"\n\
+                  client_write_timeout = \"60s\"";
+    let proxy = if pooled {
+        proxy_from_toml(&format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"pooled\"\n{limits}\n\
+             [upstream]\nuri = \"{}\"\n[auth]\nallow_unauthenticated = true\n\
+             [admin]\nlisten = \"off\"\n",
+            standin.uri()
+        ))
+        .await
+    } else {
+        passthrough(&standin, limits).await
+    };
     // A client that asks for 8 MiB and does not read: its reply is stuck in mongoguard's send.
     let mut slow = RawClient::connect_small_window(proxy.local_addr()).await;
     let id = slow.send(&find_big()).await;
