@@ -137,22 +137,32 @@ fn judge(doc: &RawDocument, limits: Limits) -> Result<Found, CommandError> {
             .is_some_and(|max| doc.as_bytes().len() > max),
         ..Found::default()
     };
-    if limits.random_id {
-        found.random_id = match doc.get_fast("_id").map_err(|_| CommandError::Malformed)? {
-            Some(RawBsonRef::String(_)) => true,
-            Some(RawBsonRef::Binary(b)) => {
-                matches!(b.subtype, BinarySubtype::Uuid | BinarySubtype::UuidOld)
-            }
-            _ => false,
-        };
-    }
-    if limits.max_depth.is_some() || limits.max_elements.is_some() {
+    // The D002 / D003 walk reads the top-level `_id` on its way when it can decide it; what it
+    // does not decide is looked up as before (and a lookup's error comes before the walk's).
+    let (walked, top_id) = if limits.max_depth.is_some() || limits.max_elements.is_some() {
         let mut walk = Walk {
             limits,
             found: &mut found,
+            top_id: None,
         };
-        walk.container(doc, 1, false)?;
+        let walked = walk.container(doc, 1, false);
+        (walked, walk.top_id)
+    } else {
+        (Ok(()), None)
+    };
+    if limits.random_id {
+        found.random_id = match top_id {
+            Some(random) => random,
+            None => match doc.get_fast("_id").map_err(|_| CommandError::Malformed)? {
+                Some(RawBsonRef::String(_)) => true,
+                Some(RawBsonRef::Binary(b)) => {
+                    matches!(b.subtype, BinarySubtype::Uuid | BinarySubtype::UuidOld)
+                }
+                _ => false,
+            },
+        };
     }
+    walked?;
     Ok(found)
 }
 
@@ -160,6 +170,10 @@ fn judge(doc: &RawDocument, limits: Limits) -> Result<Found, CommandError> {
 struct Walk<'f> {
     limits: Limits,
     found: &'f mut Found,
+    /// D004's finding for the top-level `_id` when the fast walk of the top level decided it
+    /// (a string: random; any other type it checks: not; no `_id`: not); `None`: ask the
+    /// lookup (a binary, a value the walk does not check, a top level it did not decide).
+    top_id: Option<bool>,
 }
 
 impl Walk<'_> {
@@ -203,8 +217,14 @@ impl Walk<'_> {
         }
         let mut len = 0usize;
         let mut failed = None;
-        let walked = crate::wire::walk_values(doc, |tag, value| {
+        // The first `_id` of the top level: Some(its finding, or None when not decided here).
+        let mut id: Option<Option<bool>> = None;
+        let top = level == 1 && !array && self.limits.random_id;
+        let walked = crate::wire::walk_keyed(doc, |key, tag, value| {
             len += 1;
+            if top && id.is_none() && key == b"_id" {
+                id = Some(crate::wire::value_valid(tag, value).then_some(tag == 0x02));
+            }
             if !matches!(tag, 0x03 | 0x04) {
                 return None;
             }
@@ -218,6 +238,9 @@ impl Walk<'_> {
             (Ok(_), None) => {
                 if array && self.limits.max_elements.is_some_and(|max| len > max) {
                     self.found.long_array = true;
+                }
+                if top {
+                    self.top_id = id.unwrap_or(Some(false));
                 }
                 Ok(())
             }
@@ -397,39 +420,79 @@ mod tests {
         let mut w = Walk {
             limits,
             found: &mut found,
+            top_id: None,
         };
         go(&mut w, doc.iter_elements(), 1, false)?;
         Ok((found.deep, found.long_array))
     }
 
-    /// Every corrupted and cut copy of a nested document (containers in documents and arrays,
-    /// a regex the fast walk leaves to the bson crate): the same findings and the same error
-    /// as the iterator's walk, under limits that stop early and limits that walk everything.
+    /// D004's oracle: the bson crate's lookup of `_id`, looked up before the walk (its error
+    /// first), then the iterator's walk.
+    fn oracle(doc: &RawDocument, limits: Limits) -> Result<(bool, bool, bool), CommandError> {
+        let random_id = limits.random_id
+            && match doc.get("_id").map_err(|_| CommandError::Malformed)? {
+                Some(RawBsonRef::String(_)) => true,
+                Some(RawBsonRef::Binary(b)) => {
+                    matches!(b.subtype, BinarySubtype::Uuid | BinarySubtype::UuidOld)
+                }
+                _ => false,
+            };
+        let (deep, long_array) = judge_by_iter(doc, limits)?;
+        Ok((deep, long_array, random_id))
+    }
+
+    /// Every corrupted and cut copy of nested documents (containers in documents and arrays,
+    /// a regex the fast walk leaves to the bson crate; an `_id` that is a number, a string, a
+    /// UUID, found first, last, twice): the same findings (D004's too, which the walk reads
+    /// on its way) and the same error as the bson crate's lookup and iterator, under limits
+    /// that stop early, limits that walk everything, and D004 alone.
     #[test]
     fn the_fast_walk_agrees_with_the_iterator() {
         let regex = bson::Regex {
             pattern: "a".to_owned().try_into().unwrap(),
             options: String::new().try_into().unwrap(),
         };
-        let good = rawdoc! {
-            "_id": 1, "a": {"b": [1, {"c": [1, 2, 3]}], "s": "x"}, "r": regex,
-            "d": [[[{"e": {"f": 1}}]]], "t": true,
-        }
-        .into_bytes();
+        let uuid = bson::Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: vec![7; 16],
+        };
+        let goods = [
+            rawdoc! {
+                "_id": 1, "a": {"b": [1, {"c": [1, 2, 3]}], "s": "x"}, "r": regex.clone(),
+                "d": [[[{"e": {"f": 1}}]]], "t": true,
+            },
+            rawdoc! {"a": {"_id": "inner"}, "b": [1, 2, 3], "_id": "outer", "t": false},
+            rawdoc! {"_id": uuid, "a": [{"b": 1}], "s": "x"},
+            rawdoc! {"_id": 1.5, "_id": "second", "a": {"b": {"c": {"d": 1}}}},
+        ];
         let loose = Limits {
             max_bytes: None,
             max_depth: Some(64),
             max_elements: Some(1000),
             random_id: false,
         };
+        let id_only = Limits {
+            max_bytes: None,
+            max_depth: None,
+            max_elements: None,
+            random_id: true,
+        };
         let mut checked = 0usize;
         let mut try_bytes = |bytes: Vec<u8>| {
             let Ok(doc) = RawDocument::from_bytes(&bytes) else {
                 return;
             };
-            for limits in [ALL, loose] {
-                let ours = judge(doc, limits).map(|f| (f.deep, f.long_array));
-                let theirs = judge_by_iter(doc, limits);
+            for limits in [
+                ALL,
+                loose,
+                Limits {
+                    random_id: true,
+                    ..loose
+                },
+                id_only,
+            ] {
+                let ours = judge(doc, limits).map(|f| (f.deep, f.long_array, f.random_id));
+                let theirs = oracle(doc, limits);
                 let same = match (&ours, &theirs) {
                     (Ok(a), Ok(b)) => a == b,
                     (Err(a), Err(b)) => std::mem::discriminant(a) == std::mem::discriminant(b),
@@ -439,10 +502,12 @@ mod tests {
                 checked += 1;
             }
         };
-        for b in crate::wire::corruptions(&good) {
-            try_bytes(b);
+        for good in &goods {
+            for b in crate::wire::corruptions(good.as_bytes()) {
+                try_bytes(b);
+            }
         }
-        assert!(checked > 1_000, "{checked}");
+        assert!(checked > 4_000, "{checked}");
     }
 
     #[test]
