@@ -386,6 +386,66 @@ async fn large_replies_over_the_budget(pooled: bool) {
     proxy.shutdown().await;
 }
 
+/// A write whose reply is large must not lose its outcome to readers that hold the budget:
+/// it waits for them to be served or cut off (`client_write_timeout`), not only
+/// `memory_budget_wait`. Failed with the reply budget alone: the findAndModify ran, its 5 MiB
+/// reply found 8 of the 12 MiB held by a client that does not read, and after 200 ms the
+/// client got 65003 for a write the server had applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_write_reply_waits_for_slow_readers_to_be_cut_off() {
+    let standin = standin().await;
+    eight_mib_collection(&standin).await;
+    let mut direct = RawClient::connect(standin.addr()).await;
+    let reply = direct
+        .command(
+            doc! {"insert": "big", "documents": [{"_id": 100, "n": 0, "pad": "y".repeat(5 << 20)}], "$db": "t"},
+            REPLY,
+        )
+        .await
+        .expect("insert a 5 MiB document");
+    assert_eq!(num(&reply, "n"), Some(1), "{reply}");
+    let proxy = passthrough(
+        &standin,
+        "memory_budget = \"12MiB\"\nmemory_budget_wait = \"200ms\"\nclient_write_timeout = \"2s\"",
+    )
+    .await;
+    let mut slow = RawClient::connect_small_window(proxy.local_addr()).await;
+    slow.send(&find_big()).await;
+    assert!(
+        within(Duration::from_secs(20), || proxy.memory_budget_in_use()
+            >= 8 * 1024 * 1024)
+        .await,
+        "the unread 8 MiB reply holds the budget"
+    );
+    let mut writer = RawClient::connect(proxy.local_addr()).await;
+    let started = Instant::now();
+    let reply = writer
+        .command(
+            doc! {
+                "findAndModify": "big", "query": {"_id": 100}, "update": {"$inc": {"n": 1}},
+                "new": true, "$db": "t",
+            },
+            REPLY,
+        )
+        .await
+        .expect("the write's reply");
+    assert_eq!(num(&reply, "ok"), Some(1), "{reply}");
+    let value = reply.get_document("value").expect("value");
+    assert_eq!(
+        num(value, "n"),
+        Some(1),
+        "applied once: {}",
+        value.get_i32("n").unwrap_or(-1)
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    writer
+        .ping(REPLY)
+        .await
+        .expect("the writer's connection stays");
+    proxy.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bounded state: lsid and the transaction pin map.
 

@@ -242,10 +242,12 @@ impl<S: Strategy> Session<S> {
     }
 
     /// Takes a large reply's size (`len`, declared in its header) from the memory budget before
-    /// it is buffered, waiting up to `memory_budget_wait`. When the budget stays spent the
-    /// reply is not read: the client gets error 65003 (for the first reply of a request,
-    /// `first`: the command ran, its outcome is unknown to the client) and the session ends,
-    /// its upstream connection discarded with the reply unread.
+    /// it is buffered, waiting up to `memory_budget_wait` — a write's reply also the
+    /// `client_write_timeout` within which every reply holding budget now is sent or cut off,
+    /// so that a write's outcome is not dropped while the budget only waits for slow readers.
+    /// When the budget stays spent the reply is not read: the client gets error 65003 (for
+    /// the first reply of a request, `first`: the command ran, its outcome is unknown to the
+    /// client) and the session ends, its upstream connection discarded with the reply unread.
     async fn reply_budget(
         &mut self,
         len: usize,
@@ -253,12 +255,11 @@ impl<S: Strategy> Session<S> {
         first: bool,
     ) -> Result<BudgetPermit, SessionError> {
         let c = &mut self.client;
-        if let Some(p) = self
-            .ctx
-            .budget
-            .take(len, c.limits.budget_wait, &c.stop)
-            .await
-        {
+        let wait = match request.is_write {
+            true => c.limits.budget_wait.saturating_add(c.limits.write),
+            false => c.limits.budget_wait,
+        };
+        if let Some(p) = self.ctx.budget.take(len, wait, &c.stop).await {
             return Ok(p);
         }
         if c.stop.is_killed() {
