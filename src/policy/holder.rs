@@ -68,7 +68,7 @@ impl std::fmt::Display for PolicySource {
 pub struct PolicyHolder {
     current: RwLock<Arc<Policy>>,
     source: PolicySource,
-    modified: RwLock<Option<SystemTime>>,
+    modified: RwLock<Option<FileStamp>>,
     /// Held by a reload from reading the file to installing it: two reloads at once (SIGHUP,
     /// `POST /reload`, the mtime poll) otherwise could install the older read last.
     reloading: std::sync::Mutex<()>,
@@ -77,8 +77,34 @@ pub struct PolicyHolder {
     after_read: std::sync::Mutex<Option<tests::Hook>>,
 }
 
-fn mtime(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// What the poll compares to tell that the policy file changed: its modification time, and
+/// which file it is (device, inode) and its size, so that a file renamed over it (an atomic
+/// `mv`, a Kubernetes ConfigMap's `..data` symlink swap) is a change even when it kept the old
+/// file's modification time (`cp -p`, `rsync -t`, `tar`, two writes within the file system's
+/// timestamp granularity). Read through symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    dev: u64,
+    ino: u64,
+}
+
+fn mtime(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let (dev, ino) = {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    };
+    #[cfg(not(unix))]
+    let (dev, ino) = (0, 0);
+    Some(FileStamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+        dev,
+        ino,
+    })
 }
 
 impl PolicyHolder {
@@ -166,9 +192,9 @@ impl PolicyHolder {
         Ok(Some(hash))
     }
 
-    /// The file's modification time now, when it differs from the one last loaded (`None`
-    /// when unchanged or not a file).
-    pub fn changed_on_disk(&self) -> Option<Option<SystemTime>> {
+    /// The file's stamp (modification time, identity, size) now, when it differs from the
+    /// one last loaded (`None` when unchanged or not a file).
+    pub fn changed_on_disk(&self) -> Option<Option<FileStamp>> {
         let PolicySource::File(path) = &self.source else {
             return None;
         };
@@ -189,6 +215,72 @@ mod tests {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("Hook")
         }
+    }
+
+    /// A policy file replaced by a rename (an atomic `mv`, or a Kubernetes ConfigMap's
+    /// `..data` symlink swap) is a change on disk for the poll even when the new file has the
+    /// same modification time as the old one (`cp -p`, `rsync -t`, `tar`, an image layer, two
+    /// writes within the file system's timestamp granularity): the poll compared the
+    /// modification time alone and never reloaded such a file.
+    #[test]
+    fn a_renamed_or_swapped_file_is_a_change_even_with_the_same_mtime() {
+        let dir = temp_dir("rename");
+        // Same length, different rules.
+        let v1 = "mode = \"audit\"  \n";
+        let v2 = "mode = \"enforce\"\n";
+        assert_eq!(v1.len(), v2.len());
+        // A plain file replaced by rename.
+        let path = dir.join("policy.toml");
+        std::fs::write(&path, v1).unwrap();
+        let holder = PolicyHolder::load(Some(&path)).unwrap();
+        assert!(holder.changed_on_disk().is_none());
+        let then = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let tmp = dir.join("policy.toml.tmp");
+        std::fs::write(&tmp, v2).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert!(
+            holder.changed_on_disk().is_some(),
+            "a file renamed over the policy file is not seen as a change"
+        );
+        holder.reload().unwrap();
+        assert!(holder.changed_on_disk().is_none(), "loaded: no change left");
+        // The ConfigMap layout: policy.toml -> ..data/policy.toml, ..data -> ..v1.
+        use std::os::unix::fs::symlink;
+        let cm = dir.join("configmap");
+        std::fs::create_dir_all(cm.join("..v1")).unwrap();
+        std::fs::create_dir_all(cm.join("..v2")).unwrap();
+        std::fs::write(cm.join("..v1/policy.toml"), v1).unwrap();
+        std::fs::write(cm.join("..v2/policy.toml"), v2).unwrap();
+        let then = std::fs::metadata(cm.join("..v1/policy.toml"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(cm.join("..v2/policy.toml"))
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+        symlink("..v1", cm.join("..data")).unwrap();
+        symlink("..data/policy.toml", cm.join("policy.toml")).unwrap();
+        let holder = PolicyHolder::load(Some(&cm.join("policy.toml"))).unwrap();
+        let before = holder.current().hash();
+        assert!(holder.changed_on_disk().is_none());
+        // The swap: a new symlink renamed over ..data.
+        symlink("..v2", cm.join("..data_tmp")).unwrap();
+        std::fs::rename(cm.join("..data_tmp"), cm.join("..data")).unwrap();
+        assert!(
+            holder.changed_on_disk().is_some(),
+            "a ConfigMap symlink swap is not seen as a change"
+        );
+        assert_ne!(holder.reload().unwrap(), Some(before));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// SIGHUP and `POST /reload` at once (or either with the mtime poll): each reload read
