@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
-    app::Proxy,
+    app::{Proxy, ShutdownSignals},
     check::{Checker, Format},
     config::{Config, LogFormat},
     logging::LogGuard,
@@ -70,7 +70,8 @@ SIGNALS
                      The policy file is also reloaded when it changes on disk.
     SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
                      [proxy] drain_timeout (30s by default), then close what is left; the
-                     audit streams are written out before exit.
+                     audit streams are written out before exit. During the start: exit at
+                     once, status 0.
 
 FILES
     /etc/mongoguard/mongoguard.toml  configuration, by convention (pass it with --config)
@@ -312,8 +313,19 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the tokio runtime")?;
     let result = runtime.block_on(async move {
-        let proxy = Proxy::start(Arc::new(config)).await?;
-        proxy.run_until_signal().await?;
+        // First of all: a SIGTERM or SIGINT during the start (an upstream or name server that
+        // does not answer, a slow policy or allowlist) stops the process cleanly, with status 0
+        // like any requested stop (nothing was served yet). Without the handlers it killed the
+        // process outright, and as PID 1 in a container the kernel ignored it.
+        let mut signals = ShutdownSignals::install().context("installing the signal handlers")?;
+        let proxy = tokio::select! {
+            started = Proxy::start(Arc::new(config)) => started?,
+            () = signals.recv() => {
+                tracing::info!("stop requested during the start; exiting before serving");
+                return anyhow::Ok(());
+            }
+        };
+        proxy.run_until(&mut signals).await;
         anyhow::Ok(())
     });
     // Dropping the runtime would wait without bound for blocking writes (a stuck sink).

@@ -328,3 +328,70 @@ async fn sighup_while_starting_does_not_kill() {
         );
     }
 }
+
+/// `docker stop` / `systemctl stop` / a Kubernetes pod deleted while mongoguard is still
+/// starting (here: waiting for the SRV records of a `mongodb+srv://` upstream from a name
+/// server that never answers). The SIGTERM and SIGINT handlers were installed only once the
+/// start was over: before that the default action killed the process (no "stopped" line, exit
+/// by signal), and as PID 1 in a container the kernel ignores a signal without a handler, so
+/// the stop waited for the start or the supervisor's SIGKILL. Installed first, a stop during
+/// the start ends the process promptly with status 0 (a requested stop, nothing served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_or_sigint_while_starting_exits_promptly_and_cleanly() {
+    use std::os::unix::process::ExitStatusExt;
+    for sig in ["TERM", "INT"] {
+        // A name server that receives the queries and never answers.
+        let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        dns.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let dir = temp_dir(&format!("sig{sig}-start"));
+        let config = write_config(
+            &dir,
+            &format!(
+                "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+                 [upstream]\nuri = \"mongodb+srv://cluster.example.test/\"\n\
+                 dns_server = \"{}\"\n\
+                 [admin]\nlisten = \"off\"\n\
+                 [audit]\nsink = \"none\"\n",
+                dns.local_addr().unwrap()
+            ),
+        );
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+            .arg("--config")
+            .arg(&config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut buf = [0u8; 512];
+        assert!(
+            dns.recv_from(&mut buf).is_ok(),
+            "mongoguard never asked for the SRV records"
+        );
+        let sent = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut status = None;
+        while std::time::Instant::now() < deadline {
+            status = child.try_wait().unwrap();
+            if status.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let status = status
+            .unwrap_or_else(|| panic!("SIG{sig} during the start: still running after 10 s"));
+        assert_eq!(
+            status.signal(),
+            None,
+            "SIG{sig} during the start killed mongoguard instead of stopping it ({status})"
+        );
+        assert_eq!(status.code(), Some(0), "SIG{sig} during the start: {status}");
+    }
+}

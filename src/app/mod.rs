@@ -28,7 +28,7 @@ use crate::{
     },
 };
 
-pub use reload::wait_for_signal;
+pub use reload::{wait_for_signal, ShutdownSignals};
 
 /// How long shutdown waits for sessions after killing them, and for the admin listener and
 /// the audit writer, before it ends anyway.
@@ -426,6 +426,13 @@ impl ProxyHandle {
         wait_for_signal().await?;
         self.shutdown().await;
         Ok(())
+    }
+
+    /// Runs until `signals` sees SIGTERM or SIGINT (one received during the start counts),
+    /// then shuts down gracefully.
+    pub async fn run_until(self, signals: &mut ShutdownSignals) {
+        signals.recv().await;
+        self.shutdown().await;
     }
 }
 

@@ -291,21 +291,47 @@ pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
     }
 }
 
-/// Waits for SIGTERM or SIGINT.
-#[cfg(unix)]
-pub async fn wait_for_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = int.recv() => info!("SIGINT received"),
-    }
-    Ok(())
+/// SIGTERM and SIGINT, caught from the moment this is made: `main` makes it before anything
+/// else starts, so a stop asked for during a slow start (an SRV lookup that does not answer, a
+/// syslog sink, a large allowlist) ends the process cleanly instead of killing it (or, as PID
+/// 1 in a container, being ignored by the kernel until the start is over).
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
 }
 
-/// Waits for Ctrl-C.
-#[cfg(not(unix))]
+impl ShutdownSignals {
+    /// Installs the handlers (replacing the default actions for the whole process). Needs a
+    /// tokio runtime.
+    pub fn install() -> std::io::Result<ShutdownSignals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(ShutdownSignals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// Waits for the next SIGTERM or SIGINT (one received since `install` counts).
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => info!("SIGTERM received"),
+            _ = self.int.recv() => info!("SIGINT received"),
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (handlers installed now).
 pub async fn wait_for_signal() -> std::io::Result<()> {
-    tokio::signal::ctrl_c().await
+    ShutdownSignals::install()?.recv().await;
+    Ok(())
 }
