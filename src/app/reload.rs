@@ -64,6 +64,27 @@ impl Reloader {
                 }
             }
         }
+        if let Some(tls) = &ctx.upstream_tls {
+            match tls.reload(&ctx.config.upstream.uri) {
+                Ok(false) => {}
+                Ok(true) => {
+                    ctx.stats.upstream_tls_reloads.inc();
+                    info!("upstream TLS files (tlsCAFile, tlsCertificateKeyFile) reloaded");
+                }
+                Err(e) => {
+                    ctx.stats.upstream_tls_reload_failures.inc();
+                    let file = ctx
+                        .config
+                        .upstream
+                        .uri
+                        .option("tlsCertificateKeyFile")
+                        .or_else(|| ctx.config.upstream.uri.option("tlsCAFile"))
+                        .map(std::path::Path::new);
+                    refused(ctx, "upstream-tls", file, e.to_string());
+                    warn!(error = %e, "upstream TLS file reload failed; keeping the files in force");
+                }
+            }
+        }
         match self.admin_token.reload(&ctx.config.admin) {
             Ok(true) => info!("admin token file reloaded"),
             Ok(false) => {}

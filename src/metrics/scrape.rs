@@ -295,6 +295,18 @@ fn reloads_and_log(
     )?;
     counter(
         encoder,
+        "mongoguard_upstream_tls_reloads",
+        "Successful reloads of the upstream URI's tlsCAFile and tlsCertificateKeyFile (SIGHUP)",
+        s.upstream_tls_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_upstream_tls_reload_failures",
+        "Upstream TLS file reloads refused (unreadable or invalid files; the old ones stayed)",
+        s.upstream_tls_reload_failures,
+    )?;
+    counter(
+        encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",

@@ -69,6 +69,8 @@ impl Scrape for ProxyScrape {
             users_reload_failures: s.users_reload_failures.get(),
             tls_reloads: s.tls_reloads.get(),
             tls_reload_failures: s.tls_reload_failures.get(),
+            upstream_tls_reloads: s.upstream_tls_reloads.get(),
+            upstream_tls_reload_failures: s.upstream_tls_reload_failures.get(),
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
