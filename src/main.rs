@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
-    app::{Proxy, ShutdownSignals},
+    app::{ConfigSource, Proxy, ShutdownSignals},
     check::{Checker, Format},
     config::{Config, LogFormat},
     logging::LogGuard,
@@ -65,9 +65,12 @@ SIGNALS
                      old policy; a built-in profile has nothing to reload), the allowlist
                      file ([allowlist] mode = \"enforce\"; an invalid file keeps the old
                      allowlist), the users file (pooled mode), the TLS certificate, key
-                     and client CA ([tls]; an invalid set keeps the one in force), and
+                     and client CA ([tls]; an invalid set keeps the one in force), the
+                     upstream URI's tlsCAFile and tlsCertificateKeyFile (likewise), and
                      reopen the audit file sinks (logrotate). Never terminates the process.
-                     The policy file is also reloaded when it changes on disk.
+                     The policy file is also reloaded when it changes on disk. The
+                     configuration file itself is not applied: settings changed in it are
+                     logged as needing a restart (and listed by GET /config).
     SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
                      [proxy] drain_timeout (30s by default), then close what is left; the
                      audit streams are written out before exit. During the start: exit at
@@ -193,7 +196,7 @@ enum UsersCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct RunArgs {
     /// Configuration file (TOML). Flags below override its values.
     #[arg(long, short = 'c', value_name = "FILE")]
@@ -318,8 +321,13 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         // like any requested stop (nothing was served yet). Without the handlers it killed the
         // process outright, and as PID 1 in a container the kernel ignored it.
         let mut signals = ShutdownSignals::install().context("installing the signal handlers")?;
+        // Read again at SIGHUP, to say which changed settings need a restart.
+        let again = args.clone();
+        let source = args.config.is_some().then(|| -> ConfigSource {
+            Arc::new(move || load_config(&again).map_err(|e| format!("{e:#}")))
+        });
         let proxy = tokio::select! {
-            started = Proxy::start(Arc::new(config)) => started?,
+            started = Proxy::start_from(Arc::new(config), source) => started?,
             () = signals.recv() => {
                 tracing::info!("stop requested during the start; exiting before serving");
                 return anyhow::Ok(());

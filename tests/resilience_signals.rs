@@ -385,13 +385,166 @@ async fn sigterm_or_sigint_while_starting_exits_promptly_and_cleanly() {
         }
         let _ = child.kill();
         let _ = child.wait();
-        let status = status
-            .unwrap_or_else(|| panic!("SIG{sig} during the start: still running after 10 s"));
+        let status =
+            status.unwrap_or_else(|| panic!("SIG{sig} during the start: still running after 10 s"));
         assert_eq!(
             status.signal(),
             None,
             "SIG{sig} during the start killed mongoguard instead of stopping it ({status})"
         );
-        assert_eq!(status.code(), Some(0), "SIG{sig} during the start: {status}");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "SIG{sig} during the start: {status}"
+        );
     }
+}
+
+/// The admin listener's address from its "admin listener up" line (`listen` is
+/// `Some(host:port)` there).
+fn admin_addr(bin: &Binary) -> Option<std::net::SocketAddr> {
+    let text = bin.stderr_text();
+    text.lines().find_map(|l| {
+        if !l.contains("admin listener up") {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(l.trim()).ok()?;
+        let s = v.get("listen")?.as_str()?;
+        s.trim_start_matches("Some(")
+            .trim_end_matches(')')
+            .parse()
+            .ok()
+    })
+}
+
+/// One GET on the admin listener: the body.
+async fn admin_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(REPLY, s.read_to_end(&mut raw))
+        .await
+        .expect("admin answer in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// An operator edits the configuration file (a new listen address, pooled mode) and runs
+/// `systemctl reload`: SIGHUP reloaded the files the configuration names but never read the
+/// configuration file itself, and said nothing, so the operator believed the change was in
+/// force. SIGHUP must say which settings changed and need a restart: a `warn` line naming
+/// them, and `GET /config` listing them. The running values stay (the old address still
+/// serves), and nothing changed is reported as nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_names_the_configuration_changes_that_need_a_restart() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("sighup-config");
+    let text = |extra_proxy: &str, extra: &str| {
+        format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n{extra_proxy}\
+             [upstream]\nuri = \"{}\"\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n\
+             [audit]\nsink = \"none\"\n{extra}",
+            standin.uri()
+        )
+    };
+    let config = write_config(&dir, &text("", ""));
+    let mut bin = Binary::start(&config);
+    let mut admin = None;
+    assert!(
+        hostile::within(Duration::from_secs(10), || {
+            admin = admin_addr(&bin);
+            admin.is_some()
+        })
+        .await,
+        "no admin listener line; stderr:\n{}",
+        bin.stderr_text()
+    );
+    let admin = admin.unwrap();
+    let before: serde_json::Value =
+        serde_json::from_str(&admin_get(admin, "/config").await).expect("GET /config answers JSON");
+    assert_eq!(before["restart_required"], false, "{before}");
+
+    // Unchanged file: SIGHUP says nothing needs a restart.
+    bin.signal("HUP");
+    assert!(
+        hostile::within(Duration::from_secs(10), || bin
+            .stderr_text()
+            .contains("matches the running configuration"))
+        .await,
+        "SIGHUP with an unchanged configuration file said nothing; stderr:\n{}",
+        bin.stderr_text()
+    );
+
+    std::fs::write(
+        &config,
+        text(
+            "mode = \"pooled\"\ndrain_timeout = \"5s\"\n",
+            "[auth]\nallow_unauthenticated = true\n",
+        ),
+    )
+    .unwrap();
+    bin.signal("HUP");
+    assert!(
+        hostile::within(Duration::from_secs(10), || bin
+            .stderr_text()
+            .contains("need a restart"))
+        .await,
+        "SIGHUP after a configuration change said nothing; stderr:\n{}",
+        bin.stderr_text()
+    );
+    let line = bin
+        .stderr_text()
+        .lines()
+        .find(|l| l.contains("need a restart"))
+        .unwrap()
+        .to_owned();
+    for key in [
+        "proxy.mode",
+        "proxy.drain_timeout",
+        "auth.allow_unauthenticated",
+    ] {
+        assert!(line.contains(key), "{key} not named: {line}");
+    }
+    assert!(line.contains("WARN"), "not a warning: {line}");
+    let after: serde_json::Value =
+        serde_json::from_str(&admin_get(admin, "/config").await).unwrap();
+    assert_eq!(after["restart_required"], true, "{after}");
+    let changed: Vec<&str> = after["changed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(changed.contains(&"proxy.mode"), "{after}");
+    // Still the running configuration: passthrough on the old address.
+    let mut c = RawClient::connect(bin.addr).await;
+    c.ping(REPLY).await.expect("still serving after SIGHUP");
+
+    // A broken file is reported too, and the process keeps running.
+    std::fs::write(&config, "[proxy\n").unwrap();
+    bin.signal("HUP");
+    assert!(
+        hostile::within(Duration::from_secs(10), || bin
+            .stderr_text()
+            .contains("configuration file is invalid now"))
+        .await,
+        "SIGHUP with a broken configuration file said nothing; stderr:\n{}",
+        bin.stderr_text()
+    );
+    let broken: serde_json::Value =
+        serde_json::from_str(&admin_get(admin, "/config").await).unwrap();
+    assert!(broken["error"].is_string(), "{broken}");
+    c.ping(REPLY).await.expect("still serving");
+    bin.signal("TERM");
+    let status = bin
+        .exited_within(Duration::from_secs(10))
+        .expect("exit after SIGTERM");
+    assert!(status.success(), "{status}");
 }

@@ -49,6 +49,9 @@ pub(crate) struct AdminState {
 /// Reloads the policy file (validated completely; the old policy stays when it is invalid),
 /// counted and recorded like every other reload. Returns the new hash.
 pub(crate) trait PolicyReload: Send + Sync {
+    /// What the last SIGHUP found in the configuration file (`None`: not started from one).
+    fn config_status(&self) -> Option<crate::app::ConfigStatus>;
+
     fn reload_policy(
         &self,
         trigger: &'static str,
@@ -325,6 +328,7 @@ impl Admin {
                 r
             }
             (&Method::GET, "/policy") => json(StatusCode::OK, api::policy(ctx)),
+            (&Method::GET, "/config") => json(StatusCode::OK, api::config(ctx)),
             (&Method::POST, "/reload") => {
                 let (status, body) = api::reload(ctx);
                 json(status, body)
@@ -367,9 +371,9 @@ impl Admin {
             }
             (
                 _,
-                "/healthz" | "/readyz" | "/metrics" | "/policy" | "/reload" | "/violations"
-                | "/stats/violations" | "/clients" | "/shapes" | "/pool" | "/connections"
-                | "/pause" | "/resume" | "/stats/reset" | "/",
+                "/healthz" | "/readyz" | "/metrics" | "/policy" | "/config" | "/reload"
+                | "/violations" | "/stats/violations" | "/clients" | "/shapes" | "/pool"
+                | "/connections" | "/pause" | "/resume" | "/stats/reset" | "/",
             ) => json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 r#"{"error":"method not allowed"}"#.to_owned(),

@@ -7,6 +7,7 @@
 //! [`Proxy::start`] is the entry point (`main.rs`, tests, embedding); [`ProxyHandle`] reads
 //! the running state, reloads it, and shuts everything down in order.
 
+mod config_check;
 mod reload;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -28,6 +29,8 @@ use crate::{
     },
 };
 
+pub use config_check::ConfigSource;
+pub(crate) use config_check::ConfigStatus;
 pub use reload::{wait_for_signal, ShutdownSignals};
 
 /// How long shutdown waits for sessions after killing them, and for the admin listener and
@@ -46,7 +49,20 @@ impl Proxy {
         let hup = reload::hangup_signal();
         let policy =
             PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
-        Self::start_inner(config, policy, hup).await
+        Self::start_inner(config, policy, hup, None).await
+    }
+
+    /// Like [`Proxy::start`], with the way `config` was read (`main`: the file and the
+    /// command line), so that SIGHUP can say which settings changed in the file since and
+    /// need a restart (log, `GET /config`).
+    pub async fn start_from(
+        config: Arc<Config>,
+        source: Option<ConfigSource>,
+    ) -> Result<ProxyHandle, ProxyError> {
+        let hup = reload::hangup_signal();
+        let policy =
+            PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
+        Self::start_inner(config, policy, hup, source).await
     }
 
     /// Like [`Proxy::start`], with an already loaded policy.
@@ -55,14 +71,17 @@ impl Proxy {
         policy: PolicyHolder,
     ) -> Result<ProxyHandle, ProxyError> {
         let hup = reload::hangup_signal();
-        Self::start_inner(config, policy, hup).await
+        Self::start_inner(config, policy, hup, None).await
     }
 
     async fn start_inner(
         config: Arc<Config>,
         policy: PolicyHolder,
         hup: reload::Hangup,
+        source: Option<ConfigSource>,
     ) -> Result<ProxyHandle, ProxyError> {
+        // Compared with the file at SIGHUP: the configuration as read, before SRV resolution.
+        let config_check = Arc::new(config_check::ConfigCheck::new(source, config.clone()));
         // A mongodb+srv:// upstream becomes hosts (and TXT options) before anything else:
         // everything below sees the resolved URI; a failed lookup fails the start.
         let srv = crate::upstream::srv::resolve(&config.upstream)
@@ -110,7 +129,11 @@ impl Proxy {
             mode = ?config.proxy.mode, threads = ctx.loops.as_ref().map_or(0, |l| l.len()),
             policy = %policy.source(),
             policy_mode = policy.current().mode().as_str(), "mongoguard listening");
-        let reloader = Arc::new(reload::Reloader::new(ctx.clone(), admin_token.clone()));
+        let reloader = Arc::new(reload::Reloader::new(
+            ctx.clone(),
+            admin_token.clone(),
+            config_check,
+        ));
         // The SIGHUP stream was registered first thing in the start.
         let reload = tokio::spawn(reload::on_triggers(reloader.clone(), hup));
         let learn = tokio::spawn(reload::save_allowlist(ctx.clone()));

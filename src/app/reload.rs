@@ -26,11 +26,20 @@ fn refused(ctx: &Context, kind: &str, path: Option<&std::path::Path>, error: Str
 pub(crate) struct Reloader {
     ctx: Arc<Context>,
     admin_token: Arc<crate::admin::AdminToken>,
+    config: Arc<super::config_check::ConfigCheck>,
 }
 
 impl Reloader {
-    pub(crate) fn new(ctx: Arc<Context>, admin_token: Arc<crate::admin::AdminToken>) -> Reloader {
-        Reloader { ctx, admin_token }
+    pub(crate) fn new(
+        ctx: Arc<Context>,
+        admin_token: Arc<crate::admin::AdminToken>,
+        config: Arc<super::config_check::ConfigCheck>,
+    ) -> Reloader {
+        Reloader {
+            ctx,
+            admin_token,
+            config,
+        }
     }
 
     /// What SIGHUP does: reload the policy file (a built-in profile has nothing to reload:
@@ -39,6 +48,8 @@ impl Reloader {
     /// `copytruncate`). Each part keeps what it had when it fails.
     pub(crate) fn everything(&self) {
         let ctx = &self.ctx;
+        // The configuration file itself is not applied: what changed in it is said.
+        self.config.check();
         if matches!(ctx.policy.source(), PolicySource::File(_)) {
             let _ = self.policy("signal");
         } else {
@@ -205,6 +216,10 @@ impl Reloader {
 }
 
 impl crate::admin::PolicyReload for Reloader {
+    fn config_status(&self) -> Option<super::config_check::ConfigStatus> {
+        self.config.has_source().then(|| self.config.status())
+    }
+
     fn reload_policy(&self, trigger: &'static str) -> Result<Option<u64>, PolicyError> {
         self.policy(trigger)
     }

@@ -177,7 +177,12 @@ impl PolicyHolder {
         #[cfg(test)]
         {
             // Not called under the hook's own lock, which would serialise the reloads.
-            let hook = self.after_read.lock().unwrap().as_ref().map(|h| h.0.clone());
+            let hook = self
+                .after_read
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|h| h.0.clone());
             if let Some(hook) = hook {
                 hook();
             }
