@@ -71,10 +71,11 @@ SIGNALS
                      The policy file is also reloaded when it changes on disk. The
                      configuration file itself is not applied: settings changed in it are
                      logged as needing a restart (and listed by GET /config).
-    SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
-                     [proxy] drain_timeout (30s by default), then close what is left; the
-                     audit streams are written out before exit. During the start: exit at
-                     once, status 0.
+    SIGTERM, SIGINT  graceful drain: /readyz says 503 at once; after [proxy] shutdown_delay
+                     (0 by default; a second signal cuts it short) stop accepting, let
+                     in-flight requests finish for up to [proxy] drain_timeout (30s by
+                     default), then close what is left; the audit streams are written out
+                     before exit. During the start: exit at once, status 0.
 
 FILES
     /etc/mongoguard/mongoguard.toml  configuration, by convention (pass it with --config)

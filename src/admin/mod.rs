@@ -32,7 +32,8 @@ pub(crate) struct AdminState {
     pub config: Arc<Config>,
     pub policy: Arc<PolicyHolder>,
     pub metrics: Arc<Metrics>,
-    /// Cancelled when the proxy starts draining (`/readyz` then says 503).
+    /// Cancelled when the shutdown starts, before `shutdown_delay` and the drain (`/readyz`
+    /// then says 503).
     pub draining: CancellationToken,
     /// TLS toward the upstream, for the readiness probe.
     pub upstream_tls: Option<crate::tls::UpstreamTls>,

@@ -140,13 +140,14 @@ impl Proxy {
         let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
         tokio::spawn(proxy::conn_report::run(ctx.clone(), background.clone()));
         let admin_stop = CancellationToken::new();
+        let unready = CancellationToken::new();
         let admin = listeners.admin.map(|l| {
             info!(listen = ?listeners.admin_addr, "admin listener up");
             let state = AdminState {
                 config,
                 policy,
                 metrics: ctx.metrics.clone(),
-                draining: ctx.drain.clone(),
+                draining: unready.clone(),
                 upstream_tls,
                 reload: reloader.clone(),
                 control: ctx.control.clone(),
@@ -166,6 +167,7 @@ impl Proxy {
             learn,
             admin,
             admin_stop,
+            unready,
             background,
         })
     }
@@ -330,6 +332,8 @@ pub struct ProxyHandle {
     learn: JoinHandle<()>,
     admin: Option<JoinHandle<()>>,
     admin_stop: CancellationToken,
+    /// Cancelled first at shutdown: `/readyz` says 503 from then on.
+    unready: CancellationToken,
     /// Stops the background tasks (topology monitors) at the end of shutdown.
     background: CancellationToken,
 }
@@ -396,6 +400,26 @@ impl ProxyHandle {
     /// Graceful shutdown: stop accepting, close idle clients, let in-flight requests finish
     /// for up to `drain_timeout`, then close whatever is left.
     pub async fn shutdown(self) {
+        self.shutdown_cut(std::future::pending()).await;
+    }
+
+    /// [`ProxyHandle::shutdown`], going unready first: `/readyz` says 503 at once, and for
+    /// `proxy.shutdown_delay` (unless `cut` ends first: a second signal) clients are still
+    /// accepted and served, so that a load balancer or Kubernetes Service has time to stop
+    /// sending new ones; then the drain.
+    async fn shutdown_cut(self, cut: impl std::future::Future<Output = ()>) {
+        self.unready.cancel();
+        let delay = self.ctx.config.proxy.shutdown_delay;
+        if !delay.is_zero() {
+            info!(
+                ?delay,
+                "unready (GET /readyz: 503); serving for proxy.shutdown_delay before the drain"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = cut => info!("second stop signal: draining now"),
+            }
+        }
         let ctx = &self.ctx;
         let deadline = ctx.config.proxy.drain_timeout;
         info!(active = ctx.stats.active.get(), ?deadline, "draining");
@@ -455,7 +479,7 @@ impl ProxyHandle {
     /// then shuts down gracefully.
     pub async fn run_until(self, signals: &mut ShutdownSignals) {
         signals.recv().await;
-        self.shutdown().await;
+        self.shutdown_cut(signals.recv()).await;
     }
 }
 
