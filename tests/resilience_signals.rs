@@ -548,3 +548,76 @@ async fn sighup_names_the_configuration_changes_that_need_a_restart() {
         .expect("exit after SIGTERM");
     assert!(status.success(), "{status}");
 }
+
+/// Signals while a stop is under way: SIGHUP (with a changed policy file, so a reload really
+/// runs) during the shutdown delay and during the drain, and a second SIGTERM. None may kill
+/// the process (the reload task ends when the drain starts; its signal handler must stay
+/// installed), the write in flight at SIGTERM is answered (acknowledged, and applied once),
+/// and the process ends with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_and_a_second_sigterm_during_the_stop_neither_kill_nor_lose_the_write() {
+    use std::os::unix::process::ExitStatusExt;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("stop-signals");
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, "extends = \"standard\"\n").unwrap();
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\ndrain_timeout = \"20s\"\nshutdown_delay = \"1s\"\n\
+             [upstream]\nuri = \"{}\"\n\
+             [policy]\nfile = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            standin.uri(),
+            policy.display()
+        ),
+    );
+    let mut bin = Binary::start(&config);
+    let mut c = RawClient::connect(bin.addr).await;
+    c.ping(REPLY).await.expect("ping before the stop");
+    // The write's reply is held 3 s by the upstream: in flight across the whole stop.
+    standin.set_fault(mongoguard_standin::Fault::Delay(Duration::from_secs(3)));
+    let id = c
+        .send(&doc! {"insert": "t", "$db": "stop", "documents": [{"_id": 1}]})
+        .await;
+    let stats = standin.stats();
+    assert!(
+        hostile::within(Duration::from_secs(10), || stats.command_count("insert") >= 1).await,
+        "the insert never reached the upstream"
+    );
+    bin.signal("TERM");
+    std::fs::write(&policy, "extends = \"standard\"\nmode = \"audit\"\n").unwrap();
+    bin.signal("HUP");
+    bin.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&policy, "extends = \"strict\"\n").unwrap();
+    bin.signal("HUP");
+    if let Some(status) = bin.exited_within(Duration::from_millis(300)) {
+        assert_ne!(status.signal(), Some(1), "SIGHUP during the stop killed it");
+    }
+    let reply = read_frame_body(&mut c, id).await;
+    assert_eq!(num(&reply, "n"), Some(1), "the in-flight insert: {reply}");
+    let status = bin
+        .exited_within(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("not stopped 30 s after SIGTERM:\n{}", bin.stderr_text()));
+    assert_eq!(status.signal(), None, "ended by a signal: {status}");
+    assert!(status.success(), "{status}");
+    standin.set_fault(mongoguard_standin::Fault::None);
+    let mut direct = RawClient::connect(standin.addr()).await;
+    let count = direct
+        .command(doc! {"count": "t", "$db": "stop"}, REPLY)
+        .await
+        .unwrap();
+    assert_eq!(num(&count, "n"), Some(1), "applied once: {count}");
+}
+
+/// The reply to request `id` on `c`, within 20 s.
+async fn read_frame_body(c: &mut RawClient, id: i32) -> bson::Document {
+    let frame = hostile::read_frame(&mut c.stream, Duration::from_secs(20))
+        .await
+        .expect("the in-flight reply");
+    let response_to = i32::from_le_bytes([frame[8], frame[9], frame[10], frame[11]]);
+    assert_eq!(response_to, id);
+    hostile::body_of(&frame)
+}
