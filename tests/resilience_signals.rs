@@ -583,7 +583,9 @@ async fn sighup_and_a_second_sigterm_during_the_stop_neither_kill_nor_lose_the_w
         .await;
     let stats = standin.stats();
     assert!(
-        hostile::within(Duration::from_secs(10), || stats.command_count("insert") >= 1).await,
+        hostile::within(Duration::from_secs(10), || stats.command_count("insert")
+            >= 1)
+        .await,
         "the insert never reached the upstream"
     );
     bin.signal("TERM");
