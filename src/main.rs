@@ -322,11 +322,23 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         // like any requested stop (nothing was served yet). Without the handlers it killed the
         // process outright, and as PID 1 in a container the kernel ignored it.
         let mut signals = ShutdownSignals::install().context("installing the signal handlers")?;
-        // Read again at SIGHUP, to say which changed settings need a restart.
+        // Read again at SIGHUP, to say which changed settings need a restart: a regular file
+        // only. A `--config <(...)` pipe was read once; opening it again would block the
+        // reload task for good (no writer any more), and every later SIGHUP with it.
         let again = args.clone();
-        let source = args.config.is_some().then(|| -> ConfigSource {
-            Arc::new(move || load_config(&again).map_err(|e| format!("{e:#}")))
-        });
+        let regular = |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+        let source = args
+            .config
+            .clone()
+            .filter(|p| regular(p))
+            .map(|path| -> ConfigSource {
+                Arc::new(move || {
+                    if !regular(&path) {
+                        return Err(format!("{}: not a regular file", path.display()));
+                    }
+                    load_config(&again).map_err(|e| format!("{e:#}"))
+                })
+            });
         let proxy = tokio::select! {
             started = Proxy::start_from(Arc::new(config), source) => started?,
             () = signals.recv() => {

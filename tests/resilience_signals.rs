@@ -623,3 +623,55 @@ async fn read_frame_body(c: &mut RawClient, id: i32) -> bson::Document {
     assert_eq!(response_to, id);
     hostile::body_of(&frame)
 }
+
+/// `mongoguard --config <(envsubst < mongoguard.toml.in)` (a container entrypoint's usual
+/// way to put secrets in the configuration): the configuration is a pipe, read once at
+/// start. SIGHUP reads the configuration file again to say what changed, and opening a pipe
+/// nobody writes to any more blocks: the reload task hung there, so every later SIGHUP and
+/// the policy file's poll did nothing. A configuration that is not a regular file is not
+/// read again; SIGHUP goes on reloading the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_the_configuration_in_a_pipe_keeps_reloading_the_policy() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("sighup-config-pipe");
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, "extends = \"standard\"\n").unwrap();
+    let fifo = dir.join("mongoguard.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+         [upstream]\nuri = \"{}\"\n\
+         [policy]\nfile = \"{}\"\nreload_poll = \"0\"\n\
+         [admin]\nlisten = \"off\"\n\
+         [audit]\nsink = \"none\"\n",
+        standin.uri(),
+        policy.display()
+    );
+    // The writer of the substitution: writes once and goes away.
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(&fifo, text))
+    };
+    let mut bin = Binary::start(&fifo);
+    writer.join().unwrap().unwrap();
+    let reloads = |bin: &Binary| bin.stderr_text().matches("policy reloaded").count();
+    for round in 1..=2 {
+        bin.signal("HUP");
+        assert!(
+            hostile::within(Duration::from_secs(10), || reloads(&bin) >= round).await,
+            "SIGHUP #{round} did not reload the policy; stderr:\n{}",
+            bin.stderr_text()
+        );
+    }
+    bin.signal("TERM");
+    let status = bin
+        .exited_within(Duration::from_secs(10))
+        .expect("exit after SIGTERM");
+    assert!(status.success(), "{status}");
+    // A writer still blocked on the pipe (none here) would be released by this open.
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -48,8 +48,6 @@ impl Reloader {
     /// `copytruncate`). Each part keeps what it had when it fails.
     pub(crate) fn everything(&self) {
         let ctx = &self.ctx;
-        // The configuration file itself is not applied: what changed in it is said.
-        self.config.check();
         if matches!(ctx.policy.source(), PolicySource::File(_)) {
             let _ = self.policy("signal");
         } else {
@@ -129,6 +127,8 @@ impl Reloader {
                 }
             }
         }
+        // The configuration file itself is not applied: what changed in it is said.
+        self.config.check();
     }
 
     /// Reloads the policy file now: validates it completely and swaps it in, or keeps the
