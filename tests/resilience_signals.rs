@@ -675,3 +675,83 @@ async fn sighup_with_the_configuration_in_a_pipe_keeps_reloading_the_policy() {
     // A writer still blocked on the pipe (none here) would be released by this open.
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The drain with an exhaust cursor streaming: an exhaust getMore is one request whose
+/// replies keep coming (moreToCome) until the cursor ends. SIGTERM in the middle of the
+/// stream must let it finish (every document reaches the client, the last batch says cursor
+/// 0) within drain_timeout, then close the connection, and the shutdown must end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_lets_an_exhaust_stream_finish_then_closes() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut direct = RawClient::connect(standin.addr()).await;
+    let docs: Vec<bson::Document> = (0..20).map(|i| doc! {"_id": i}).collect();
+    direct
+        .command(doc! {"insert": "c", "$db": "ex", "documents": docs}, REPLY)
+        .await
+        .unwrap();
+    let proxy = hostile::proxy_from_toml(&format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\ndrain_timeout = \"20s\"\n\
+         [upstream]\nuri = \"{}\"\n\
+         [admin]\nlisten = \"off\"\n",
+        standin.uri()
+    ))
+    .await;
+    let mut c = RawClient::connect(proxy.local_addr()).await;
+    let first = c
+        .command(
+            doc! {"find": "c", "$db": "ex", "filter": {}, "batchSize": 1},
+            REPLY,
+        )
+        .await
+        .unwrap();
+    let cursor = first.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(cursor, 0);
+    // Every batch of the stream takes 100 ms upstream: about 2 s in all.
+    standin.set_fault(mongoguard_standin::Fault::Delay(Duration::from_millis(100)));
+    let id = c.next_id();
+    let frame = hostile::op_msg(
+        id,
+        1 << 16,
+        &doc! {"getMore": cursor, "collection": "c", "$db": "ex", "batchSize": 1},
+    );
+    c.send_bytes(&frame).await.unwrap();
+    // The first batch of the stream arrived: the stream is under way.
+    let mut got = 0;
+    let frame = hostile::read_frame(&mut c.stream, REPLY).await.unwrap();
+    let flags = u32::from_le_bytes([frame[16], frame[17], frame[18], frame[19]]);
+    assert_ne!(flags & 2, 0, "an exhaust stream (moreToCome)");
+    got += 1;
+    let shutdown = tokio::spawn(proxy.shutdown());
+    let mut last_cursor = None;
+    loop {
+        let frame = match hostile::read_frame(&mut c.stream, REPLY).await {
+            Ok(f) => f,
+            Err(e) => panic!("the stream was cut by the drain after {got} batches: {e}"),
+        };
+        got += 1;
+        let body = hostile::body_of(&frame);
+        let flags = u32::from_le_bytes([frame[16], frame[17], frame[18], frame[19]]);
+        if flags & 2 == 0 {
+            last_cursor = body
+                .get_document("cursor")
+                .ok()
+                .and_then(|c| c.get_i64("id").ok());
+            break;
+        }
+    }
+    assert_eq!(last_cursor, Some(0), "the stream ended with the cursor");
+    // 19 batches of one document after the find's first one, plus the final empty batch
+    // or not, depending on the server: at least 19.
+    assert!(got >= 19, "{got} batches");
+    // Then the connection closes, and the shutdown ends.
+    assert!(
+        hostile::closed_within(&mut c.stream, Duration::from_secs(10))
+            .await
+            .is_ok(),
+        "the connection stays open after its stream ended in a drain"
+    );
+    tokio::time::timeout(Duration::from_secs(30), shutdown)
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+}
