@@ -755,3 +755,77 @@ async fn the_drain_lets_an_exhaust_stream_finish_then_closes() {
         .expect("shutdown ends")
         .unwrap();
 }
+
+/// Pooled mode's drain with pooled connections checked out: a write in flight on a shared
+/// upstream connection when the shutdown starts is answered (applied once), a client idle
+/// inside a transaction is closed at once (its transaction was never committed: nothing
+/// acknowledged is lost), and the shutdown ends well before drain_timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_drain_answers_the_write_in_flight_and_closes_an_idle_transaction() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = hostile::proxy_from_toml(&format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nmode = \"pooled\"\ndrain_timeout = \"20s\"\n\
+         [upstream]\nuri = \"{}\"\n\
+         [auth]\nallow_unauthenticated = true\n\
+         [admin]\nlisten = \"off\"\n",
+        standin.uri()
+    ))
+    .await;
+    let addr = proxy.local_addr();
+    // A client inside a transaction, idle after its first statement.
+    let mut txn = RawClient::connect(addr).await;
+    let lsid = hostile::lsid(7);
+    let first = txn
+        .command(
+            doc! {"insert": "t", "$db": "pdrain", "documents": [{"_id": "txn"}],
+            "lsid": lsid.clone(), "txnNumber": 1_i64, "startTransaction": true,
+            "autocommit": false},
+            REPLY,
+        )
+        .await
+        .unwrap();
+    assert_eq!(num(&first, "ok"), Some(1), "{first}");
+    // A write in flight, its reply held 2 s upstream.
+    let mut w = RawClient::connect(addr).await;
+    w.ping(REPLY).await.unwrap();
+    standin.set_fault(mongoguard_standin::Fault::Delay(Duration::from_secs(2)));
+    let id = w
+        .send(&doc! {"insert": "t", "$db": "pdrain", "documents": [{"_id": "w"}]})
+        .await;
+    let stats = standin.stats();
+    assert!(
+        hostile::within(Duration::from_secs(10), || stats.command_count("insert")
+            >= 2)
+        .await,
+        "the write never reached the upstream"
+    );
+    let started = std::time::Instant::now();
+    let shutdown = tokio::spawn(proxy.shutdown());
+    assert!(
+        hostile::closed_within(&mut txn.stream, Duration::from_secs(5))
+            .await
+            .is_ok(),
+        "the client idle in its transaction is not closed by the drain"
+    );
+    let reply = read_frame_body(&mut w, id).await;
+    assert_eq!(num(&reply, "n"), Some(1), "the write in flight: {reply}");
+    tokio::time::timeout(Duration::from_secs(30), shutdown)
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the shutdown waited for the drain deadline: {:?}",
+        started.elapsed()
+    );
+    standin.set_fault(mongoguard_standin::Fault::None);
+    let mut direct = RawClient::connect(standin.addr()).await;
+    let count = direct
+        .command(
+            doc! {"count": "t", "$db": "pdrain", "query": {"_id": "w"}},
+            REPLY,
+        )
+        .await
+        .unwrap();
+    assert_eq!(num(&count, "n"), Some(1), "applied once: {count}");
+}
