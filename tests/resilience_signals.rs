@@ -722,8 +722,7 @@ async fn the_drain_lets_an_exhaust_stream_finish_then_closes() {
     assert_ne!(flags & 2, 0, "an exhaust stream (moreToCome)");
     got += 1;
     let shutdown = tokio::spawn(proxy.shutdown());
-    let mut last_cursor = None;
-    loop {
+    let last_cursor = loop {
         let frame = match hostile::read_frame(&mut c.stream, REPLY).await {
             Ok(f) => f,
             Err(e) => panic!("the stream was cut by the drain after {got} batches: {e}"),
@@ -732,13 +731,12 @@ async fn the_drain_lets_an_exhaust_stream_finish_then_closes() {
         let body = hostile::body_of(&frame);
         let flags = u32::from_le_bytes([frame[16], frame[17], frame[18], frame[19]]);
         if flags & 2 == 0 {
-            last_cursor = body
+            break body
                 .get_document("cursor")
                 .ok()
                 .and_then(|c| c.get_i64("id").ok());
-            break;
         }
-    }
+    };
     assert_eq!(last_cursor, Some(0), "the stream ended with the cursor");
     // 19 batches of one document after the find's first one, plus the final empty batch
     // or not, depending on the server: at least 19.
