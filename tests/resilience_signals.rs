@@ -523,6 +523,13 @@ async fn sighup_names_the_configuration_changes_that_need_a_restart() {
         .filter_map(|v| v.as_str())
         .collect();
     assert!(changed.contains(&"proxy.mode"), "{after}");
+    // For alerting: the number of settings that need a restart, as a gauge.
+    let metrics = admin_get(admin, "/metrics").await;
+    let gauge = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mongoguard_config_restart_pending_settings "))
+        .unwrap_or_else(|| panic!("no restart gauge in /metrics:\n{metrics}"));
+    assert_eq!(gauge.trim(), changed.len().to_string(), "{after}");
     // Still the running configuration: passthrough on the old address.
     let mut c = RawClient::connect(bin.addr).await;
     c.ping(REPLY).await.expect("still serving after SIGHUP");

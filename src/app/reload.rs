@@ -129,6 +129,12 @@ impl Reloader {
         }
         // The configuration file itself is not applied: what changed in it is said.
         self.config.check();
+        if self.config.has_source() {
+            let pending = self.config.status().changed.len();
+            ctx.stats
+                .config_restart_pending
+                .set(u64::try_from(pending).unwrap_or(u64::MAX));
+        }
     }
 
     /// Reloads the policy file now: validates it completely and swaps it in, or keeps the

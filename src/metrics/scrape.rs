@@ -305,6 +305,14 @@ fn reloads_and_log(
         "Upstream TLS file reloads refused (unreadable or invalid files; the old ones stayed)",
         s.upstream_tls_reload_failures,
     )?;
+    let m = encoder.encode_descriptor(
+        "mongoguard_config_restart_pending_settings",
+        "Settings changed in the configuration file that are not in force until a restart \
+         (found at the last SIGHUP; 0 when the file matches the running configuration)",
+        None,
+        MetricType::Gauge,
+    )?;
+    ConstGauge::new(to_i64_u(s.config_restart_pending)).encode(m)?;
     counter(
         encoder,
         "mongoguard_log_lines_dropped",

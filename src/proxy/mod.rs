@@ -113,6 +113,9 @@ pub struct ProxyStats {
     pub upstream_tls_reloads: Counter,
     /// Upstream TLS file reloads refused (unreadable or invalid files): the old ones stayed.
     pub upstream_tls_reload_failures: Counter,
+    /// Gauge: settings changed in the configuration file that are not in force until a
+    /// restart (as found at the last SIGHUP).
+    pub config_restart_pending: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,

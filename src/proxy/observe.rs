@@ -71,6 +71,7 @@ impl Scrape for ProxyScrape {
             tls_reload_failures: s.tls_reload_failures.get(),
             upstream_tls_reloads: s.upstream_tls_reloads.get(),
             upstream_tls_reload_failures: s.upstream_tls_reload_failures.get(),
+            config_restart_pending: s.config_restart_pending.get(),
             pools,
             pinned,
             memory_budget: (self.budget.in_use_bytes(), self.budget.limit_bytes()),
