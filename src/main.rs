@@ -303,25 +303,31 @@ const RUNTIME_SHUTDOWN_BOUND: Duration = Duration::from_secs(1);
 const LOG_FLUSH_BOUND: Duration = Duration::from_secs(2);
 
 fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let config = load_config(args)?;
     if args.check_config {
+        let config = load_config(args)?;
         // The effective configuration (defaults filled in, command-line overrides applied)
         // as TOML mongoguard reads back, secrets replaced by "***".
         let text = toml::to_string(&config).context("printing the configuration")?;
         println!("# mongoguard: configuration OK; effective values, secrets masked\n{text}");
         return Ok(ExitCode::SUCCESS);
     }
-    let log = init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
+    // First of all, before the configuration is read (a `--config <(...)` pipe can take
+    // seconds to be written): a SIGTERM or SIGINT during the start (that read, an upstream or
+    // name server that does not answer, a slow policy or allowlist) stops the process
+    // cleanly, with status 0 like any requested stop (nothing was served yet). Without the
+    // handlers it killed the process outright, and as PID 1 in a container the kernel
+    // dropped it.
+    let mut signals = {
+        let _in_runtime = runtime.enter();
+        ShutdownSignals::install().context("installing the signal handlers")?
+    };
+    let config = load_config(args)?;
+    let log = init_logging(&config)?;
     let result = runtime.block_on(async move {
-        // First of all: a SIGTERM or SIGINT during the start (an upstream or name server that
-        // does not answer, a slow policy or allowlist) stops the process cleanly, with status 0
-        // like any requested stop (nothing was served yet). Without the handlers it killed the
-        // process outright, and as PID 1 in a container the kernel ignored it.
-        let mut signals = ShutdownSignals::install().context("installing the signal handlers")?;
         // Read again at SIGHUP, to say which changed settings need a restart: a regular file
         // only. A `--config <(...)` pipe was read once; opening it again would block the
         // reload task for good (no writer any more), and every later SIGHUP with it.
@@ -340,11 +346,13 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
                 })
             });
         let proxy = tokio::select! {
-            started = Proxy::start_from(Arc::new(config), source) => started?,
+            // A stop received before the start (while the configuration was read) wins.
+            biased;
             () = signals.recv() => {
                 tracing::info!("stop requested during the start; exiting before serving");
                 return anyhow::Ok(());
             }
+            started = Proxy::start_from(Arc::new(config), source) => started?,
         };
         proxy.run_until(&mut signals).await;
         anyhow::Ok(())

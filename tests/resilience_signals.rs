@@ -834,3 +834,80 @@ async fn pooled_drain_answers_the_write_in_flight_and_closes_an_idle_transaction
         .unwrap();
     assert_eq!(num(&count, "n"), Some(1), "applied once: {count}");
 }
+
+/// A stop while mongoguard still reads its configuration: `--config <(vault read ...)`, or
+/// a secrets sidecar's named pipe, can take seconds to be written. The handlers were
+/// installed only after the configuration was read, so a SIGTERM then killed the process
+/// (and as PID 1 in a container was dropped: the stop then waited for SIGKILL). Installed
+/// before, the stop is kept and honoured as soon as the configuration arrives: status 0,
+/// nothing served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_configuration_is_read_is_kept_and_honoured() {
+    use std::io::Write as _;
+    use std::os::unix::process::ExitStatusExt;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("sigterm-config-pipe");
+    let fifo = dir.join("mongoguard.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+        .arg("--config")
+        .arg(&fifo)
+        .args(["--log-format", "json"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // This open returns once mongoguard has opened the pipe to read its configuration: it
+    // is now waiting for the text.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let sent = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    // Give a default action time to act (it is immediate) before the text arrives.
+    std::thread::sleep(Duration::from_millis(300));
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+         [upstream]\nuri = \"{}\"\n\
+         [admin]\nlisten = \"off\"\n\
+         [audit]\nsink = \"none\"\n",
+        standin.uri()
+    );
+    let _ = writer.write_all(text.as_bytes());
+    drop(writer);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = None;
+    while std::time::Instant::now() < deadline {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let status = status.unwrap_or_else(|| panic!("still running 10 s after SIGTERM:\n{stderr}"));
+    assert_eq!(
+        status.signal(),
+        None,
+        "SIGTERM while reading the configuration killed mongoguard ({status})"
+    );
+    assert_eq!(status.code(), Some(0), "{status}\n{stderr}");
+    assert!(
+        !stderr.contains("mongoguard listening"),
+        "it started serving after the stop:\n{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
