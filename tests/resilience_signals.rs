@@ -911,3 +911,97 @@ async fn sigterm_while_the_configuration_is_read_is_kept_and_honoured() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `systemctl reload` while mongoguard still reads a `--config` pipe: SIGHUP's default
+/// action killed it, as during the rest of the start before the reload handler existed. It
+/// must be ignored there (the configuration and the files it names are read after it
+/// anyway), and the proxy then starts and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_while_the_configuration_is_read_does_not_kill() {
+    use std::io::Write as _;
+    use std::os::unix::process::ExitStatusExt;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let dir = temp_dir("sighup-config-read");
+    let fifo = dir.join("mongoguard.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+         [upstream]\nuri = \"{}\"\n\
+         [admin]\nlisten = \"off\"\n\
+         [audit]\nsink = \"none\"\n",
+        standin.uri()
+    );
+    let fifo_w = fifo.clone();
+    let pid = std::sync::Arc::new(std::sync::Mutex::new(None::<u32>));
+    let pid_w = pid.clone();
+    // The writer: once mongoguard has the pipe open (this open returns), SIGHUP, then the
+    // text a little later.
+    let writer = std::thread::spawn(move || {
+        let mut w = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo_w)
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let id = loop {
+            if let Some(id) = *pid_w.lock().unwrap() {
+                break id;
+            }
+            assert!(std::time::Instant::now() < deadline, "no pid");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let sent = std::process::Command::new("kill")
+            .arg("-HUP")
+            .arg(id.to_string())
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = w.write_all(text.as_bytes());
+    });
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"));
+    let child = command
+        .arg("--config")
+        .arg(&fifo)
+        .args(["--log-format", "json"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    *pid.lock().unwrap() = Some(child.id());
+    let mut child = child;
+    writer.join().unwrap();
+    // Dead by SIGHUP within a moment, or alive and then stopped by SIGTERM.
+    std::thread::sleep(Duration::from_millis(500));
+    let early = child.try_wait().unwrap();
+    if let Some(s) = early {
+        panic!(
+            "mongoguard ended during its start after SIGHUP ({s}, signal {:?})",
+            s.signal()
+        );
+    }
+    let sent = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = None;
+    while std::time::Instant::now() < deadline {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let status = status.expect("exit after SIGTERM");
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -342,6 +342,11 @@ pub struct ShutdownSignals {
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
     int: tokio::signal::unix::Signal,
+    /// SIGHUP registered too, so that its default action (terminate) is gone before the
+    /// configuration is read; one received before the proxy's reload handler exists is
+    /// ignored (everything it would reload is read by the start).
+    #[cfg(unix)]
+    _hangup: Option<tokio::signal::unix::Signal>,
 }
 
 impl ShutdownSignals {
@@ -354,6 +359,7 @@ impl ShutdownSignals {
             Ok(ShutdownSignals {
                 term: signal(SignalKind::terminate())?,
                 int: signal(SignalKind::interrupt())?,
+                _hangup: hangup_signal(),
             })
         }
         #[cfg(not(unix))]
