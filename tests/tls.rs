@@ -491,3 +491,54 @@ async fn sighup_reloads_the_upstream_ca_and_keeps_it_when_the_new_one_is_broken(
     upstream.shutdown().await;
     standin.shutdown().await;
 }
+
+/// The same for mongoguard's client certificate toward an upstream that requires one
+/// (`tlsCertificateKeyFile`): the upstream starts trusting only a new client CA, the new
+/// certificate is written over the file, and SIGHUP makes the next upstream connections
+/// present it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_upstream_client_certificate() {
+    let pki = Pki::new();
+    let (server_ca, server_ca_path) = pki.ca("srv-ca");
+    let (cert, key, _) = pki.leaf(&server_ca, "srv", &["localhost"], false, false);
+    let (client_ca1, client_ca1_path) = pki.ca("cli-ca1");
+    let (client_ca2, client_ca2_path) = pki.ca("cli-ca2");
+    let (_, _, client1) = pki.leaf(&client_ca1, "cli1", &["mongoguard"], false, false);
+    let (_, _, client2) = pki.leaf(&client_ca2, "cli2", &["mongoguard"], false, false);
+    // The upstream requires client certificates from the CA in up-client-ca.pem (ca1).
+    let up_client_ca = pki.dir.join("up-client-ca.pem");
+    std::fs::copy(&client_ca1_path, &up_client_ca).unwrap();
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let upstream = tls_proxy(&standin.uri(), &cert, &key, Some(&up_client_ca)).await;
+    // The front presents front-client.pem (signed by ca1 at start).
+    let front_pem = pki.dir.join("front-client.pem");
+    std::fs::copy(&client1, &front_pem).unwrap();
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://localhost:{}/?tls=true&tlsCAFile={}&tlsCertificateKeyFile={}",
+        upstream.local_addr().port(),
+        server_ca_path.display(),
+        front_pem.display()
+    ))
+    .unwrap();
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    let front = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let through = format!("mongodb://{}", front.local_addr());
+    works(&through)
+        .await
+        .expect("through the front, client certificate 1");
+    // The upstream now trusts only ca2 for clients.
+    std::fs::copy(&client_ca2_path, &up_client_ca).unwrap();
+    upstream.hangup();
+    assert!(
+        works(&through).await.is_err(),
+        "the upstream accepted a client certificate from a CA it no longer trusts"
+    );
+    std::fs::copy(&client2, &front_pem).unwrap();
+    front.hangup();
+    works_soon(&through)
+        .await
+        .expect("the rotated client certificate is presented after SIGHUP");
+    front.shutdown().await;
+    upstream.shutdown().await;
+    standin.shutdown().await;
+}
