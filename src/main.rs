@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
-    app::Proxy,
+    app::{ConfigSource, Proxy, ShutdownSignals},
     check::{Checker, Format},
     config::{Config, LogFormat},
     logging::LogGuard,
@@ -65,12 +65,17 @@ SIGNALS
                      old policy; a built-in profile has nothing to reload), the allowlist
                      file ([allowlist] mode = \"enforce\"; an invalid file keeps the old
                      allowlist), the users file (pooled mode), the TLS certificate, key
-                     and client CA ([tls]; an invalid set keeps the one in force), and
+                     and client CA ([tls]; an invalid set keeps the one in force), the
+                     upstream URI's tlsCAFile and tlsCertificateKeyFile (likewise), and
                      reopen the audit file sinks (logrotate). Never terminates the process.
-                     The policy file is also reloaded when it changes on disk.
-    SIGTERM, SIGINT  graceful drain: stop accepting, let in-flight requests finish for up to
-                     [proxy] drain_timeout (30s by default), then close what is left; the
-                     audit streams are written out before exit.
+                     The policy file is also reloaded when it changes on disk. The
+                     configuration file itself is not applied: settings changed in it are
+                     logged as needing a restart (and listed by GET /config).
+    SIGTERM, SIGINT  graceful drain: /readyz says 503 at once; after [proxy] shutdown_delay
+                     (0 by default; a second signal cuts it short) stop accepting, let
+                     in-flight requests finish for up to [proxy] drain_timeout (30s by
+                     default), then close what is left; the audit streams are written out
+                     before exit. During the start: exit at once, status 0.
 
 FILES
     /etc/mongoguard/mongoguard.toml  configuration, by convention (pass it with --config)
@@ -192,7 +197,7 @@ enum UsersCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct RunArgs {
     /// Configuration file (TOML). Flags below override its values.
     #[arg(long, short = 'c', value_name = "FILE")]
@@ -298,22 +303,58 @@ const RUNTIME_SHUTDOWN_BOUND: Duration = Duration::from_secs(1);
 const LOG_FLUSH_BOUND: Duration = Duration::from_secs(2);
 
 fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let config = load_config(args)?;
     if args.check_config {
+        let config = load_config(args)?;
         // The effective configuration (defaults filled in, command-line overrides applied)
         // as TOML mongoguard reads back, secrets replaced by "***".
         let text = toml::to_string(&config).context("printing the configuration")?;
         println!("# mongoguard: configuration OK; effective values, secrets masked\n{text}");
         return Ok(ExitCode::SUCCESS);
     }
-    let log = init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
+    // First of all, before the configuration is read (a `--config <(...)` pipe can take
+    // seconds to be written): a SIGTERM or SIGINT during the start (that read, an upstream or
+    // name server that does not answer, a slow policy or allowlist) stops the process
+    // cleanly, with status 0 like any requested stop (nothing was served yet). Without the
+    // handlers it killed the process outright, and as PID 1 in a container the kernel
+    // dropped it.
+    let mut signals = {
+        let _in_runtime = runtime.enter();
+        ShutdownSignals::install().context("installing the signal handlers")?
+    };
+    let config = load_config(args)?;
+    let log = init_logging(&config)?;
     let result = runtime.block_on(async move {
-        let proxy = Proxy::start(Arc::new(config)).await?;
-        proxy.run_until_signal().await?;
+        // Read again at SIGHUP, to say which changed settings need a restart: a regular file
+        // only. A `--config <(...)` pipe was read once; opening it again would block the
+        // reload task for good (no writer any more), and every later SIGHUP with it.
+        let again = args.clone();
+        let regular = |p: &std::path::Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+        let source = args
+            .config
+            .clone()
+            .filter(|p| regular(p))
+            .map(|path| -> ConfigSource {
+                Arc::new(move || {
+                    if !regular(&path) {
+                        return Err(format!("{}: not a regular file", path.display()));
+                    }
+                    load_config(&again).map_err(|e| format!("{e:#}"))
+                })
+            });
+        let proxy = tokio::select! {
+            // A stop received before the start (while the configuration was read) wins.
+            biased;
+            () = signals.recv() => {
+                tracing::info!("stop requested during the start; exiting before serving");
+                return anyhow::Ok(());
+            }
+            started = Proxy::start_from(Arc::new(config), source) => started?,
+        };
+        proxy.run_until(&mut signals).await;
         anyhow::Ok(())
     });
     // Dropping the runtime would wait without bound for blocking writes (a stuck sink).

@@ -163,10 +163,12 @@ impl ServerTls {
     }
 }
 
-/// TLS toward the upstream.
+/// TLS toward the upstream; every clone (the monitors, the pools, the sessions, the plan
+/// guard) shares it, and [`UpstreamTls::reload`] swaps it for all of them (connections
+/// already open keep their session).
 #[derive(Clone)]
 pub struct UpstreamTls {
-    connector: tokio_rustls::TlsConnector,
+    connector: Arc<std::sync::RwLock<tokio_rustls::TlsConnector>>,
 }
 
 impl std::fmt::Debug for UpstreamTls {
@@ -254,8 +256,33 @@ impl UpstreamTls {
             None => builder.with_no_client_auth(),
         };
         Ok(Some(UpstreamTls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            connector: Arc::new(std::sync::RwLock::new(tokio_rustls::TlsConnector::from(
+                Arc::new(config),
+            ))),
         }))
+    }
+
+    /// Reads the URI's `tlsCAFile` and `tlsCertificateKeyFile` again (SIGHUP: a rotation on
+    /// disk of the upstream's CA or of mongoguard's client certificate) and uses them for the
+    /// next upstream handshakes; an unreadable or invalid set is refused and the one in force
+    /// stays. Returns whether anything was reloaded (`false`: no upstream TLS files).
+    pub fn reload(&self, uri: &UpstreamUri) -> Result<bool, TlsError> {
+        if uri.option("tlsCAFile").is_none() && uri.option("tlsCertificateKeyFile").is_none() {
+            return Ok(false);
+        }
+        let Some(fresh) = UpstreamTls::from_uri(uri)? else {
+            return Ok(false);
+        };
+        let connector = fresh
+            .connector
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        *self
+            .connector
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = connector;
+        Ok(true)
     }
 
     /// Runs the client handshake toward `host` over `tcp`.
@@ -263,7 +290,12 @@ impl UpstreamTls {
         let name = ServerName::try_from(host.name.clone()).map_err(|e| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host}: {e}"))
         })?;
-        Ok(Either::Tls(self.connector.connect(name, tcp).await?))
+        let connector = self
+            .connector
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        Ok(Either::Tls(connector.connect(name, tcp).await?))
     }
 }
 

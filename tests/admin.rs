@@ -630,6 +630,56 @@ async fn readyz_is_503_while_draining_and_the_listener_stops_with_the_proxy() {
     standin.shutdown().await;
 }
 
+/// Kubernetes removes a terminating pod from the Service's endpoints at the same time as it
+/// sends SIGTERM, and kube-proxy / load balancers follow seconds later: mongoguard closed its
+/// listener at once, so the clients still sent its way in that window were refused (a
+/// network error for every new connection). With `proxy.shutdown_delay`, SIGTERM first makes
+/// `/readyz` say 503 and keeps accepting and serving for that long, then drains as before.
+#[tokio::test]
+async fn shutdown_delay_goes_unready_first_and_keeps_serving_new_connections() {
+    use mongoguard::wire::builder::MsgBuilder;
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let delay = Duration::from_secs(5);
+    let proxy = start(&standin, |c| {
+        c.proxy.drain_timeout = Duration::from_secs(20);
+        c.proxy.shutdown_delay = delay;
+    })
+    .await;
+    let admin = proxy.admin_addr().unwrap();
+    let addr = proxy.local_addr();
+    assert_eq!(get_json(admin, "/readyz").await["status"], "ready");
+    let asked = std::time::Instant::now();
+    let shutdown = tokio::spawn(proxy.shutdown());
+    let unready = support::eventually(200, Duration::from_millis(10), || async {
+        let (status, _, body) = http(admin, "GET", "/readyz", None).await;
+        status == 503 && body.contains("draining")
+    })
+    .await;
+    assert!(unready, "/readyz says 503 as soon as the shutdown starts");
+    // Unready, and still serving a client that connects now.
+    let mut raw = TcpStream::connect(addr)
+        .await
+        .expect("a new connection during shutdown_delay is accepted");
+    let ping = MsgBuilder::new(bson::rawdoc! {"ping": 1, "$db": "admin"}).encode(1, 0);
+    raw.write_all(&ping).await.unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(10), raw.read(&mut buf))
+        .await
+        .expect("a reply in time")
+        .unwrap_or(0);
+    assert!(
+        asked.elapsed() < delay,
+        "the check ran past the delay on a slow machine; nothing learned"
+    );
+    assert!(n > 16, "a new client during shutdown_delay got no reply");
+    tokio::time::timeout(Duration::from_secs(40), shutdown)
+        .await
+        .expect("shutdown ends after the delay and the drain")
+        .unwrap();
+    assert!(asked.elapsed() >= delay, "the delay was not kept");
+    standin.shutdown().await;
+}
+
 /// Every metric the Grafana dashboard queries is one a running proxy exposes.
 #[tokio::test]
 async fn grafana_dashboard_uses_only_exposed_metrics() {

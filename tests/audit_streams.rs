@@ -414,17 +414,33 @@ async fn a_sink_on_a_pipe_with_a_reader_gets_whole_lines() {
     use std::io::BufRead;
     let dir = temp_dir("mg-audit-fifo-read");
     let fifo = named_pipe(&dir);
-    // The reader: blocks in its open until the proxy opens the pipe for writing.
+    // The reader. It holds the pipe open for reading (without waiting: O_NONBLOCK) before
+    // the proxy starts, so the proxy's "is anyone reading?" probe sees it whatever the
+    // threads' timing (a reader thread that had not reached its open yet made the start
+    // refuse the pipe on a loaded machine); then it reads through a blocking descriptor,
+    // whose open waits for the proxy's.
     let (tx, rx) = std::sync::mpsc::channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let path = fifo.clone();
     std::thread::spawn(move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        let holder = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .unwrap();
+        ready_tx.send(()).unwrap();
         let reader = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+        drop(holder);
         for line in reader.lines() {
             if tx.send(line.unwrap()).is_err() {
                 return;
             }
         }
     });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the reader holds the pipe");
     let standin = StandIn::start(StandInConfig::default()).await.unwrap();
     let mut config = mongoguard::config::Config::for_upstream(&standin.uri()).unwrap();
     config.audit.sink = mongoguard::audit::SinkSpec::File(fifo.clone());

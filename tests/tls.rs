@@ -400,3 +400,145 @@ async fn sighup_reloads_the_certificate_and_keeps_it_when_the_new_one_is_broken(
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// `works`, tried up to 5 times: the upstream was marked unknown by the failed handshakes,
+/// and a session waits for the monitor's next heartbeat before it connects.
+async fn works_soon(uri: &str) -> Result<(), mongodb::error::Error> {
+    let mut last = None;
+    for _ in 0..5 {
+        match works(uri).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap())
+}
+
+/// The upstream's CA (the URI's `tlsCAFile`) or mongoguard's client certificate toward it
+/// (`tlsCertificateKeyFile`) is rotated on disk and `systemctl reload` follows: SIGHUP
+/// reloaded the listener's certificate but not these, so once the upstream served a
+/// certificate from the new CA every new upstream connection (sessions, monitors, pools)
+/// failed until a restart. SIGHUP reloads them like the listener's: the rotated CA is trusted
+/// for the next connections, a broken file is refused, counted and the set in force stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_upstream_ca_and_keeps_it_when_the_new_one_is_broken() {
+    let pki = Pki::new();
+    let (ca1, ca1_path) = pki.ca("up-ca1");
+    let (ca2, ca2_path) = pki.ca("up-ca2");
+    let (cert1, key1, _) = pki.leaf(&ca1, "up-leaf1", &["localhost"], false, false);
+    let (cert2, key2, _) = pki.leaf(&ca2, "up-leaf2", &["localhost"], false, false);
+    // The TLS upstream: a mongoguard with a TLS listener in front of the stand-in.
+    let up_cert = pki.dir.join("up.crt");
+    let up_key = pki.dir.join("up.key");
+    std::fs::copy(&cert1, &up_cert).unwrap();
+    std::fs::copy(&key1, &up_key).unwrap();
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let upstream = tls_proxy(&standin.uri(), &up_cert, &up_key, None).await;
+    // The front's tlsCAFile, holding ca1 at start.
+    let front_ca = pki.dir.join("front-ca.pem");
+    std::fs::copy(&ca1_path, &front_ca).unwrap();
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://localhost:{}/?tls=true&tlsCAFile={}",
+        upstream.local_addr().port(),
+        front_ca.display()
+    ))
+    .unwrap();
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    let front = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let through = format!("mongodb://{}", front.local_addr());
+    works(&through).await.expect("through the front, ca1");
+
+    // The upstream rotates to a certificate from ca2: the front no longer trusts it.
+    std::fs::copy(&cert2, &up_cert).unwrap();
+    std::fs::copy(&key2, &up_key).unwrap();
+    upstream.hangup();
+    assert!(
+        works(&through).await.is_err(),
+        "the front trusted a certificate its CA file does not name"
+    );
+    // The operator puts ca2 in the front's CA file and reloads it.
+    std::fs::copy(&ca2_path, &front_ca).unwrap();
+    front.hangup();
+    works_soon(&through)
+        .await
+        .expect("the rotated upstream CA is trusted after SIGHUP");
+
+    // A broken CA file: refused, counted, the rotated CA stays in force.
+    std::fs::write(&front_ca, "not a certificate\n").unwrap();
+    front.hangup();
+    works_soon(&through)
+        .await
+        .expect("a broken CA file keeps the CA in force");
+    let scrape = front.metrics().encode();
+    let value = |name: &str| {
+        scrape.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    assert_eq!(value("mongoguard_upstream_tls_reloads_total"), Some(1.0));
+    assert_eq!(
+        value("mongoguard_upstream_tls_reload_failures_total"),
+        Some(1.0)
+    );
+    // The listener's own TLS counters are not touched by the upstream's files.
+    assert_eq!(value("mongoguard_tls_reload_failures_total"), Some(0.0));
+    let _ = (&ca1, &ca2);
+    front.shutdown().await;
+    upstream.shutdown().await;
+    standin.shutdown().await;
+}
+
+/// The same for mongoguard's client certificate toward an upstream that requires one
+/// (`tlsCertificateKeyFile`): the upstream starts trusting only a new client CA, the new
+/// certificate is written over the file, and SIGHUP makes the next upstream connections
+/// present it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_upstream_client_certificate() {
+    let pki = Pki::new();
+    let (server_ca, server_ca_path) = pki.ca("srv-ca");
+    let (cert, key, _) = pki.leaf(&server_ca, "srv", &["localhost"], false, false);
+    let (client_ca1, client_ca1_path) = pki.ca("cli-ca1");
+    let (client_ca2, client_ca2_path) = pki.ca("cli-ca2");
+    let (_, _, client1) = pki.leaf(&client_ca1, "cli1", &["mongoguard"], false, false);
+    let (_, _, client2) = pki.leaf(&client_ca2, "cli2", &["mongoguard"], false, false);
+    // The upstream requires client certificates from the CA in up-client-ca.pem (ca1).
+    let up_client_ca = pki.dir.join("up-client-ca.pem");
+    std::fs::copy(&client_ca1_path, &up_client_ca).unwrap();
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let upstream = tls_proxy(&standin.uri(), &cert, &key, Some(&up_client_ca)).await;
+    // The front presents front-client.pem (signed by ca1 at start).
+    let front_pem = pki.dir.join("front-client.pem");
+    std::fs::copy(&client1, &front_pem).unwrap();
+    let mut cfg = Config::for_upstream(&format!(
+        "mongodb://localhost:{}/?tls=true&tlsCAFile={}&tlsCertificateKeyFile={}",
+        upstream.local_addr().port(),
+        server_ca_path.display(),
+        front_pem.display()
+    ))
+    .unwrap();
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    let front = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let through = format!("mongodb://{}", front.local_addr());
+    works(&through)
+        .await
+        .expect("through the front, client certificate 1");
+    // The upstream now trusts only ca2 for clients.
+    std::fs::copy(&client_ca2_path, &up_client_ca).unwrap();
+    upstream.hangup();
+    assert!(
+        works(&through).await.is_err(),
+        "the upstream accepted a client certificate from a CA it no longer trusts"
+    );
+    std::fs::copy(&client2, &front_pem).unwrap();
+    front.hangup();
+    works_soon(&through)
+        .await
+        .expect("the rotated client certificate is presented after SIGHUP");
+    front.shutdown().await;
+    upstream.shutdown().await;
+    standin.shutdown().await;
+}

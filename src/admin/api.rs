@@ -50,6 +50,22 @@ pub(super) fn policy(ctx: &Context) -> String {
     .to_string()
 }
 
+/// `GET /config`: whether the configuration file changed since the start in settings that
+/// need a restart (as found at the last SIGHUP).
+pub(super) fn config(ctx: &Context) -> String {
+    match ctx.reload.config_status() {
+        None => json!({"file": false, "restart_required": false, "changed": []}).to_string(),
+        Some(s) => json!({
+            "file": true,
+            "restart_required": !s.changed.is_empty(),
+            "changed": s.changed,
+            "error": s.error,
+            "checked_at": s.checked.map(rfc3339),
+        })
+        .to_string(),
+    }
+}
+
 /// `POST /reload`: 200 with the new hash, 422 when the file is invalid (the old policy
 /// stays), 409 for a built-in profile. In allowlist enforce mode the allowlist file is
 /// reloaded too (`"allowlist"` in the answer; 422 when it is refused and the old one stays).

@@ -32,7 +32,8 @@ pub(crate) struct AdminState {
     pub config: Arc<Config>,
     pub policy: Arc<PolicyHolder>,
     pub metrics: Arc<Metrics>,
-    /// Cancelled when the proxy starts draining (`/readyz` then says 503).
+    /// Cancelled when the shutdown starts, before `shutdown_delay` and the drain (`/readyz`
+    /// then says 503).
     pub draining: CancellationToken,
     /// TLS toward the upstream, for the readiness probe.
     pub upstream_tls: Option<crate::tls::UpstreamTls>,
@@ -49,6 +50,9 @@ pub(crate) struct AdminState {
 /// Reloads the policy file (validated completely; the old policy stays when it is invalid),
 /// counted and recorded like every other reload. Returns the new hash.
 pub(crate) trait PolicyReload: Send + Sync {
+    /// What the last SIGHUP found in the configuration file (`None`: not started from one).
+    fn config_status(&self) -> Option<crate::app::ConfigStatus>;
+
     fn reload_policy(
         &self,
         trigger: &'static str,
@@ -325,6 +329,7 @@ impl Admin {
                 r
             }
             (&Method::GET, "/policy") => json(StatusCode::OK, api::policy(ctx)),
+            (&Method::GET, "/config") => json(StatusCode::OK, api::config(ctx)),
             (&Method::POST, "/reload") => {
                 let (status, body) = api::reload(ctx);
                 json(status, body)
@@ -367,9 +372,9 @@ impl Admin {
             }
             (
                 _,
-                "/healthz" | "/readyz" | "/metrics" | "/policy" | "/reload" | "/violations"
-                | "/stats/violations" | "/clients" | "/shapes" | "/pool" | "/connections"
-                | "/pause" | "/resume" | "/stats/reset" | "/",
+                "/healthz" | "/readyz" | "/metrics" | "/policy" | "/config" | "/reload"
+                | "/violations" | "/stats/violations" | "/clients" | "/shapes" | "/pool"
+                | "/connections" | "/pause" | "/resume" | "/stats/reset" | "/",
             ) => json(
                 StatusCode::METHOD_NOT_ALLOWED,
                 r#"{"error":"method not allowed"}"#.to_owned(),

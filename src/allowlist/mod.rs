@@ -203,6 +203,12 @@ pub struct Allowlist {
     saved: AtomicU64,
     /// A cap was reached while learning (logged once).
     capped: AtomicBool,
+    /// Held by a reload from reading the file to installing it: SIGHUP and `POST /reload`
+    /// at once otherwise could install the older read last.
+    reloading: std::sync::Mutex<()>,
+    /// Test hook: runs inside `reload` between reading the file and installing it.
+    #[cfg(test)]
+    after_read: std::sync::Mutex<Option<tests::Hook>>,
 }
 
 impl Allowlist {
@@ -222,6 +228,9 @@ impl Allowlist {
             added: AtomicU64::new(0),
             saved: AtomicU64::new(0),
             capped: AtomicBool::new(false),
+            reloading: std::sync::Mutex::new(()),
+            #[cfg(test)]
+            after_read: std::sync::Mutex::new(None),
         }
     }
 
@@ -265,10 +274,15 @@ impl Allowlist {
 
     /// Reads the file again and swaps it in when it is valid; an invalid or unreadable
     /// file keeps the allowlist in force. (SIGHUP and `POST /reload` in enforce mode.)
+    /// Reloads run one at a time, so the last one to start reads the file last.
     pub fn reload(&self) -> Result<Loaded, AllowlistError> {
         let Some(path) = &self.path else {
             return Ok(Loaded::default());
         };
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let err = |message: String| AllowlistError {
             path: path.display().to_string(),
             message,
@@ -278,6 +292,18 @@ impl Allowlist {
         let text = crate::config::read_text_file(path, true).map_err(|e| err(e.to_string()))?;
         let parsed = file::parse(&text).map_err(err)?;
         let (table, loaded) = Table::from_parsed(parsed, self.max_apps, self.max_shapes);
+        #[cfg(test)]
+        {
+            let hook = self
+                .after_read
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|h| h.0.clone());
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
         if loaded.over_caps > 0 {
             warn!(file = %path.display(), left_out = loaded.over_caps,
                 max_apps = self.max_apps, max_shapes_per_app = self.max_shapes,

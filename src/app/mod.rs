@@ -7,6 +7,7 @@
 //! [`Proxy::start`] is the entry point (`main.rs`, tests, embedding); [`ProxyHandle`] reads
 //! the running state, reloads it, and shuts everything down in order.
 
+mod config_check;
 mod reload;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -28,7 +29,9 @@ use crate::{
     },
 };
 
-pub use reload::wait_for_signal;
+pub use config_check::ConfigSource;
+pub(crate) use config_check::ConfigStatus;
+pub use reload::{wait_for_signal, ShutdownSignals};
 
 /// How long shutdown waits for sessions after killing them, and for the admin listener and
 /// the audit writer, before it ends anyway.
@@ -46,7 +49,20 @@ impl Proxy {
         let hup = reload::hangup_signal();
         let policy =
             PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
-        Self::start_inner(config, policy, hup).await
+        Self::start_inner(config, policy, hup, None).await
+    }
+
+    /// Like [`Proxy::start`], with the way `config` was read (`main`: the file and the
+    /// command line), so that SIGHUP can say which settings changed in the file since and
+    /// need a restart (log, `GET /config`).
+    pub async fn start_from(
+        config: Arc<Config>,
+        source: Option<ConfigSource>,
+    ) -> Result<ProxyHandle, ProxyError> {
+        let hup = reload::hangup_signal();
+        let policy =
+            PolicyHolder::load(config.policy.file.as_deref()).map_err(ProxyError::Policy)?;
+        Self::start_inner(config, policy, hup, source).await
     }
 
     /// Like [`Proxy::start`], with an already loaded policy.
@@ -55,14 +71,17 @@ impl Proxy {
         policy: PolicyHolder,
     ) -> Result<ProxyHandle, ProxyError> {
         let hup = reload::hangup_signal();
-        Self::start_inner(config, policy, hup).await
+        Self::start_inner(config, policy, hup, None).await
     }
 
     async fn start_inner(
         config: Arc<Config>,
         policy: PolicyHolder,
         hup: reload::Hangup,
+        source: Option<ConfigSource>,
     ) -> Result<ProxyHandle, ProxyError> {
+        // Compared with the file at SIGHUP: the configuration as read, before SRV resolution.
+        let config_check = Arc::new(config_check::ConfigCheck::new(source, config.clone()));
         // A mongodb+srv:// upstream becomes hosts (and TXT options) before anything else:
         // everything below sees the resolved URI; a failed lookup fails the start.
         let srv = crate::upstream::srv::resolve(&config.upstream)
@@ -110,20 +129,25 @@ impl Proxy {
             mode = ?config.proxy.mode, threads = ctx.loops.as_ref().map_or(0, |l| l.len()),
             policy = %policy.source(),
             policy_mode = policy.current().mode().as_str(), "mongoguard listening");
-        let reloader = Arc::new(reload::Reloader::new(ctx.clone(), admin_token.clone()));
+        let reloader = Arc::new(reload::Reloader::new(
+            ctx.clone(),
+            admin_token.clone(),
+            config_check,
+        ));
         // The SIGHUP stream was registered first thing in the start.
         let reload = tokio::spawn(reload::on_triggers(reloader.clone(), hup));
         let learn = tokio::spawn(reload::save_allowlist(ctx.clone()));
         let accept = tokio::spawn(proxy::serve(listeners.proxy, ctx.clone()));
         tokio::spawn(proxy::conn_report::run(ctx.clone(), background.clone()));
         let admin_stop = CancellationToken::new();
+        let unready = CancellationToken::new();
         let admin = listeners.admin.map(|l| {
             info!(listen = ?listeners.admin_addr, "admin listener up");
             let state = AdminState {
                 config,
                 policy,
                 metrics: ctx.metrics.clone(),
-                draining: ctx.drain.clone(),
+                draining: unready.clone(),
                 upstream_tls,
                 reload: reloader.clone(),
                 control: ctx.control.clone(),
@@ -143,6 +167,7 @@ impl Proxy {
             learn,
             admin,
             admin_stop,
+            unready,
             background,
         })
     }
@@ -307,6 +332,8 @@ pub struct ProxyHandle {
     learn: JoinHandle<()>,
     admin: Option<JoinHandle<()>>,
     admin_stop: CancellationToken,
+    /// Cancelled first at shutdown: `/readyz` says 503 from then on.
+    unready: CancellationToken,
     /// Stops the background tasks (topology monitors) at the end of shutdown.
     background: CancellationToken,
 }
@@ -378,6 +405,26 @@ impl ProxyHandle {
     /// Graceful shutdown: stop accepting, close idle clients, let in-flight requests finish
     /// for up to `drain_timeout`, then close whatever is left.
     pub async fn shutdown(self) {
+        self.shutdown_cut(std::future::pending()).await;
+    }
+
+    /// [`ProxyHandle::shutdown`], going unready first: `/readyz` says 503 at once, and for
+    /// `proxy.shutdown_delay` (unless `cut` ends first: a second signal) clients are still
+    /// accepted and served, so that a load balancer or Kubernetes Service has time to stop
+    /// sending new ones; then the drain.
+    async fn shutdown_cut(self, cut: impl std::future::Future<Output = ()>) {
+        self.unready.cancel();
+        let delay = self.ctx.config.proxy.shutdown_delay;
+        if !delay.is_zero() {
+            info!(
+                ?delay,
+                "unready (GET /readyz: 503); serving for proxy.shutdown_delay before the drain"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = cut => info!("second stop signal: draining now"),
+            }
+        }
         let ctx = &self.ctx;
         let deadline = ctx.config.proxy.drain_timeout;
         info!(active = ctx.stats.active.get(), ?deadline, "draining");
@@ -431,6 +478,13 @@ impl ProxyHandle {
         wait_for_signal().await?;
         self.shutdown().await;
         Ok(())
+    }
+
+    /// Runs until `signals` sees SIGTERM or SIGINT (one received during the start counts),
+    /// then shuts down gracefully.
+    pub async fn run_until(self, signals: &mut ShutdownSignals) {
+        signals.recv().await;
+        self.shutdown_cut(signals.recv()).await;
     }
 }
 

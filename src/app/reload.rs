@@ -26,11 +26,20 @@ fn refused(ctx: &Context, kind: &str, path: Option<&std::path::Path>, error: Str
 pub(crate) struct Reloader {
     ctx: Arc<Context>,
     admin_token: Arc<crate::admin::AdminToken>,
+    config: Arc<super::config_check::ConfigCheck>,
 }
 
 impl Reloader {
-    pub(crate) fn new(ctx: Arc<Context>, admin_token: Arc<crate::admin::AdminToken>) -> Reloader {
-        Reloader { ctx, admin_token }
+    pub(crate) fn new(
+        ctx: Arc<Context>,
+        admin_token: Arc<crate::admin::AdminToken>,
+        config: Arc<super::config_check::ConfigCheck>,
+    ) -> Reloader {
+        Reloader {
+            ctx,
+            admin_token,
+            config,
+        }
     }
 
     /// What SIGHUP does: reload the policy file (a built-in profile has nothing to reload:
@@ -61,6 +70,27 @@ impl Reloader {
                         e.to_string(),
                     );
                     warn!(error = %e, "TLS certificate reload failed; keeping the certificate in force");
+                }
+            }
+        }
+        if let Some(tls) = &ctx.upstream_tls {
+            match tls.reload(&ctx.config.upstream.uri) {
+                Ok(false) => {}
+                Ok(true) => {
+                    ctx.stats.upstream_tls_reloads.inc();
+                    info!("upstream TLS files (tlsCAFile, tlsCertificateKeyFile) reloaded");
+                }
+                Err(e) => {
+                    ctx.stats.upstream_tls_reload_failures.inc();
+                    let file = ctx
+                        .config
+                        .upstream
+                        .uri
+                        .option("tlsCertificateKeyFile")
+                        .or_else(|| ctx.config.upstream.uri.option("tlsCAFile"))
+                        .map(std::path::Path::new);
+                    refused(ctx, "upstream-tls", file, e.to_string());
+                    warn!(error = %e, "upstream TLS file reload failed; keeping the files in force");
                 }
             }
         }
@@ -96,6 +126,14 @@ impl Reloader {
                     }
                 }
             }
+        }
+        // The configuration file itself is not applied: what changed in it is said.
+        self.config.check();
+        if self.config.has_source() {
+            let pending = self.config.status().changed.len();
+            ctx.stats
+                .config_restart_pending
+                .set(u64::try_from(pending).unwrap_or(u64::MAX));
         }
     }
 
@@ -184,6 +222,10 @@ impl Reloader {
 }
 
 impl crate::admin::PolicyReload for Reloader {
+    fn config_status(&self) -> Option<super::config_check::ConfigStatus> {
+        self.config.has_source().then(|| self.config.status())
+    }
+
     fn reload_policy(&self, trigger: &'static str) -> Result<Option<u64>, PolicyError> {
         self.policy(trigger)
     }
@@ -291,21 +333,53 @@ pub(crate) async fn on_triggers(reloader: Arc<Reloader>, mut hup: Hangup) {
     }
 }
 
-/// Waits for SIGTERM or SIGINT.
-#[cfg(unix)]
-pub async fn wait_for_signal() -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM received"),
-        _ = int.recv() => info!("SIGINT received"),
-    }
-    Ok(())
+/// SIGTERM and SIGINT, caught from the moment this is made: `main` makes it before anything
+/// else starts, so a stop asked for during a slow start (an SRV lookup that does not answer, a
+/// syslog sink, a large allowlist) ends the process cleanly instead of killing it (or, as PID
+/// 1 in a container, being ignored by the kernel until the start is over).
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    /// SIGHUP registered too, so that its default action (terminate) is gone before the
+    /// configuration is read; one received before the proxy's reload handler exists is
+    /// ignored (everything it would reload is read by the start).
+    #[cfg(unix)]
+    _hangup: Option<tokio::signal::unix::Signal>,
 }
 
-/// Waits for Ctrl-C.
-#[cfg(not(unix))]
+impl ShutdownSignals {
+    /// Installs the handlers (replacing the default actions for the whole process). Needs a
+    /// tokio runtime.
+    pub fn install() -> std::io::Result<ShutdownSignals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(ShutdownSignals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+                _hangup: hangup_signal(),
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// Waits for the next SIGTERM or SIGINT (one received since `install` counts).
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => info!("SIGTERM received"),
+            _ = self.int.recv() => info!("SIGINT received"),
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (handlers installed now).
 pub async fn wait_for_signal() -> std::io::Result<()> {
-    tokio::signal::ctrl_c().await
+    ShutdownSignals::install()?.recv().await;
+    Ok(())
 }

@@ -76,6 +76,14 @@ pub struct ProxyConfig {
         serialize_with = "duration::serialize"
     )]
     pub drain_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long to go on accepting and serving while `/readyz` already
+    /// says 503, before the drain (Kubernetes removes the endpoint only after it sent the
+    /// signal). 0: drain at once.
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
+    pub shutdown_delay: Duration,
     /// Largest accepted message, both directions (mongod's default is 48,000,000).
     pub max_message_size: usize,
     /// Allow a listener on a non-loopback address without TLS (or, in pooled mode, without
@@ -115,6 +123,7 @@ impl Default for ProxyConfig {
             max_client_connections: 10_000,
             client_idle_timeout: Duration::from_secs(600),
             drain_timeout: Duration::from_secs(30),
+            shutdown_delay: Duration::ZERO,
             client_write_timeout: Duration::from_secs(30),
             client_read_timeout: Duration::from_secs(30),
             memory_budget: 1 << 30,

@@ -94,6 +94,12 @@ pub struct Snapshot {
     pub tls_reloads: u64,
     /// Refused TLS certificate reloads.
     pub tls_reload_failures: u64,
+    /// Successful upstream TLS file reloads (tlsCAFile, tlsCertificateKeyFile).
+    pub upstream_tls_reloads: u64,
+    /// Refused upstream TLS file reloads.
+    pub upstream_tls_reload_failures: u64,
+    /// Settings changed in the configuration file, not in force until a restart.
+    pub config_restart_pending: u64,
     /// Pooled mode: every pool. `None` in passthrough mode.
     pub pools: Option<Vec<PoolRow>>,
     /// Pinned counts (zeros in passthrough mode).

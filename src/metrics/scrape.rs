@@ -295,6 +295,26 @@ fn reloads_and_log(
     )?;
     counter(
         encoder,
+        "mongoguard_upstream_tls_reloads",
+        "Successful reloads of the upstream URI's tlsCAFile and tlsCertificateKeyFile (SIGHUP)",
+        s.upstream_tls_reloads,
+    )?;
+    counter(
+        encoder,
+        "mongoguard_upstream_tls_reload_failures",
+        "Upstream TLS file reloads refused (unreadable or invalid files; the old ones stayed)",
+        s.upstream_tls_reload_failures,
+    )?;
+    let m = encoder.encode_descriptor(
+        "mongoguard_config_restart_pending_settings",
+        "Settings changed in the configuration file that are not in force until a restart \
+         (found at the last SIGHUP; 0 when the file matches the running configuration)",
+        None,
+        MetricType::Gauge,
+    )?;
+    ConstGauge::new(to_i64_u(s.config_restart_pending)).encode(m)?;
+    counter(
+        encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
          unread standard error); requests never wait for the log",

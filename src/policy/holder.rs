@@ -68,11 +68,43 @@ impl std::fmt::Display for PolicySource {
 pub struct PolicyHolder {
     current: RwLock<Arc<Policy>>,
     source: PolicySource,
-    modified: RwLock<Option<SystemTime>>,
+    modified: RwLock<Option<FileStamp>>,
+    /// Held by a reload from reading the file to installing it: two reloads at once (SIGHUP,
+    /// `POST /reload`, the mtime poll) otherwise could install the older read last.
+    reloading: std::sync::Mutex<()>,
+    /// Test hook: runs inside `reload` between reading the file and installing it.
+    #[cfg(test)]
+    after_read: std::sync::Mutex<Option<tests::Hook>>,
 }
 
-fn mtime(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// What the poll compares to tell that the policy file changed: its modification time, and
+/// which file it is (device, inode) and its size, so that a file renamed over it (an atomic
+/// `mv`, a Kubernetes ConfigMap's `..data` symlink swap) is a change even when it kept the old
+/// file's modification time (`cp -p`, `rsync -t`, `tar`, two writes within the file system's
+/// timestamp granularity). Read through symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    dev: u64,
+    ino: u64,
+}
+
+fn mtime(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let (dev, ino) = {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    };
+    #[cfg(not(unix))]
+    let (dev, ino) = (0, 0);
+    Some(FileStamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+        dev,
+        ino,
+    })
 }
 
 impl PolicyHolder {
@@ -97,6 +129,9 @@ impl PolicyHolder {
             current: RwLock::new(Arc::new(policy)),
             source,
             modified: RwLock::new(modified),
+            reloading: std::sync::Mutex::new(()),
+            #[cfg(test)]
+            after_read: std::sync::Mutex::new(None),
         })
     }
 
@@ -106,6 +141,9 @@ impl PolicyHolder {
             current: RwLock::new(Arc::new(policy)),
             source: PolicySource::BuiltIn("custom"),
             modified: RwLock::new(None),
+            reloading: std::sync::Mutex::new(()),
+            #[cfg(test)]
+            after_read: std::sync::Mutex::new(None),
         }
     }
 
@@ -123,14 +161,32 @@ impl PolicyHolder {
     }
 
     /// Re-reads the file and swaps it in if it is valid. Built-in profiles never change.
-    /// Returns the new policy's hash.
+    /// Returns the new policy's hash. Reloads run one at a time, so the last one to start
+    /// reads the file last and its policy is the one left in force.
     pub fn reload(&self) -> Result<Option<u64>, PolicyError> {
         let PolicySource::File(path) = &self.source else {
             return Ok(None);
         };
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let modified = mtime(path);
         let policy = Policy::load_reloadable(path)?;
         let hash = policy.hash();
+        #[cfg(test)]
+        {
+            // Not called under the hook's own lock, which would serialise the reloads.
+            let hook = self
+                .after_read
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|h| h.0.clone());
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
         match self.current.write() {
             Ok(mut g) => *g = Arc::new(policy),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
@@ -141,9 +197,9 @@ impl PolicyHolder {
         Ok(Some(hash))
     }
 
-    /// The file's modification time now, when it differs from the one last loaded (`None`
-    /// when unchanged or not a file).
-    pub fn changed_on_disk(&self) -> Option<Option<SystemTime>> {
+    /// The file's stamp (modification time, identity, size) now, when it differs from the
+    /// one last loaded (`None` when unchanged or not a file).
+    pub fn changed_on_disk(&self) -> Option<Option<FileStamp>> {
         let PolicySource::File(path) = &self.source else {
             return None;
         };
@@ -156,6 +212,142 @@ impl PolicyHolder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A function `reload` calls between reading the file and installing what it read.
+    pub(super) struct Hook(pub(super) Arc<dyn Fn() + Send + Sync>);
+
+    impl std::fmt::Debug for Hook {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Hook")
+        }
+    }
+
+    /// A policy file replaced by a rename (an atomic `mv`, or a Kubernetes ConfigMap's
+    /// `..data` symlink swap) is a change on disk for the poll even when the new file has the
+    /// same modification time as the old one (`cp -p`, `rsync -t`, `tar`, an image layer, two
+    /// writes within the file system's timestamp granularity): the poll compared the
+    /// modification time alone and never reloaded such a file.
+    #[test]
+    fn a_renamed_or_swapped_file_is_a_change_even_with_the_same_mtime() {
+        let dir = temp_dir("rename");
+        // Same length, different rules.
+        let v1 = "mode = \"audit\"  \n";
+        let v2 = "mode = \"enforce\"\n";
+        assert_eq!(v1.len(), v2.len());
+        // A plain file replaced by rename.
+        let path = dir.join("policy.toml");
+        std::fs::write(&path, v1).unwrap();
+        let holder = PolicyHolder::load(Some(&path)).unwrap();
+        assert!(holder.changed_on_disk().is_none());
+        let then = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let tmp = dir.join("policy.toml.tmp");
+        std::fs::write(&tmp, v2).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert!(
+            holder.changed_on_disk().is_some(),
+            "a file renamed over the policy file is not seen as a change"
+        );
+        holder.reload().unwrap();
+        assert!(holder.changed_on_disk().is_none(), "loaded: no change left");
+        // The ConfigMap layout: policy.toml -> ..data/policy.toml, ..data -> ..v1.
+        use std::os::unix::fs::symlink;
+        let cm = dir.join("configmap");
+        std::fs::create_dir_all(cm.join("..v1")).unwrap();
+        std::fs::create_dir_all(cm.join("..v2")).unwrap();
+        std::fs::write(cm.join("..v1/policy.toml"), v1).unwrap();
+        std::fs::write(cm.join("..v2/policy.toml"), v2).unwrap();
+        let then = std::fs::metadata(cm.join("..v1/policy.toml"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(cm.join("..v2/policy.toml"))
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+        symlink("..v1", cm.join("..data")).unwrap();
+        symlink("..data/policy.toml", cm.join("policy.toml")).unwrap();
+        let holder = PolicyHolder::load(Some(&cm.join("policy.toml"))).unwrap();
+        let before = holder.current().hash();
+        assert!(holder.changed_on_disk().is_none());
+        // The swap: a new symlink renamed over ..data.
+        symlink("..v2", cm.join("..data_tmp")).unwrap();
+        std::fs::rename(cm.join("..data_tmp"), cm.join("..data")).unwrap();
+        assert!(
+            holder.changed_on_disk().is_some(),
+            "a ConfigMap symlink swap is not seen as a change"
+        );
+        assert_ne!(holder.reload().unwrap(), Some(before));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// SIGHUP and `POST /reload` at once (or either with the mtime poll): each reload read
+    /// the file and then installed what it read, unserialised, so the reload that read the
+    /// *older* file could install last, and the older policy stayed in force (until the
+    /// next poll, never with `reload_poll = 0`). Here the first reload reads v1 and is held
+    /// before installing; the file becomes v2 and a second reload runs; then the first goes
+    /// on. v2 must be in force at the end.
+    #[test]
+    fn concurrent_reloads_never_install_the_older_file() {
+        use std::sync::mpsc;
+        let dir = temp_dir("race");
+        let path = dir.join("policy.toml");
+        std::fs::write(&path, "mode = \"audit\"\n").unwrap();
+        let holder = Arc::new(PolicyHolder::load(Some(&path)).unwrap());
+        let v1 = holder.current().hash();
+        let (read_tx, read_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_rx = std::sync::Mutex::new(go_rx);
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let read_tx = std::sync::Mutex::new(read_tx);
+        *holder.after_read.lock().unwrap() = Some(Hook(Arc::new(move || {
+            let _ = read_tx.lock().unwrap().send(());
+            // The first reload waits (bounded) to be let go; later ones go on at once.
+            if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                let _ = go_rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(std::time::Duration::from_secs(30));
+            }
+        })));
+        let h = holder.clone();
+        let first = std::thread::spawn(move || h.reload());
+        read_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the first reload read the file");
+        std::fs::write(&path, "mode = \"enforce\"\n").unwrap();
+        let v2 = Policy::load(&path).unwrap().hash();
+        assert_ne!(v1, v2);
+        let h = holder.clone();
+        let second = std::thread::spawn(move || h.reload());
+        // Unserialised, the second reload reads v2 and installs it now; serialised, it waits
+        // for the first. Either way the first is let go after this bounded wait.
+        let second_read = read_rx
+            .recv_timeout(std::time::Duration::from_secs(2))
+            .is_ok();
+        if second_read {
+            // Let it install before the first one does.
+            while !second.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        go_tx.send(()).unwrap();
+        first.join().unwrap().unwrap();
+        second.join().unwrap().unwrap();
+        assert_eq!(
+            holder.current().hash(),
+            v2,
+            "an older read of the policy file was installed over a newer one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn temp_dir(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("mg-holder-{tag}-{}", std::process::id()));

@@ -31,7 +31,7 @@ use serde::Deserialize;
 pub use compiled::{MeasureParams, Params, Policy};
 pub use error::PolicyError;
 pub use file::{MAX_OVERRIDES, PROFILES};
-pub use holder::{PolicyHolder, PolicySource};
+pub use holder::{FileStamp, PolicyHolder, PolicySource};
 pub use rules::{RuleId, RuleInfo, Scope, RULES, RULE_COUNT};
 
 use crate::command::{CommandView, Namespace};

@@ -109,6 +109,13 @@ pub struct ProxyStats {
     pub tls_reloads: Counter,
     /// TLS certificate reloads refused (unreadable or invalid files): the old ones stayed.
     pub tls_reload_failures: Counter,
+    /// Successful reloads of the upstream URI's TLS files (SIGHUP).
+    pub upstream_tls_reloads: Counter,
+    /// Upstream TLS file reloads refused (unreadable or invalid files): the old ones stayed.
+    pub upstream_tls_reload_failures: Counter,
+    /// Gauge: settings changed in the configuration file that are not in force until a
+    /// restart (as found at the last SIGHUP).
+    pub config_restart_pending: Counter,
     /// Client connections whose TLS handshake failed (plaintext client, untrusted client
     /// certificate, timeout).
     pub tls_handshake_failures: Counter,
