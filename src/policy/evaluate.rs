@@ -147,9 +147,11 @@ impl<'a> Emitter<'_, 'a> {
     /// A multi-document write whose filter is `unknown`: measured by the proxy before the
     /// command goes anywhere. With measurement off, or past [`MAX_MEASURED_STATEMENTS`], it
     /// gets `measure.on_error` at once (under the rule it is measured for): unknown never
-    /// means allow.
-    pub fn measure(&mut self, m: Measurement<'a>) {
-        let why = if !self.params.measure.enabled {
+    /// means allow. So does a filter no measurement can stand for: `unmeasurable` says why.
+    pub fn measure(&mut self, m: Measurement<'a>, unmeasurable: Option<&'static str>) {
+        let why = if let Some(why) = unmeasurable {
+            why
+        } else if !self.params.measure.enabled {
             "the filter is not proved selective and measurement is off (measure.enabled = false)"
         } else if self.measure.len() >= MAX_MEASURED_STATEMENTS {
             "the filter is not proved selective and the command has more such statements than \

@@ -7,7 +7,7 @@ use bson::{RawBsonRef, RawDocument};
 
 use super::{
     evaluate::Emitter,
-    filter::{verdict, FilterFacts, Verdict},
+    filter::{self, verdict, FilterFacts, Verdict},
     Measurement, RuleId,
 };
 use crate::command::{
@@ -172,17 +172,31 @@ fn verdict_of<'a>(
             Statement::Update { hint, .. } | Statement::Delete { hint, .. } => hint,
             Statement::Insert { .. } => None,
         };
-        em.measure(Measurement {
-            statement: s.index,
-            ns: s.ns,
-            filter,
-            collation: facts.collation,
-            hint,
-            rule,
-        });
+        // The clock, chance or JavaScript: what a measuring find counts is not what the
+        // write will match (filter::volatile).
+        let unmeasurable = (filter::volatile::volatile(filter)
+            || facts.let_vars.is_some_and(filter::volatile::volatile))
+        .then_some(UNMEASURABLE);
+        em.measure(
+            Measurement {
+                statement: s.index,
+                ns: s.ns,
+                filter,
+                collation: facts.collation,
+                hint,
+                rule,
+            },
+            unmeasurable,
+        );
     }
     v
 }
+
+/// Why a filter that depends on the clock or on chance is not measured.
+const UNMEASURABLE: &str = "the filter is not proved selective and depends on the clock or on \
+     chance ($$NOW, $$CLUSTER_TIME, $rand, $sampleRate, $meta or JavaScript), so no \
+     measurement can tell what the write will match; mongoguard does not forward it \
+     (measure.on_error): compare with a date computed by the application instead";
 
 /// `$push: {field: v}` where `v` is not `{$each: [...], $slice: n}`.
 fn unbounded_push(ops: &RawDocument) -> Result<bool, CommandError> {
