@@ -5,7 +5,8 @@
 //! - measured to match every document: W001 / W003, blocked, the errmsg says "measured", the
 //!   write never reaches the upstream, the data is unchanged, the client keeps working;
 //! - measured to match some: forwarded;
-//! - more than `max_docs`: W012;
+//! - more than `max_docs`: W012; an aggregate that `$merge`s into existing documents is
+//!   measured by the output of its stages before `$merge`;
 //! - the measurement times out (a `failCommand` fail point holds the measuring `find`) or the
 //!   server answers MaxTimeMSExpired (`maxTimeAlwaysTimeOut`): blocked, never a silent allow;
 //! - inside a transaction: measured inside it, and a measured block aborts it;
@@ -253,6 +254,60 @@ async fn budget_exceeded(kind: Kind) {
         .expect("one document is within max_docs");
     assert_eq!(r.deleted_count, 1);
     g.finish().await;
+}
+
+/// An aggregate that `$merge`s into existing documents is a multi-document update: the stages
+/// before `$merge` are measured (an aggregate with `$limit: max_docs + 1`) and more than
+/// `max_docs` output documents fire W012. On main it went to the upstream unmeasured
+/// (`[{$set: ...}, {$merge: "orders"}]` rewrites every order). The stand-in refuses `$merge`
+/// itself, so what is forwarded fails there; what is blocked never gets that far.
+async fn merge_measured(kind: Kind) {
+    let policy = "extends = \"standard\"\n[rules]\nW012 = { action = \"block\", max_docs = 1 }\n";
+    let g = Guard::start(kind, &format!("merge-{kind:?}"), policy).await;
+    let aggregates = g.upstream("aggregate");
+    let pipeline = vec![doc! {"$set": {"x": 1}}, doc! {"$merge": COLL}];
+    let err = bounded("merge", g.coll().aggregate(pipeline))
+        .await
+        .expect_err("a $merge over every document is blocked");
+    let msg = assert_driver_blocked(&err, "W012");
+    assert!(msg.contains("more than 1 documents"), "{kind:?}: {msg}");
+    assert_eq!(
+        g.upstream("aggregate"),
+        aggregates + 1,
+        "one measuring aggregate, and the write never reached the upstream"
+    );
+    assert_eq!(
+        g.violations("W012", Action::Block, AuditMode::Enforce)
+            .await,
+        1
+    );
+    // One output document is within max_docs: forwarded (and refused by the stand-in,
+    // which has no $merge, with its own error rather than mongoguard's).
+    let pipeline = vec![doc! {"$match": {"_id": {"$gt": 4}}}, doc! {"$merge": COLL}];
+    let err = bounded("merge one", g.coll().aggregate(pipeline))
+        .await
+        .expect_err("the stand-in has no $merge");
+    assert!(
+        !err.to_string().contains("mongoguard blocked"),
+        "{kind:?}: forwarded, not blocked: {err}"
+    );
+    assert_eq!(
+        g.upstream("aggregate"),
+        aggregates + 3,
+        "measured, then forwarded"
+    );
+    assert_eq!(g.stored().await.len(), 5);
+    g.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn passthrough_merge_measured() {
+    merge_measured(Kind::Passthrough).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_merge_measured() {
+    merge_measured(Kind::Pooled).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -48,6 +48,10 @@ pub(crate) fn check<'a>(
             em.writes_documents = Some(documents);
         }
     }
+    // Only a count can fire anything (W012); a failed count is `measure.on_error`.
+    if view.kind() == Kind::Aggregate && !view.is_explain() && em.on(RuleId::W012) {
+        merge_into_existing(view, em)?;
+    }
     if em.on(RuleId::W005) {
         let mut hit = false;
         let _ = view.for_each_written_namespace(|ns| {
@@ -184,12 +188,97 @@ fn verdict_of<'a>(
                 filter,
                 collation: facts.collation,
                 hint,
+                pipeline: None,
                 rule,
             },
             unmeasurable,
         );
     }
     v
+}
+
+/// An aggregate whose `$merge` updates the documents it matches (`whenMatched` absent,
+/// `"merge"`, `"replace"` or a pipeline) is a multi-document update of its target with no
+/// filter to prove: `db.users.aggregate([{$set: {plan: "free"}}, {$merge: "users"}])` is
+/// `updateMany({}, {$set: {plan: "free"}})`. Each document the stages before `$merge` put
+/// out updates at most one target document (mongod matches it on the `on` fields, which a
+/// unique index must back: src/mongo/db/pipeline/document_source_merge.cpp), so that count,
+/// measured like an unknown filter, bounds the write (W012; a failed measurement blocks).
+/// `"keepExisting"` and `"fail"` change no existing document.
+fn merge_into_existing<'a>(
+    view: &CommandView<'a>,
+    em: &mut Emitter<'_, 'a>,
+) -> Result<(), CommandError> {
+    let Some(pipeline) = view.pipeline()? else {
+        return Ok(());
+    };
+    let bad = CommandError::BadField {
+        command: "aggregate",
+        field: "$merge",
+    };
+    for stage in pipeline {
+        let RawBsonRef::Document(stage) = stage.map_err(|_| CommandError::Malformed)? else {
+            continue;
+        };
+        let Some(first) = stage.iter_elements().next() else {
+            continue;
+        };
+        let first = first.map_err(|_| CommandError::Malformed)?;
+        if first.key().as_str() != "$merge" {
+            continue;
+        }
+        let updates = match first.value().map_err(|_| CommandError::Malformed)? {
+            // `$merge: "coll"`: the defaults (merge, insert).
+            RawBsonRef::String(_) => true,
+            RawBsonRef::Document(spec) => {
+                crate::wire::check_duplicate_keys(spec).map_err(|_| CommandError::DuplicateKey)?;
+                match spec
+                    .get_fast("whenMatched")
+                    .map_err(|_| CommandError::Malformed)?
+                {
+                    None | Some(RawBsonRef::Null | RawBsonRef::Undefined) => true,
+                    Some(RawBsonRef::String(mode)) => mode == "merge" || mode == "replace",
+                    Some(RawBsonRef::Array(_)) => true,
+                    Some(_) => return Err(bad),
+                }
+            }
+            _ => return Err(bad),
+        };
+        if !updates {
+            continue;
+        }
+        let body = view.body();
+        let collation = match body.map(|b| b.get_fast("collation")).transpose() {
+            Ok(Some(Some(RawBsonRef::Document(c)))) => Some(c),
+            Ok(None | Some(None | Some(RawBsonRef::Null | RawBsonRef::Undefined))) => None,
+            Ok(Some(Some(_))) => {
+                return Err(CommandError::BadField {
+                    command: "aggregate",
+                    field: "collation",
+                })
+            }
+            Err(_) => return Err(CommandError::Malformed),
+        };
+        let hint = body.and_then(|b| b.get_fast("hint").ok().flatten());
+        let let_vars = view.let_vars()?;
+        let unmeasurable = (filter::volatile::volatile_value(RawBsonRef::Array(pipeline))
+            || let_vars.is_some_and(filter::volatile::volatile))
+        .then_some(UNMEASURABLE);
+        em.measure(
+            Measurement {
+                statement: 0,
+                ns: view.namespace(),
+                filter: stage,
+                collation,
+                hint,
+                pipeline: Some(pipeline),
+                rule: RuleId::W001,
+            },
+            unmeasurable,
+        );
+        break;
+    }
+    Ok(())
 }
 
 /// Why a filter that depends on the clock or on chance is not measured.

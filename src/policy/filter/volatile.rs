@@ -15,7 +15,7 @@
 //! - `$where`, `$function` and `$accumulator` run JavaScript, which can read the clock
 //!   (`Date.now()`) and draw (`Math.random()`).
 //!
-//! The scan is syntactic and deliberately wide: any key `$where`, `$function`,
+//! The scan is syntactic and deliberately wide: any key `$sample`, `$where`, `$function`,
 //! `$accumulator`, `$rand`, `$sampleRate` or `$meta`, and any string `$$NOW` or
 //! `$$CLUSTER_TIME` (or a path below them), anywhere in the document, including inside
 //! `$literal` (a literal string is data, but treating it as the variable only costs a
@@ -26,7 +26,8 @@ use bson::{RawBsonRef, RawDocument};
 use super::MAX_DEPTH;
 
 /// Keys whose operator draws anew or runs JavaScript.
-const VOLATILE_KEYS: [&str; 6] = [
+const VOLATILE_KEYS: [&str; 7] = [
+    "$sample",
     "$where",
     "$function",
     "$accumulator",
@@ -42,6 +43,11 @@ const CLOCK_VARIABLES: [&str; 2] = ["$$NOW", "$$CLUSTER_TIME"];
 /// to the next with the same data (module docs). Allocation-free; never panics.
 pub fn volatile(doc: &RawDocument) -> bool {
     document(doc, 0)
+}
+
+/// [`volatile`] of any value (an aggregation pipeline, a `$sample` stage included).
+pub fn volatile_value(v: RawBsonRef<'_>) -> bool {
+    value(v, 0)
 }
 
 fn document(doc: &RawDocument, depth: usize) -> bool {
