@@ -31,10 +31,11 @@ pub(crate) fn check<'a>(
     if !em.all_off(STATEMENT_RULES) {
         let mut err = None;
         let let_vars = view.let_vars()?;
+        let unmeasurable = command_unmeasurable(view, let_vars)?;
         let mut documents = false;
         let read = view.for_each_statement(|s| {
             documents |= s.statement.written_document().is_some();
-            if let Err(e) = statement(s, let_vars, em) {
+            if let Err(e) = statement(s, let_vars, unmeasurable, em) {
                 err = Some(e);
                 return ControlFlow::Break(());
             }
@@ -85,6 +86,7 @@ pub(crate) fn check<'a>(
 fn statement<'a>(
     s: StatementRef<'a>,
     let_vars: Option<&'a RawDocument>,
+    unmeasurable: Option<&'static str>,
     em: &mut Emitter<'_, 'a>,
 ) -> Result<(), CommandError> {
     let at = Some(s.index);
@@ -93,7 +95,7 @@ fn statement<'a>(
             collation,
             let_vars,
         };
-        verdict_of(s, filter, &facts, rule, em)
+        verdict_of(s, filter, &facts, rule, unmeasurable, em)
     };
     match s.statement {
         Statement::Update {
@@ -151,12 +153,14 @@ fn statement<'a>(
 
 /// The verdict on a multi-document write's filter, acted on: `All` fires `rule` (W001 or
 /// W003) with no I/O, `Narrow` is forwarded, `Unknown` is measured. Skipped (as `Narrow`)
-/// when neither `rule` nor W012 is checked.
+/// when neither `rule` nor W012 is checked. `unmeasurable`: why no measurement can stand for
+/// any statement of the command ([`command_unmeasurable`]).
 fn verdict_of<'a>(
     s: StatementRef<'a>,
     filter: &'a RawDocument,
     facts: &FilterFacts<'a>,
     rule: RuleId,
+    unmeasurable: Option<&'static str>,
     em: &mut Emitter<'_, 'a>,
 ) -> Verdict {
     if !em.on(rule) && !em.on(RuleId::W012) {
@@ -178,9 +182,8 @@ fn verdict_of<'a>(
         };
         // The clock, chance or JavaScript: what a measuring find counts is not what the
         // write will match (filter::volatile).
-        let unmeasurable = (filter::volatile::volatile(filter)
-            || facts.let_vars.is_some_and(filter::volatile::volatile))
-        .then_some(UNMEASURABLE);
+        let unmeasurable =
+            unmeasurable.or_else(|| filter::volatile::volatile(filter).then_some(UNMEASURABLE));
         em.measure(
             Measurement {
                 statement: s.index,
@@ -196,6 +199,51 @@ fn verdict_of<'a>(
     }
     v
 }
+
+/// Why no measurement can stand for any statement of `view`, if one cannot:
+///
+/// - Queryable Encryption: a write with `encryptionInformation` (on the command, or on a
+///   bulkWrite `nsInfo` entry) has its encrypted predicates rewritten by mongod before it
+///   runs (src/mongo/db/commands/write_commands.cpp hands it to `processFLEUpdate` /
+///   `processFLEDelete`, src/mongo/db/fle_crud.cpp); a measuring find without it compares
+///   the encrypted payloads as they are and counts something else (often nothing);
+/// - a `let` that depends on the clock or on chance (filter::volatile).
+fn command_unmeasurable(
+    view: &CommandView<'_>,
+    let_vars: Option<&RawDocument>,
+) -> Result<Option<&'static str>, CommandError> {
+    let present = |d: &RawDocument| {
+        !matches!(
+            d.get_fast("encryptionInformation"),
+            Ok(None | Some(RawBsonRef::Null | RawBsonRef::Undefined))
+        )
+    };
+    let Some(body) = view.body() else {
+        return Ok(None);
+    };
+    let mut encrypted = present(body);
+    if !encrypted && view.kind() == Kind::BulkWrite {
+        let _ = view.each_entry(body, "nsInfo", "bulkWrite", &mut |_, entry| {
+            encrypted = present(entry);
+            if encrypted {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })?;
+    }
+    if encrypted {
+        return Ok(Some(ENCRYPTED));
+    }
+    Ok(let_vars
+        .is_some_and(filter::volatile::volatile)
+        .then_some(UNMEASURABLE))
+}
+
+/// Why a write with `encryptionInformation` is not measured.
+const ENCRYPTED: &str = "the filter is not proved selective and the write is encrypted \
+     (encryptionInformation): mongod rewrites its encrypted predicates, so a measuring find \
+     would count something else; mongoguard does not forward it (measure.on_error)";
 
 /// An aggregate whose `$merge` updates the documents it matches (`whenMatched` absent,
 /// `"merge"`, `"replace"` or a pipeline) is a multi-document update of its target with no
@@ -260,10 +308,9 @@ fn merge_into_existing<'a>(
             Err(_) => return Err(CommandError::Malformed),
         };
         let hint = body.and_then(|b| b.get_fast("hint").ok().flatten());
-        let let_vars = view.let_vars()?;
-        let unmeasurable = (filter::volatile::volatile_value(RawBsonRef::Array(pipeline))
-            || let_vars.is_some_and(filter::volatile::volatile))
-        .then_some(UNMEASURABLE);
+        let unmeasurable = command_unmeasurable(view, view.let_vars()?)?.or_else(|| {
+            filter::volatile::volatile_value(RawBsonRef::Array(pipeline)).then_some(UNMEASURABLE)
+        });
         em.measure(
             Measurement {
                 statement: 0,
