@@ -265,10 +265,22 @@ async fn merge_measured(kind: Kind) {
     let policy = "extends = \"standard\"\n[rules]\nW012 = { action = \"block\", max_docs = 1 }\n";
     let g = Guard::start(kind, &format!("merge-{kind:?}"), policy).await;
     let aggregates = g.upstream("aggregate");
+    // Into itself, on _id, every document kept: updateMany({}) by another name, W001 at once.
     let pipeline = vec![doc! {"$set": {"x": 1}}, doc! {"$merge": COLL}];
+    let err = bounded("merge all", g.coll().aggregate(pipeline))
+        .await
+        .expect_err("a $merge proved to rewrite every document is blocked");
+    assert_driver_blocked(&err, "W001");
+    assert_eq!(g.upstream("aggregate"), aggregates, "no I/O for a proof");
+    // A filter the prover cannot decide: measured.
+    let pipeline = vec![
+        doc! {"$match": {"_id": {"$gt": 0}}},
+        doc! {"$set": {"x": 1}},
+        doc! {"$merge": COLL},
+    ];
     let err = bounded("merge", g.coll().aggregate(pipeline))
         .await
-        .expect_err("a $merge over every document is blocked");
+        .expect_err("a $merge measured over more than max_docs is blocked");
     let msg = assert_driver_blocked(&err, "W012");
     assert!(msg.contains("more than 1 documents"), "{kind:?}: {msg}");
     assert_eq!(

@@ -49,8 +49,10 @@ pub(crate) fn check<'a>(
             em.writes_documents = Some(documents);
         }
     }
-    // Only a count can fire anything (W012); a failed count is `measure.on_error`.
-    if view.kind() == Kind::Aggregate && !view.is_explain() && em.on(RuleId::W012) {
+    if view.kind() == Kind::Aggregate
+        && !view.is_explain()
+        && (em.on(RuleId::W001) || em.on(RuleId::W012))
+    {
         merge_into_existing(view, em)?;
     }
     if em.on(RuleId::W005) {
@@ -275,7 +277,8 @@ fn merge_into_existing<'a>(
         if first.key().as_str() != "$merge" {
             continue;
         }
-        let updates = match first.value().map_err(|_| CommandError::Malformed)? {
+        let merge = first.value().map_err(|_| CommandError::Malformed)?;
+        let updates = match merge {
             // `$merge: "coll"`: the defaults (merge, insert).
             RawBsonRef::String(_) => true,
             RawBsonRef::Document(spec) => {
@@ -307,8 +310,21 @@ fn merge_into_existing<'a>(
             }
             Err(_) => return Err(CommandError::Malformed),
         };
+        let let_vars = view.let_vars()?;
+        let facts = FilterFacts {
+            collation,
+            let_vars,
+        };
+        if em.on(RuleId::W001) && merges_every_document(view, pipeline, merge, &facts)? {
+            em.emit(RuleId::W001, Some(0), Some(stage));
+            break;
+        }
+        // Only a count can fire anything more (W012); a failed count is `measure.on_error`.
+        if !em.on(RuleId::W012) {
+            break;
+        }
         let hint = body.and_then(|b| b.get_fast("hint").ok().flatten());
-        let unmeasurable = command_unmeasurable(view, view.let_vars()?)?.or_else(|| {
+        let unmeasurable = command_unmeasurable(view, let_vars)?.or_else(|| {
             filter::volatile::volatile_value(RawBsonRef::Array(pipeline)).then_some(UNMEASURABLE)
         });
         em.measure(
@@ -326,6 +342,83 @@ fn merge_into_existing<'a>(
         break;
     }
     Ok(())
+}
+
+/// True when an aggregate's `$merge` (which updates what it matches) is proved to rewrite
+/// every document of the collection the aggregate reads, as `updateMany({}, ...)` would
+/// (W001, no I/O): it merges into that same collection on `_id` (`on` left out, `"_id"` or
+/// `["_id"]`), and every stage before it keeps every document and its `_id`: `$match` of a
+/// filter proved to match every document, `$set` / `$addFields` that set no `_id`, `$unset`
+/// of fields other than `_id`. Each source document then meets itself in the target
+/// (src/mongo/db/pipeline/document_source_merge.cpp matches on the `on` fields).
+fn merges_every_document(
+    view: &CommandView<'_>,
+    pipeline: &bson::RawArray,
+    merge: RawBsonRef<'_>,
+    facts: &FilterFacts<'_>,
+) -> Result<bool, CommandError> {
+    let ns = view.namespace();
+    let Some(coll) = ns.coll else {
+        return Ok(false);
+    };
+    let same_target = match merge {
+        RawBsonRef::String(into) => into == coll,
+        RawBsonRef::Document(spec) => {
+            let into = match spec.get_fast("into") {
+                Ok(Some(RawBsonRef::String(into))) => into == coll,
+                Ok(Some(RawBsonRef::Document(into))) => {
+                    let db_same = match into.get_fast("db") {
+                        Ok(None) => true,
+                        Ok(Some(RawBsonRef::String(db))) => db == ns.db,
+                        _ => false,
+                    };
+                    db_same
+                        && matches!(into.get_fast("coll"), Ok(Some(RawBsonRef::String(c))) if c == coll)
+                }
+                _ => false,
+            };
+            let on_id = match spec.get_fast("on") {
+                Ok(None | Some(RawBsonRef::Null | RawBsonRef::Undefined)) => true,
+                Ok(Some(RawBsonRef::String(on))) => on == "_id",
+                Ok(Some(RawBsonRef::Array(on))) => {
+                    let mut fields = on.into_iter();
+                    matches!(fields.next(), Some(Ok(RawBsonRef::String("_id"))))
+                        && fields.next().is_none()
+                }
+                _ => false,
+            };
+            into && on_id
+        }
+        _ => false,
+    };
+    if !same_target {
+        return Ok(false);
+    }
+    let touches_id = |field: &str| field == "_id" || field.starts_with("_id.");
+    for stage in pipeline {
+        let RawBsonRef::Document(stage) = stage.map_err(|_| CommandError::Malformed)? else {
+            return Ok(false);
+        };
+        let Some(Ok(first)) = stage.iter_elements().next() else {
+            return Ok(false);
+        };
+        let keeps = match (first.key().as_str(), first.value()) {
+            ("$merge", _) => return Ok(true),
+            ("$match", Ok(RawBsonRef::Document(f))) => verdict(f, facts) == Verdict::All,
+            ("$set" | "$addFields", Ok(RawBsonRef::Document(spec))) => spec
+                .iter_elements()
+                .all(|e| e.is_ok_and(|e| !touches_id(e.key().as_str()))),
+            ("$unset", Ok(RawBsonRef::String(field))) => !touches_id(field),
+            ("$unset", Ok(RawBsonRef::Array(fields))) => fields
+                .into_iter()
+                .all(|f| matches!(f, Ok(RawBsonRef::String(f)) if !touches_id(f))),
+            _ => false,
+        };
+        if !keeps {
+            return Ok(false);
+        }
+    }
+    Ok(false)
 }
 
 /// Why a filter that depends on the clock or on chance is not measured.
