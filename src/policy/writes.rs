@@ -55,6 +55,12 @@ pub(crate) fn check<'a>(
     {
         merge_into_existing(view, em)?;
     }
+    if view.kind() == Kind::MapReduce
+        && !view.is_explain()
+        && (em.on(RuleId::W001) || em.on(RuleId::W012))
+    {
+        map_reduce_into_itself(view, em)?;
+    }
     if em.on(RuleId::W005) {
         let mut hit = false;
         let _ = view.for_each_written_namespace(|ns| {
@@ -343,6 +349,58 @@ fn merge_into_existing<'a>(
     }
     Ok(())
 }
+
+/// A mapReduce whose `out` is `{merge: C}` or `{reduce: C}` with `C` the collection it reads
+/// overwrites (merge) or re-reduces (reduce) each source document whose `_id` it emits: with
+/// `emit(this._id, ...)`, every one of them, as `updateMany({}, ...)` would (mongod runs it
+/// as a `$merge` on `_id` with whenMatched replace / a pipeline: src/mongo/db/commands/
+/// mr_common.cpp `translateOutMerge`, `translateOutReduce`). Which keys the
+/// JavaScript emits cannot be measured (filter::volatile: JavaScript), so it gets
+/// `measure.on_error` under W001. Into another collection it is left to Q002 / W015.
+fn map_reduce_into_itself<'a>(
+    view: &CommandView<'a>,
+    em: &mut Emitter<'_, 'a>,
+) -> Result<(), CommandError> {
+    let ns = view.namespace();
+    let (Some(body), Some(coll)) = (view.body(), ns.coll) else {
+        return Ok(());
+    };
+    let Ok(Some(RawBsonRef::Document(out))) = body.get_fast("out") else {
+        return Ok(());
+    };
+    crate::wire::check_duplicate_keys(out).map_err(|_| CommandError::DuplicateKey)?;
+    let target = ["merge", "reduce"]
+        .into_iter()
+        .find_map(|mode| match out.get_fast(mode) {
+            Ok(Some(RawBsonRef::String(target))) => Some(target),
+            _ => None,
+        });
+    let same_db = match out.get_fast("db") {
+        Ok(None | Some(RawBsonRef::Null | RawBsonRef::Undefined)) => true,
+        Ok(Some(RawBsonRef::String(db))) => db == ns.db,
+        _ => false,
+    };
+    if target == Some(coll) && same_db {
+        em.measure(
+            Measurement {
+                statement: 0,
+                ns,
+                filter: out,
+                collation: None,
+                hint: None,
+                pipeline: None,
+                rule: RuleId::W001,
+            },
+            Some(MAP_REDUCE_INTO_ITSELF),
+        );
+    }
+    Ok(())
+}
+
+/// Why a mapReduce into its own collection is not measured.
+const MAP_REDUCE_INTO_ITSELF: &str = "a mapReduce that merges or reduces into the collection \
+     it reads rewrites each document whose _id its JavaScript emits, which no measurement can \
+     tell; mongoguard does not forward it (measure.on_error): write to another collection";
 
 /// True when an aggregate's `$merge` (which updates what it matches) is proved to rewrite
 /// every document of the collection the aggregate reads, as `updateMany({}, ...)` would
