@@ -249,11 +249,17 @@ fn stage_overwrites(stage: &RawDocument) -> Result<bool, CommandError> {
     }
 }
 
-/// mapReduce `out: "name"` replaces `name`; `out: {replace: ...}` says so.
+/// mapReduce `out: "name"` replaces `name`; `out: {replace: ...}` says so, and so does
+/// `out: {normal: ...}` on mongod 4.2 / 4.4, which reads `normal` first, before `replace`,
+/// `merge` and `reduce`, whatever the order of the keys (src/mongo/db/commands/mr_common.cpp
+/// `parseOutputOptions`; 5.0+ refuses it).
 fn map_reduce_replaces(body: &RawDocument) -> Result<bool, CommandError> {
     match get(body, "out")? {
         Some(RawBsonRef::String(_)) => Ok(true),
-        Some(RawBsonRef::Document(out)) => Ok(present(unique(out)?, "replace")?.is_some()),
+        Some(RawBsonRef::Document(out)) => {
+            let out = unique(out)?;
+            Ok(present(out, "replace")?.is_some() || present(out, "normal")?.is_some())
+        }
         _ => Err(bad("mapReduce", "out")),
     }
 }
