@@ -369,12 +369,14 @@ fn map_reduce_into_itself<'a>(
         return Ok(());
     };
     crate::wire::check_duplicate_keys(out).map_err(|_| CommandError::DuplicateKey)?;
-    let target = ["merge", "reduce"]
+    // mongod 4.4's order (namespaces::map_reduce_output): a normal or replace wins.
+    let target = ["normal", "replace", "merge", "reduce"]
         .into_iter()
         .find_map(|mode| match out.get_fast(mode) {
-            Ok(Some(RawBsonRef::String(target))) => Some(target),
+            Ok(Some(RawBsonRef::String(target))) => Some((mode, target)),
             _ => None,
-        });
+        })
+        .and_then(|(mode, target)| matches!(mode, "merge" | "reduce").then_some(target));
     let same_db = match out.get_fast("db") {
         Ok(None | Some(RawBsonRef::Null | RawBsonRef::Undefined)) => true,
         Ok(Some(RawBsonRef::String(db))) => db == ns.db,
