@@ -312,6 +312,30 @@ async fn merge_measured(kind: Kind) {
     g.finish().await;
 }
 
+/// A filter whose matches change with the clock: `$$NOW` is bound per command, so a measuring
+/// find before the write cannot stand for it (`{$expr: {$gt: ["$$NOW", D]}}` with `D` just
+/// ahead is empty when measured and everything when written). Refused at once
+/// (`measure.on_error`, W003), with no measuring query; a date literal is measured as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn clock_dependent_filter_is_refused_unmeasured() {
+    let g = Guard::start(Kind::Passthrough, "measure-clock", STANDARD).await;
+    let (finds, deletes) = (g.upstream("find"), g.upstream("delete"));
+    let soon = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 50);
+    let err = bounded(
+        "clock",
+        g.coll()
+            .delete_many(doc! {"$expr": {"$gt": ["$$NOW", soon]}}),
+    )
+    .await
+    .expect_err("a clock-dependent filter is refused");
+    let msg = assert_driver_blocked(&err, "W003");
+    assert!(msg.contains("clock"), "{msg}");
+    assert_eq!(g.upstream("find"), finds, "nothing measured");
+    assert_eq!(g.upstream("delete"), deletes, "nothing forwarded");
+    assert_eq!(g.stored().await.len(), 5);
+    g.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn passthrough_merge_measured() {
     merge_measured(Kind::Passthrough).await;
