@@ -336,6 +336,30 @@ async fn clock_dependent_filter_is_refused_unmeasured() {
     g.finish().await;
 }
 
+/// W001 relaxed to a warning (an override for a migration) must not hide a W012 block: on
+/// main `updateMany({})` then went through with a W001 warning, unmeasured, while a filter
+/// matching all but one document was counted and blocked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relaxed_w001_still_counts_for_w012() {
+    let policy = "extends = \"standard\"\n[rules]\nW001 = \"warn\"\n\
+                  W012 = { action = \"block\", max_docs = 1 }\n";
+    let g = Guard::start(Kind::Passthrough, "measure-relaxed", policy).await;
+    let updates = g.upstream("update");
+    for filter in [doc! {}, doc! {"_id": {"$gt": 0}}] {
+        let err = bounded(
+            "relaxed",
+            g.coll()
+                .update_many(filter.clone(), doc! {"$set": {"x": 1}}),
+        )
+        .await
+        .expect_err("more than max_docs is blocked whatever W001 says");
+        let msg = assert_driver_blocked(&err, "W012");
+        assert!(msg.contains("more than 1 documents"), "{filter}: {msg}");
+    }
+    assert_eq!(g.upstream("update"), updates, "nothing forwarded");
+    g.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn passthrough_merge_measured() {
     merge_measured(Kind::Passthrough).await;

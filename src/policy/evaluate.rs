@@ -129,6 +129,11 @@ impl<'a> Emitter<'_, 'a> {
         self.eff.action(rule) != Action::Off && rule.info().implemented
     }
 
+    /// The action in force for `rule` on this request.
+    pub fn action(&self, rule: RuleId) -> Action {
+        self.eff.action(rule)
+    }
+
     /// True when every given rule is off (skip a whole walk).
     pub fn all_off(&self, rules: &[RuleId]) -> bool {
         rules.iter().all(|r| !self.on(*r))
