@@ -325,7 +325,10 @@ fn merge_into_existing<'a>(
         };
         if em.on(RuleId::W001) && merges_every_document(view, pipeline, merge, &facts)? {
             em.emit(RuleId::W001, Some(0), Some(stage));
-            break;
+            // Counted as well only when W012 would act more strictly (as in verdict_of).
+            if em.action(RuleId::W012) <= em.action(RuleId::W001) {
+                break;
+            }
         }
         // Only a count can fire anything more (W012); a failed count is `measure.on_error`.
         if !em.on(RuleId::W012) {
