@@ -20,6 +20,10 @@
 //! measured outside it, just before it starts. Every request has a fresh requestID of
 //! mongoguard's own, and no reply of these ever reaches the client.
 //!
+//! An aggregate that `$merge`s into existing documents is measured by one `aggregate` of its
+//! stages before `$merge`, then `{$limit: max_docs + 1}` and `{$project: {_id: 1}}`, with its
+//! collation, hint, `let` and `allowDiskUse`: its output is counted.
+//!
 //! [`policy::measure::finding`](crate::policy::measure::finding) turns the answers into a
 //! violation (W001 / W003 measured, W012, or `on_error` for a failure).
 
@@ -59,6 +63,9 @@ pub(crate) struct MeasurePlan {
     pub(crate) actions: MeasureActions,
     /// `lsid` and `txnNumber` of the running transaction the write belongs to.
     txn: Option<(RawBson, RawBson)>,
+    /// An aggregate's `allowDiskUse`, for the measuring aggregate of a `$merge` (its blocking
+    /// stages need the same room as the aggregate's own).
+    allow_disk_use: Option<RawBson>,
     /// The abortTransaction to send when the measurement blocks a transaction's statement.
     pub(crate) abort: Option<RawDocumentBuf>,
     /// The request's violation record, without the rule: what findings are recorded from.
@@ -113,6 +120,10 @@ impl MeasurePlan {
             let_vars: decision.let_vars.map(ToOwned::to_owned),
             actions: decision.measure_actions,
             txn: view.body().and_then(running_transaction),
+            allow_disk_use: view
+                .body()
+                .and_then(|b| b.get("allowDiskUse").ok().flatten())
+                .map(RawBson::from),
             abort,
             template,
         }
@@ -345,6 +356,9 @@ impl<L: Link> Queries<'_, L> {
         }
         if let Some(l) = &self.plan.let_vars {
             cmd.append(bson::cstr!("let"), l.clone());
+        }
+        if let Some(a) = &self.plan.allow_disk_use {
+            cmd.append(bson::cstr!("allowDiskUse"), a.clone());
         }
         let cmd = self.finish(cmd);
         // getMore and killCursors name the collection; a database-level aggregate's cursor
