@@ -420,6 +420,33 @@ mod tests {
         assert_eq!(total, n as u64);
     }
 
+    /// A 1,000-statement multi-update of unknown filters (`ordered: false` or not): the first
+    /// [`MAX_MEASURED_STATEMENTS`] are measured (two queries each), every other one gets
+    /// `measure.on_error` at once (W001, block in standard), so the work is bounded and no
+    /// statement goes unjudged; audit mode records the same as warnings.
+    #[test]
+    fn a_thousand_unknown_filters_are_measured_up_to_the_cap_and_refused_past_it() {
+        let mut updates = RawArrayBuf::new();
+        for i in 0..1000 {
+            updates.push(rawdoc! {"q": {"n": {"$gt": i}}, "u": {"$set": {"a": 1}}, "multi": true});
+        }
+        let body = rawdoc! {"update": "users", "updates": updates, "ordered": false, "$db": "app"};
+        let view = CommandView::command("app", &body).unwrap();
+        let d = Policy::standard().evaluate(&view, &RequestContext::default());
+        let measured: Vec<usize> = d.measure.iter().map(|m| m.statement).collect();
+        assert_eq!(measured, (0..MAX_MEASURED_STATEMENTS).collect::<Vec<_>>());
+        assert_eq!(d.verdict(), Action::Block);
+        assert_eq!(d.total(), (1000 - MAX_MEASURED_STATEMENTS) as u64);
+        assert!(d
+            .violations
+            .iter()
+            .all(|v| v.rule == RuleId::W001 && v.action == Action::Block));
+        let audit = Policy::from_toml("mode = \"audit\"\n", "p.toml").unwrap();
+        let d = audit.evaluate(&view, &RequestContext::default());
+        assert_eq!(d.measure.len(), MAX_MEASURED_STATEMENTS);
+        assert_eq!(d.verdict(), Action::Warn);
+    }
+
     #[test]
     fn the_cap_never_hides_a_block() {
         let policy = Policy::from_toml("[rules]\nD004 = \"block\"\n", "p.toml").unwrap();
