@@ -5,7 +5,8 @@
 //! - measured to match every document: W001 / W003, blocked, the errmsg says "measured", the
 //!   write never reaches the upstream, the data is unchanged, the client keeps working;
 //! - measured to match some: forwarded;
-//! - more than `max_docs`: W012;
+//! - more than `max_docs`: W012; an aggregate that `$merge`s into existing documents is
+//!   measured by the output of its stages before `$merge`;
 //! - the measurement times out (a `failCommand` fail point holds the measuring `find`) or the
 //!   server answers MaxTimeMSExpired (`maxTimeAlwaysTimeOut`): blocked, never a silent allow;
 //! - inside a transaction: measured inside it, and a measured block aborts it;
@@ -253,6 +254,120 @@ async fn budget_exceeded(kind: Kind) {
         .expect("one document is within max_docs");
     assert_eq!(r.deleted_count, 1);
     g.finish().await;
+}
+
+/// An aggregate that `$merge`s into existing documents is a multi-document update: the stages
+/// before `$merge` are measured (an aggregate with `$limit: max_docs + 1`) and more than
+/// `max_docs` output documents fire W012. On main it went to the upstream unmeasured
+/// (`[{$set: ...}, {$merge: "orders"}]` rewrites every order). The stand-in refuses `$merge`
+/// itself, so what is forwarded fails there; what is blocked never gets that far.
+async fn merge_measured(kind: Kind) {
+    let policy = "extends = \"standard\"\n[rules]\nW012 = { action = \"block\", max_docs = 1 }\n";
+    let g = Guard::start(kind, &format!("merge-{kind:?}"), policy).await;
+    let aggregates = g.upstream("aggregate");
+    // Into itself, on _id, every document kept: updateMany({}) by another name, W001 at once.
+    let pipeline = vec![doc! {"$set": {"x": 1}}, doc! {"$merge": COLL}];
+    let err = bounded("merge all", g.coll().aggregate(pipeline))
+        .await
+        .expect_err("a $merge proved to rewrite every document is blocked");
+    assert_driver_blocked(&err, "W001");
+    assert_eq!(g.upstream("aggregate"), aggregates, "no I/O for a proof");
+    // A filter the prover cannot decide: measured.
+    let pipeline = vec![
+        doc! {"$match": {"_id": {"$gt": 0}}},
+        doc! {"$set": {"x": 1}},
+        doc! {"$merge": COLL},
+    ];
+    let err = bounded("merge", g.coll().aggregate(pipeline))
+        .await
+        .expect_err("a $merge measured over more than max_docs is blocked");
+    let msg = assert_driver_blocked(&err, "W012");
+    assert!(msg.contains("more than 1 documents"), "{kind:?}: {msg}");
+    assert_eq!(
+        g.upstream("aggregate"),
+        aggregates + 1,
+        "one measuring aggregate, and the write never reached the upstream"
+    );
+    assert_eq!(
+        g.violations("W012", Action::Block, AuditMode::Enforce)
+            .await,
+        1
+    );
+    // One output document is within max_docs: forwarded (and refused by the stand-in,
+    // which has no $merge, with its own error rather than mongoguard's).
+    let pipeline = vec![doc! {"$match": {"_id": {"$gt": 4}}}, doc! {"$merge": COLL}];
+    let err = bounded("merge one", g.coll().aggregate(pipeline))
+        .await
+        .expect_err("the stand-in has no $merge");
+    assert!(
+        !err.to_string().contains("mongoguard blocked"),
+        "{kind:?}: forwarded, not blocked: {err}"
+    );
+    assert_eq!(
+        g.upstream("aggregate"),
+        aggregates + 3,
+        "measured, then forwarded"
+    );
+    assert_eq!(g.stored().await.len(), 5);
+    g.finish().await;
+}
+
+/// A filter whose matches change with the clock: `$$NOW` is bound per command, so a measuring
+/// find before the write cannot stand for it (`{$expr: {$gt: ["$$NOW", D]}}` with `D` just
+/// ahead is empty when measured and everything when written). Refused at once
+/// (`measure.on_error`, W003), with no measuring query; a date literal is measured as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn clock_dependent_filter_is_refused_unmeasured() {
+    let g = Guard::start(Kind::Passthrough, "measure-clock", STANDARD).await;
+    let (finds, deletes) = (g.upstream("find"), g.upstream("delete"));
+    let soon = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 50);
+    let err = bounded(
+        "clock",
+        g.coll()
+            .delete_many(doc! {"$expr": {"$gt": ["$$NOW", soon]}}),
+    )
+    .await
+    .expect_err("a clock-dependent filter is refused");
+    let msg = assert_driver_blocked(&err, "W003");
+    assert!(msg.contains("clock"), "{msg}");
+    assert_eq!(g.upstream("find"), finds, "nothing measured");
+    assert_eq!(g.upstream("delete"), deletes, "nothing forwarded");
+    assert_eq!(g.stored().await.len(), 5);
+    g.finish().await;
+}
+
+/// W001 relaxed to a warning (an override for a migration) must not hide a W012 block: on
+/// main `updateMany({})` then went through with a W001 warning, unmeasured, while a filter
+/// matching all but one document was counted and blocked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relaxed_w001_still_counts_for_w012() {
+    let policy = "extends = \"standard\"\n[rules]\nW001 = \"warn\"\n\
+                  W012 = { action = \"block\", max_docs = 1 }\n";
+    let g = Guard::start(Kind::Passthrough, "measure-relaxed", policy).await;
+    let updates = g.upstream("update");
+    for filter in [doc! {}, doc! {"_id": {"$gt": 0}}] {
+        let err = bounded(
+            "relaxed",
+            g.coll()
+                .update_many(filter.clone(), doc! {"$set": {"x": 1}}),
+        )
+        .await
+        .expect_err("more than max_docs is blocked whatever W001 says");
+        let msg = assert_driver_blocked(&err, "W012");
+        assert!(msg.contains("more than 1 documents"), "{filter}: {msg}");
+    }
+    assert_eq!(g.upstream("update"), updates, "nothing forwarded");
+    g.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn passthrough_merge_measured() {
+    merge_measured(Kind::Passthrough).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_merge_measured() {
+    merge_measured(Kind::Pooled).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

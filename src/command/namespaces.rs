@@ -358,16 +358,17 @@ fn db_coll<'a>(
     })
 }
 
-/// mapReduce `out: {replace|merge|reduce: coll, db?: d}` or `{inline: 1}`.
+/// mapReduce `out: {normal|replace|merge|reduce: coll, db?: d}` or `{inline: 1}`. mongod 4.2 /
+/// 4.4 look for `normal`, `replace`, `merge`, `reduce` and only then `inline`, whatever the
+/// order of the keys (src/mongo/db/commands/mr_common.cpp `parseOutputOptions`), so
+/// `{inline: 1, merge: "x"}` writes `x` there; 5.0+ refuses `normal` and `inline` with another
+/// field (map_reduce_out_options.cpp). The written namespace is read in 4.4's order.
 fn map_reduce_output<'a>(
     db: &'a str,
     out: &'a RawDocument,
 ) -> Result<Option<Namespace<'a>>, CommandError> {
     let out = unique_keys(out)?;
-    if get(out, "inline")?.is_some() {
-        return Ok(None);
-    }
-    for action in ["replace", "merge", "reduce"] {
+    for action in ["normal", "replace", "merge", "reduce"] {
         if let Some(RawBsonRef::String(coll)) = get(out, action)? {
             let db = get_str(out, "db", "mapReduce")?.unwrap_or(db);
             return Ok(Some(Namespace {
@@ -375,6 +376,9 @@ fn map_reduce_output<'a>(
                 coll: Some(coll),
             }));
         }
+    }
+    if get(out, "inline")?.is_some() {
+        return Ok(None);
     }
     Err(CommandError::BadField {
         command: "mapReduce",

@@ -129,6 +129,11 @@ impl<'a> Emitter<'_, 'a> {
         self.eff.action(rule) != Action::Off && rule.info().implemented
     }
 
+    /// The action in force for `rule` on this request.
+    pub fn action(&self, rule: RuleId) -> Action {
+        self.eff.action(rule)
+    }
+
     /// True when every given rule is off (skip a whole walk).
     pub fn all_off(&self, rules: &[RuleId]) -> bool {
         rules.iter().all(|r| !self.on(*r))
@@ -147,9 +152,11 @@ impl<'a> Emitter<'_, 'a> {
     /// A multi-document write whose filter is `unknown`: measured by the proxy before the
     /// command goes anywhere. With measurement off, or past [`MAX_MEASURED_STATEMENTS`], it
     /// gets `measure.on_error` at once (under the rule it is measured for): unknown never
-    /// means allow.
-    pub fn measure(&mut self, m: Measurement<'a>) {
-        let why = if !self.params.measure.enabled {
+    /// means allow. So does a filter no measurement can stand for: `unmeasurable` says why.
+    pub fn measure(&mut self, m: Measurement<'a>, unmeasurable: Option<&'static str>) {
+        let why = if let Some(why) = unmeasurable {
+            why
+        } else if !self.params.measure.enabled {
             "the filter is not proved selective and measurement is off (measure.enabled = false)"
         } else if self.measure.len() >= MAX_MEASURED_STATEMENTS {
             "the filter is not proved selective and the command has more such statements than \
@@ -411,6 +418,33 @@ mod tests {
             }]
         );
         assert_eq!(total, n as u64);
+    }
+
+    /// A 1,000-statement multi-update of unknown filters (`ordered: false` or not): the first
+    /// [`MAX_MEASURED_STATEMENTS`] are measured (two queries each), every other one gets
+    /// `measure.on_error` at once (W001, block in standard), so the work is bounded and no
+    /// statement goes unjudged; audit mode records the same as warnings.
+    #[test]
+    fn a_thousand_unknown_filters_are_measured_up_to_the_cap_and_refused_past_it() {
+        let mut updates = RawArrayBuf::new();
+        for i in 0..1000 {
+            updates.push(rawdoc! {"q": {"n": {"$gt": i}}, "u": {"$set": {"a": 1}}, "multi": true});
+        }
+        let body = rawdoc! {"update": "users", "updates": updates, "ordered": false, "$db": "app"};
+        let view = CommandView::command("app", &body).unwrap();
+        let d = Policy::standard().evaluate(&view, &RequestContext::default());
+        let measured: Vec<usize> = d.measure.iter().map(|m| m.statement).collect();
+        assert_eq!(measured, (0..MAX_MEASURED_STATEMENTS).collect::<Vec<_>>());
+        assert_eq!(d.verdict(), Action::Block);
+        assert_eq!(d.total(), (1000 - MAX_MEASURED_STATEMENTS) as u64);
+        assert!(d
+            .violations
+            .iter()
+            .all(|v| v.rule == RuleId::W001 && v.action == Action::Block));
+        let audit = Policy::from_toml("mode = \"audit\"\n", "p.toml").unwrap();
+        let d = audit.evaluate(&view, &RequestContext::default());
+        assert_eq!(d.measure.len(), MAX_MEASURED_STATEMENTS);
+        assert_eq!(d.verdict(), Action::Warn);
     }
 
     #[test]

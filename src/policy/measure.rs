@@ -36,7 +36,7 @@ pub struct Finding {
 /// The violation `outcome` fires for a statement measured for `rule` (W001 or W003), if any.
 ///
 /// - every document of a non-empty collection matches: `rule`;
-/// - more than `max_docs` match: W012;
+/// - more than `max_docs` match: W012 (when both hold, the one with the stricter action);
 /// - the measurement failed: `rule` with `measure.on_error`'s action;
 /// - otherwise nothing (an empty collection matches "everything" harmlessly).
 pub fn finding(actions: &MeasureActions, rule: RuleId, outcome: &Outcome) -> Option<Finding> {
@@ -56,20 +56,21 @@ pub fn finding(actions: &MeasureActions, rule: RuleId, outcome: &Outcome) -> Opt
             matched,
             everything,
         } => {
-            if *everything && *matched > 0 && actions.action(rule) != Action::Off {
-                return Some(Finding {
-                    rule,
-                    action: actions.action(rule),
-                    detail: format!(
-                        "measured against the data: the filter matches every document of the \
+            let all =
+                (*everything && *matched > 0 && actions.action(rule) != Action::Off).then(|| {
+                    Finding {
+                        rule,
+                        action: actions.action(rule),
+                        detail: format!(
+                            "measured against the data: the filter matches every document of the \
                          collection ({} documents or more)",
-                        matched
-                    ),
-                    matched: Some(*matched),
+                            matched
+                        ),
+                        matched: Some(*matched),
+                    }
                 });
-            }
-            if *matched > actions.max_docs && actions.w012 != Action::Off {
-                return Some(Finding {
+            let many =
+                (*matched > actions.max_docs && actions.w012 != Action::Off).then(|| Finding {
                     rule: RuleId::W012,
                     action: actions.w012,
                     detail: format!(
@@ -79,8 +80,13 @@ pub fn finding(actions: &MeasureActions, rule: RuleId, outcome: &Outcome) -> Opt
                     ),
                     matched: Some(*matched),
                 });
+            // Both can hold: the stricter action decides (W001 relaxed to a warning must not
+            // hide a W012 block); on a tie the rule measured for names it.
+            match (all, many) {
+                (Some(a), Some(m)) if m.action > a.action => Some(m),
+                (Some(a), _) => Some(a),
+                (None, m) => m,
             }
-            None
         }
     }
 }
@@ -149,5 +155,37 @@ mod tests {
             finding(&off, RuleId::W001, &big_all).unwrap().rule,
             RuleId::W012
         );
+    }
+
+    /// W001 relaxed to a warning (an override for a migration) must not hide a W012 block:
+    /// a filter measured to match every document of a collection larger than `max_docs`
+    /// breaks both, and the stricter action decides.
+    #[test]
+    fn the_stricter_finding_wins() {
+        let a = MeasureActions {
+            w001: Action::Warn,
+            w012: Action::Block,
+            ..actions()
+        };
+        let big_all = Outcome::Counted {
+            matched: 11,
+            everything: true,
+        };
+        let f = finding(&a, RuleId::W001, &big_all).unwrap();
+        assert_eq!((f.rule, f.action), (RuleId::W012, Action::Block));
+        // A small collection: only W001, as a warning.
+        let small_all = Outcome::Counted {
+            matched: 3,
+            everything: true,
+        };
+        let f = finding(&a, RuleId::W001, &small_all).unwrap();
+        assert_eq!((f.rule, f.action), (RuleId::W001, Action::Warn));
+        // Equal actions: the rule measured for names it.
+        let both_block = MeasureActions {
+            w001: Action::Block,
+            ..a
+        };
+        let f = finding(&both_block, RuleId::W001, &big_all).unwrap();
+        assert_eq!((f.rule, f.action), (RuleId::W001, Action::Block));
     }
 }

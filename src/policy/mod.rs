@@ -137,6 +137,10 @@ pub struct Measurement<'a> {
     pub collation: Option<&'a RawDocument>,
     /// Its hint.
     pub hint: Option<RawBsonRef<'a>>,
+    /// For an aggregate that `$merge`s into existing documents: its pipeline. Then what is
+    /// measured is how many documents the stages before `$merge` put out (each updates at
+    /// most one document of the target), not `filter` (the `$merge` stage, for the record).
+    pub pipeline: Option<&'a bson::RawArray>,
     /// W001 (an update) or W003 (a delete): what a filter measured to match every document
     /// of a non-empty collection fires.
     pub rule: RuleId,

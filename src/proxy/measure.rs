@@ -20,6 +20,10 @@
 //! measured outside it, just before it starts. Every request has a fresh requestID of
 //! mongoguard's own, and no reply of these ever reaches the client.
 //!
+//! An aggregate that `$merge`s into existing documents is measured by one `aggregate` of its
+//! stages before `$merge`, then `{$limit: max_docs + 1}` and `{$project: {_id: 1}}`, with its
+//! collation, hint, `let` and `allowDiskUse`: its output is counted.
+//!
 //! [`policy::measure::finding`](crate::policy::measure::finding) turns the answers into a
 //! violation (W001 / W003 measured, W012, or `on_error` for a failure).
 
@@ -59,6 +63,9 @@ pub(crate) struct MeasurePlan {
     pub(crate) actions: MeasureActions,
     /// `lsid` and `txnNumber` of the running transaction the write belongs to.
     txn: Option<(RawBson, RawBson)>,
+    /// An aggregate's `allowDiskUse`, for the measuring aggregate of a `$merge` (its blocking
+    /// stages need the same room as the aggregate's own).
+    allow_disk_use: Option<RawBson>,
     /// The abortTransaction to send when the measurement blocks a transaction's statement.
     pub(crate) abort: Option<RawDocumentBuf>,
     /// The request's violation record, without the rule: what findings are recorded from.
@@ -73,6 +80,8 @@ struct Item {
     filter: RawDocumentBuf,
     collation: Option<RawDocumentBuf>,
     hint: Option<RawBson>,
+    /// An aggregate's pipeline (it `$merge`s into existing documents): its output is counted.
+    pipeline: Option<bson::RawArrayBuf>,
     rule: RuleId,
     shape: String,
     shape_hash: u64,
@@ -99,6 +108,7 @@ impl MeasurePlan {
                     filter: m.filter.to_owned(),
                     collation: m.collation.map(ToOwned::to_owned),
                     hint: m.hint.map(RawBson::from),
+                    pipeline: m.pipeline.map(ToOwned::to_owned),
                     rule: m.rule,
                     shape,
                     shape_hash,
@@ -110,6 +120,10 @@ impl MeasurePlan {
             let_vars: decision.let_vars.map(ToOwned::to_owned),
             actions: decision.measure_actions,
             txn: view.body().and_then(running_transaction),
+            allow_disk_use: view
+                .body()
+                .and_then(|b| b.get("allowDiskUse").ok().flatten())
+                .map(RawBson::from),
             abort,
             template,
         }
@@ -256,6 +270,9 @@ struct Queries<'q, L> {
 
 impl<L: Link> Queries<'_, L> {
     async fn outcome(&mut self) -> Result<Outcome, Abort> {
+        if let Some(pipeline) = &self.item.pipeline {
+            return self.merged(pipeline).await;
+        }
         let Some(coll) = self.item.coll.as_deref() else {
             return Ok(Outcome::Failed("the write names no collection".into()));
         };
@@ -300,6 +317,71 @@ impl<L: Link> Queries<'_, L> {
         Ok(Outcome::Counted {
             matched: matched.min(limit),
             everything,
+        })
+    }
+
+    /// An aggregate that `$merge`s into existing documents: its stages before `$merge`, then
+    /// `{$limit: max_docs + 1}` and `{$project: {_id: 1}}`, counted as a find's matches
+    /// (never "every document": what `$merge` matches in its target is not known here).
+    async fn merged(&mut self, pipeline: &bson::RawArray) -> Result<Outcome, Abort> {
+        let limit = self.plan.actions.max_docs.saturating_add(1);
+        let limit_i64 = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stages = bson::RawArrayBuf::new();
+        for stage in pipeline {
+            let Ok(RawBsonRef::Document(stage)) = stage else {
+                return Ok(Outcome::Failed("the pipeline cannot be read".into()));
+            };
+            if matches!(stage.iter_elements().next(), Some(Ok(e)) if e.key().as_str() == "$merge") {
+                break;
+            }
+            stages.push(stage.to_owned());
+        }
+        stages.push(bson::rawdoc! {"$limit": limit_i64});
+        stages.push(bson::rawdoc! {"$project": {"_id": 1}});
+        let mut cmd = match self.item.coll.as_deref() {
+            Some(coll) => bson::rawdoc! {"aggregate": coll},
+            None => bson::rawdoc! {"aggregate": 1},
+        };
+        cmd.append(bson::cstr!("pipeline"), stages);
+        cmd.append(
+            bson::cstr!("cursor"),
+            bson::rawdoc! {"batchSize": limit_i64},
+        );
+        cmd.append(bson::cstr!("maxTimeMS"), self.time_limit_ms());
+        if let Some(c) = &self.item.collation {
+            cmd.append(bson::cstr!("collation"), c.clone());
+        }
+        if let Some(h) = &self.item.hint {
+            cmd.append(bson::cstr!("hint"), h.clone());
+        }
+        if let Some(l) = &self.plan.let_vars {
+            cmd.append(bson::cstr!("let"), l.clone());
+        }
+        if let Some(a) = &self.plan.allow_disk_use {
+            cmd.append(bson::cstr!("allowDiskUse"), a.clone());
+        }
+        let cmd = self.finish(cmd);
+        // getMore and killCursors name the collection; a database-level aggregate's cursor
+        // is on `$cmd.aggregate`.
+        let coll = self.item.coll.as_deref().unwrap_or("$cmd.aggregate");
+        let reply = self.exchange(&cmd).await?;
+        let mut batch = match Batch::read(&reply) {
+            Ok(b) => b,
+            Err(why) => return Ok(Outcome::Failed(why)),
+        };
+        let mut matched = batch.docs;
+        while batch.cursor != 0 && matched < limit {
+            let reply = self.exchange(&self.get_more(coll, batch.cursor)).await?;
+            batch = match Batch::read(&reply) {
+                Ok(b) => b,
+                Err(why) => return Ok(Outcome::Failed(why)),
+            };
+            matched += batch.docs;
+        }
+        self.close(coll, batch.cursor).await?;
+        Ok(Outcome::Counted {
+            matched: matched.min(limit),
+            everything: false,
         })
     }
 

@@ -17,6 +17,7 @@
 //! - [`mod@tautology`]: does a filter match every document? (`All` / `Conditioned` / `Unknown`)
 //! - [`walk`]: a visitor over every predicate of a filter, an aggregation expression or a
 //!   pipeline, to any depth; plus [`walk::regex_is_anchored`].
+//! - [`mod@volatile`]: can its matches change with the clock or by chance (not measurable)?
 //! - [`mod@shape`]: the filter rendered as JSON with every literal replaced by its type, and a
 //!   stable hash of that rendering for grouping query shapes.
 
@@ -24,6 +25,7 @@ mod anchor;
 pub mod shape;
 pub mod tautology;
 pub mod verdict;
+pub mod volatile;
 pub mod walk;
 
 mod js;
