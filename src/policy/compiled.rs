@@ -264,7 +264,15 @@ pub struct Policy {
 pub(crate) struct Effective {
     pub actions: [Action; RULE_COUNT],
     pub mode: Mode,
+    /// The rules audit mode turned from block into warn (bit = rule index): what enforcement
+    /// would do, for decisions audit mode must take as enforcement would (what to measure).
+    pub audited_blocks: u64,
 }
+
+const _: () = assert!(
+    RULE_COUNT <= 64,
+    "Effective::audited_blocks holds one bit per rule"
+);
 
 impl Effective {
     /// The action in force for `rule`.
@@ -272,11 +280,22 @@ impl Effective {
         action_in(&self.actions, rule)
     }
 
+    /// The action `rule` would have in enforce mode: a block audit mode made a warning is a
+    /// block here.
+    pub fn enforced_action(&self, rule: super::RuleId) -> Action {
+        if self.audited_blocks & (1u64 << (rule as usize)) != 0 {
+            Action::Block
+        } else {
+            self.action(rule)
+        }
+    }
+
     /// The stricter of two: each rule's higher action, enforce over audit.
     fn strictest(mut self, other: &Effective) -> Effective {
         for (a, b) in self.actions.iter_mut().zip(other.actions.iter()) {
             *a = (*a).max(*b);
         }
+        self.audited_blocks |= other.audited_blocks;
         if other.mode == Mode::Enforce {
             self.mode = Mode::Enforce;
         }
@@ -428,6 +447,7 @@ impl Policy {
         let mut eff = Effective {
             actions: self.actions,
             mode: self.mode,
+            audited_blocks: 0,
         };
         for o in &self.overrides {
             if !o.matches(ns, ctx) {
@@ -443,9 +463,10 @@ impl Policy {
             }
         }
         if eff.mode == Mode::Audit {
-            for a in eff.actions.iter_mut() {
+            for (i, a) in eff.actions.iter_mut().enumerate() {
                 if *a == Action::Block {
                     *a = Action::Warn;
+                    eff.audited_blocks |= 1u64 << i;
                 }
             }
         }

@@ -134,6 +134,13 @@ impl<'a> Emitter<'_, 'a> {
         self.eff.action(rule)
     }
 
+    /// The action `rule` would have in enforce mode (see [`Effective::enforced_action`]):
+    /// what to measure is decided as enforcement would, so that audit mode records what
+    /// enforcement would find.
+    pub fn enforced_action(&self, rule: RuleId) -> Action {
+        self.eff.enforced_action(rule)
+    }
+
     /// True when every given rule is off (skip a whole walk).
     pub fn all_off(&self, rules: &[RuleId]) -> bool {
         rules.iter().all(|r| !self.on(*r))

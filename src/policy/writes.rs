@@ -184,8 +184,9 @@ fn verdict_of<'a>(
         Verdict::All if em.on(rule) => {
             em.emit(rule, Some(s.index), Some(filter));
             // A warning lets it through (an override for a migration): W012 still counts it
-            // when it would act more strictly (measure::finding keeps the stricter).
-            em.action(RuleId::W012) > em.action(rule)
+            // when it would act more strictly (measure::finding keeps the stricter). Decided
+            // as enforcement would, so that audit mode records W012 where enforcement blocks.
+            em.enforced_action(RuleId::W012) > em.enforced_action(rule)
         }
         Verdict::All | Verdict::Unknown => true,
         Verdict::Narrow => false,
@@ -331,7 +332,7 @@ fn merge_into_existing<'a>(
         if em.on(RuleId::W001) && merges_every_document(view, pipeline, merge, &facts)? {
             em.emit(RuleId::W001, Some(0), Some(stage));
             // Counted as well only when W012 would act more strictly (as in verdict_of).
-            if em.action(RuleId::W012) <= em.action(RuleId::W001) {
+            if em.enforced_action(RuleId::W012) <= em.enforced_action(RuleId::W001) {
                 break;
             }
         }
