@@ -129,11 +129,6 @@ impl<'a> Emitter<'_, 'a> {
         self.eff.action(rule) != Action::Off && rule.info().implemented
     }
 
-    /// The action in force for `rule` on this request.
-    pub fn action(&self, rule: RuleId) -> Action {
-        self.eff.action(rule)
-    }
-
     /// The action `rule` would have in enforce mode (see [`Effective::enforced_action`]):
     /// what to measure is decided as enforcement would, so that audit mode records what
     /// enforcement would find.
