@@ -59,6 +59,8 @@ pub mod net;
 pub mod plan;
 pub mod policy;
 pub mod proxy;
+#[cfg(test)]
+mod reload_race;
 pub mod text;
 pub mod tls;
 pub mod upstream;

@@ -208,7 +208,7 @@ pub struct Allowlist {
     reloading: std::sync::Mutex<()>,
     /// Test hook: runs inside `reload` between reading the file and installing it.
     #[cfg(test)]
-    after_read: std::sync::Mutex<Option<tests::Hook>>,
+    after_read: crate::reload_race::AfterRead,
 }
 
 impl Allowlist {
@@ -230,7 +230,7 @@ impl Allowlist {
             capped: AtomicBool::new(false),
             reloading: std::sync::Mutex::new(()),
             #[cfg(test)]
-            after_read: std::sync::Mutex::new(None),
+            after_read: Default::default(),
         }
     }
 
@@ -293,17 +293,7 @@ impl Allowlist {
         let parsed = file::parse(&text).map_err(err)?;
         let (table, loaded) = Table::from_parsed(parsed, self.max_apps, self.max_shapes);
         #[cfg(test)]
-        {
-            let hook = self
-                .after_read
-                .lock()
-                .unwrap()
-                .as_ref()
-                .map(|h| h.0.clone());
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
+        self.after_read.run();
         if loaded.over_caps > 0 {
             warn!(file = %path.display(), left_out = loaded.over_caps,
                 max_apps = self.max_apps, max_shapes_per_app = self.max_shapes,

@@ -269,15 +269,6 @@ fn caps_bound_learning_and_loading() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
-/// A function `reload` calls between reading the file and installing what it read.
-pub(super) struct Hook(pub(super) std::sync::Arc<dyn Fn() + Send + Sync>);
-
-impl std::fmt::Debug for Hook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Hook")
-    }
-}
-
 /// SIGHUP and `POST /reload` both reload the allowlist in enforce mode, on different
 /// threads: unserialised, a reload that read the older file could install it after a later
 /// reload installed the newer one (the policy's race, here for the allowlist). The first
@@ -285,7 +276,6 @@ impl std::fmt::Debug for Hook {
 /// first goes on. v2 must be in force at the end.
 #[test]
 fn concurrent_reloads_never_install_the_older_allowlist() {
-    use std::sync::mpsc;
     let p = policy("block");
     let path = temp_file("race");
     let v1 = "version = 1\n[[app]]\nname = \"billing\"\nshapes = ['find shop.users {\"password\": \"<string>\"}']\n";
@@ -293,41 +283,12 @@ fn concurrent_reloads_never_install_the_older_allowlist() {
     std::fs::write(&path, v1).unwrap();
     let list =
         std::sync::Arc::new(Allowlist::start(&config(AllowlistMode::Enforce, &path)).unwrap());
-    let (read_tx, read_rx) = mpsc::channel::<()>();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    let read_tx = std::sync::Mutex::new(read_tx);
-    let calls = AtomicU64::new(0);
-    *list.after_read.lock().unwrap() = Some(Hook(std::sync::Arc::new(move || {
-        let _ = read_tx.lock().unwrap().send(());
-        if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = go_rx
-                .lock()
-                .unwrap()
-                .recv_timeout(std::time::Duration::from_secs(30));
-        }
-    })));
     let l = list.clone();
-    let first = std::thread::spawn(move || l.reload().map(|_| ()));
-    read_rx
-        .recv_timeout(std::time::Duration::from_secs(30))
-        .expect("the first reload read the file");
-    std::fs::write(&path, v2).unwrap();
-    let l = list.clone();
-    let second = std::thread::spawn(move || l.reload().map(|_| ()));
-    // Unserialised, the second reload reads v2 and installs it now; serialised, it waits
-    // for the first. Either way the first is let go after this bounded wait.
-    if read_rx
-        .recv_timeout(std::time::Duration::from_secs(2))
-        .is_ok()
-    {
-        while !second.is_finished() {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    }
-    go_tx.send(()).unwrap();
-    first.join().unwrap().unwrap();
-    second.join().unwrap().unwrap();
+    crate::reload_race::two_reloads(
+        &list.after_read,
+        move || l.reload().map(|_| ()),
+        || std::fs::write(&path, v2).unwrap(),
+    );
     let email = find(rawdoc! {"email": "x"});
     assert_eq!(
         send(&list, &p, Some("billing"), &email),

@@ -74,7 +74,7 @@ pub struct PolicyHolder {
     reloading: std::sync::Mutex<()>,
     /// Test hook: runs inside `reload` between reading the file and installing it.
     #[cfg(test)]
-    after_read: std::sync::Mutex<Option<tests::Hook>>,
+    after_read: crate::reload_race::AfterRead,
 }
 
 /// What the poll compares to tell that the policy file changed: its modification time, and
@@ -131,7 +131,7 @@ impl PolicyHolder {
             modified: RwLock::new(modified),
             reloading: std::sync::Mutex::new(()),
             #[cfg(test)]
-            after_read: std::sync::Mutex::new(None),
+            after_read: Default::default(),
         })
     }
 
@@ -143,7 +143,7 @@ impl PolicyHolder {
             modified: RwLock::new(None),
             reloading: std::sync::Mutex::new(()),
             #[cfg(test)]
-            after_read: std::sync::Mutex::new(None),
+            after_read: Default::default(),
         }
     }
 
@@ -175,18 +175,7 @@ impl PolicyHolder {
         let policy = Policy::load_reloadable(path)?;
         let hash = policy.hash();
         #[cfg(test)]
-        {
-            // Not called under the hook's own lock, which would serialise the reloads.
-            let hook = self
-                .after_read
-                .lock()
-                .unwrap()
-                .as_ref()
-                .map(|h| h.0.clone());
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
+        self.after_read.run();
         match self.current.write() {
             Ok(mut g) => *g = Arc::new(policy),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
@@ -212,15 +201,6 @@ impl PolicyHolder {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A function `reload` calls between reading the file and installing what it read.
-    pub(super) struct Hook(pub(super) Arc<dyn Fn() + Send + Sync>);
-
-    impl std::fmt::Debug for Hook {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("Hook")
-        }
-    }
 
     /// A policy file replaced by a rename (an atomic `mv`, or a Kubernetes ConfigMap's
     /// `..data` symlink swap) is a change on disk for the poll even when the new file has the
@@ -296,51 +276,22 @@ mod tests {
     /// on. v2 must be in force at the end.
     #[test]
     fn concurrent_reloads_never_install_the_older_file() {
-        use std::sync::mpsc;
         let dir = temp_dir("race");
         let path = dir.join("policy.toml");
         std::fs::write(&path, "mode = \"audit\"\n").unwrap();
         let holder = Arc::new(PolicyHolder::load(Some(&path)).unwrap());
         let v1 = holder.current().hash();
-        let (read_tx, read_rx) = mpsc::channel::<()>();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let go_rx = std::sync::Mutex::new(go_rx);
-        let calls = std::sync::atomic::AtomicUsize::new(0);
-        let read_tx = std::sync::Mutex::new(read_tx);
-        *holder.after_read.lock().unwrap() = Some(Hook(Arc::new(move || {
-            let _ = read_tx.lock().unwrap().send(());
-            // The first reload waits (bounded) to be let go; later ones go on at once.
-            if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                let _ = go_rx
-                    .lock()
-                    .unwrap()
-                    .recv_timeout(std::time::Duration::from_secs(30));
-            }
-        })));
+        let mut v2 = 0;
         let h = holder.clone();
-        let first = std::thread::spawn(move || h.reload());
-        read_rx
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("the first reload read the file");
-        std::fs::write(&path, "mode = \"enforce\"\n").unwrap();
-        let v2 = Policy::load(&path).unwrap().hash();
+        crate::reload_race::two_reloads(
+            &holder.after_read,
+            move || h.reload().map(|_| ()),
+            || {
+                std::fs::write(&path, "mode = \"enforce\"\n").unwrap();
+                v2 = Policy::load(&path).unwrap().hash();
+            },
+        );
         assert_ne!(v1, v2);
-        let h = holder.clone();
-        let second = std::thread::spawn(move || h.reload());
-        // Unserialised, the second reload reads v2 and installs it now; serialised, it waits
-        // for the first. Either way the first is let go after this bounded wait.
-        let second_read = read_rx
-            .recv_timeout(std::time::Duration::from_secs(2))
-            .is_ok();
-        if second_read {
-            // Let it install before the first one does.
-            while !second.is_finished() {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        }
-        go_tx.send(()).unwrap();
-        first.join().unwrap().unwrap();
-        second.join().unwrap().unwrap();
         assert_eq!(
             holder.current().hash(),
             v2,

@@ -297,9 +297,20 @@ impl<L: Link> Queries<'_, L> {
                 everything,
             });
         }
-        let reply = self
-            .exchange(&self.find(coll, &self.item.filter, limit))
-            .await?;
+        let find = self.find(coll, &self.item.filter, limit);
+        self.count(&find, coll, limit, everything).await
+    }
+
+    /// Runs `cmd` (a find or aggregate opening a cursor on `coll`) and counts what it returns,
+    /// following the cursor with getMore up to `limit`, then closes it.
+    async fn count(
+        &mut self,
+        cmd: &RawDocument,
+        coll: &str,
+        limit: u64,
+        everything: bool,
+    ) -> Result<Outcome, Abort> {
+        let reply = self.exchange(cmd).await?;
         let mut batch = match Batch::read(&reply) {
             Ok(b) => b,
             Err(why) => return Ok(Outcome::Failed(why)),
@@ -363,26 +374,9 @@ impl<L: Link> Queries<'_, L> {
         let cmd = self.finish(cmd);
         // getMore and killCursors name the collection; a database-level aggregate's cursor
         // is on `$cmd.aggregate`.
-        let coll = self.item.coll.as_deref().unwrap_or("$cmd.aggregate");
-        let reply = self.exchange(&cmd).await?;
-        let mut batch = match Batch::read(&reply) {
-            Ok(b) => b,
-            Err(why) => return Ok(Outcome::Failed(why)),
-        };
-        let mut matched = batch.docs;
-        while batch.cursor != 0 && matched < limit {
-            let reply = self.exchange(&self.get_more(coll, batch.cursor)).await?;
-            batch = match Batch::read(&reply) {
-                Ok(b) => b,
-                Err(why) => return Ok(Outcome::Failed(why)),
-            };
-            matched += batch.docs;
-        }
-        self.close(coll, batch.cursor).await?;
-        Ok(Outcome::Counted {
-            matched: matched.min(limit),
-            everything: false,
-        })
+        let coll = self.item.coll.clone();
+        let coll = coll.as_deref().unwrap_or("$cmd.aggregate");
+        self.count(&cmd, coll, limit, false).await
     }
 
     /// `{find: coll, filter, projection: {_id: 1}, limit, batchSize: limit, maxTimeMS, ...}`.
