@@ -36,6 +36,69 @@ fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
     path
 }
 
+/// mongoguard started with a `mongodb+srv://` upstream whose name server receives the
+/// queries and never answers: once this returns (its first query arrived) the process is well
+/// into its start and stays there. The socket must outlive the test's signals.
+fn start_resolving_forever(tag: &str) -> (std::process::Child, std::net::UdpSocket) {
+    let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    dns.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let dir = temp_dir(tag);
+    let config = write_config(
+        &dir,
+        &format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n\
+             [upstream]\nuri = \"mongodb+srv://cluster.example.test/\"\n\
+             dns_server = \"{}\"\n\
+             [admin]\nlisten = \"off\"\n\
+             [audit]\nsink = \"none\"\n",
+            dns.local_addr().unwrap()
+        ),
+    );
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+        .arg("--config")
+        .arg(&config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    assert!(
+        dns.recv_from(&mut buf).is_ok(),
+        "mongoguard never asked for the SRV records"
+    );
+    (child, dns)
+}
+
+/// `kill -SIG pid`.
+fn send_signal(child: &std::process::Child, sig: &str) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{sig}");
+}
+
+/// How `child` ended if it did within `bound` (`None`: still running); it is killed either way.
+fn exit_within(
+    child: &mut std::process::Child,
+    bound: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + bound;
+    let mut status = None;
+    while std::time::Instant::now() < deadline {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    status
+}
+
 /// Sends SIGHUP twice and checks after each that the process is alive and still answers
 /// `hello` (always answered) and, when `ping_upstream`, a `ping` that goes upstream.
 async fn survives_sighup(bin: &mut Binary, ping_upstream: bool) {
@@ -274,52 +337,9 @@ fn large_find() -> bson::Document {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_while_starting_does_not_kill() {
     use std::os::unix::process::ExitStatusExt;
-    // A name server that receives the queries and never answers.
-    let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    dns.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let dir = temp_dir("sighup-start");
-    let config = write_config(
-        &dir,
-        &format!(
-            "[proxy]\nlisten = \"127.0.0.1:0\"\n\
-             [upstream]\nuri = \"mongodb+srv://cluster.example.test/\"\n\
-             dns_server = \"{}\"\n\
-             [admin]\nlisten = \"off\"\n\
-             [audit]\nsink = \"none\"\n",
-            dns.local_addr().unwrap()
-        ),
-    );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
-        .arg("--config")
-        .arg(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // The first query arrives: the process is resolving, well into its start.
-    let mut buf = [0u8; 512];
-    let asked = dns.recv_from(&mut buf);
-    assert!(asked.is_ok(), "mongoguard never asked for the SRV records");
-    let kill = |sig: &str| {
-        std::process::Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(child.id().to_string())
-            .status()
-            .unwrap()
-    };
-    assert!(kill("HUP").success());
-    let deadline = std::time::Instant::now() + Duration::from_millis(500);
-    let mut status = None;
-    while std::time::Instant::now() < deadline {
-        status = child.try_wait().unwrap();
-        if status.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let (mut child, _dns) = start_resolving_forever("sighup-start");
+    send_signal(&child, "HUP");
+    let status = exit_within(&mut child, Duration::from_millis(500));
     if let Some(s) = status {
         assert_ne!(
             s.signal(),
@@ -340,51 +360,9 @@ async fn sighup_while_starting_does_not_kill() {
 async fn sigterm_or_sigint_while_starting_exits_promptly_and_cleanly() {
     use std::os::unix::process::ExitStatusExt;
     for sig in ["TERM", "INT"] {
-        // A name server that receives the queries and never answers.
-        let dns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        dns.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let dir = temp_dir(&format!("sig{sig}-start"));
-        let config = write_config(
-            &dir,
-            &format!(
-                "[proxy]\nlisten = \"127.0.0.1:0\"\n\
-                 [upstream]\nuri = \"mongodb+srv://cluster.example.test/\"\n\
-                 dns_server = \"{}\"\n\
-                 [admin]\nlisten = \"off\"\n\
-                 [audit]\nsink = \"none\"\n",
-                dns.local_addr().unwrap()
-            ),
-        );
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
-            .arg("--config")
-            .arg(&config)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut buf = [0u8; 512];
-        assert!(
-            dns.recv_from(&mut buf).is_ok(),
-            "mongoguard never asked for the SRV records"
-        );
-        let sent = std::process::Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let mut status = None;
-        while std::time::Instant::now() < deadline {
-            status = child.try_wait().unwrap();
-            if status.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
+        let (mut child, _dns) = start_resolving_forever(&format!("sig{sig}-start"));
+        send_signal(&child, sig);
+        let status = exit_within(&mut child, Duration::from_secs(10));
         let status =
             status.unwrap_or_else(|| panic!("SIG{sig} during the start: still running after 10 s"));
         assert_eq!(
