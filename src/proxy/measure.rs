@@ -359,15 +359,7 @@ impl<L: Link> Queries<'_, L> {
             bson::rawdoc! {"batchSize": limit_i64},
         );
         cmd.append(bson::cstr!("maxTimeMS"), self.time_limit_ms());
-        if let Some(c) = &self.item.collation {
-            cmd.append(bson::cstr!("collation"), c.clone());
-        }
-        if let Some(h) = &self.item.hint {
-            cmd.append(bson::cstr!("hint"), h.clone());
-        }
-        if let Some(l) = &self.plan.let_vars {
-            cmd.append(bson::cstr!("let"), l.clone());
-        }
+        self.write_options(&mut cmd);
         if let Some(a) = &self.plan.allow_disk_use {
             cmd.append(bson::cstr!("allowDiskUse"), a.clone());
         }
@@ -377,6 +369,20 @@ impl<L: Link> Queries<'_, L> {
         let coll = self.item.coll.clone();
         let coll = coll.as_deref().unwrap_or("$cmd.aggregate");
         self.count(&cmd, coll, limit, false).await
+    }
+
+    /// What the measured write carries that decides what its filter matches: its collation,
+    /// hint and `let` variables.
+    fn write_options(&self, cmd: &mut RawDocumentBuf) {
+        if let Some(c) = &self.item.collation {
+            cmd.append(bson::cstr!("collation"), c.clone());
+        }
+        if let Some(h) = &self.item.hint {
+            cmd.append(bson::cstr!("hint"), h.clone());
+        }
+        if let Some(l) = &self.plan.let_vars {
+            cmd.append(bson::cstr!("let"), l.clone());
+        }
     }
 
     /// `{find: coll, filter, projection: {_id: 1}, limit, batchSize: limit, maxTimeMS, ...}`.
@@ -391,15 +397,7 @@ impl<L: Link> Queries<'_, L> {
             "singleBatch": limit == 1,
             "maxTimeMS": self.time_limit_ms(),
         };
-        if let Some(c) = &self.item.collation {
-            cmd.append(bson::cstr!("collation"), c.clone());
-        }
-        if let Some(h) = &self.item.hint {
-            cmd.append(bson::cstr!("hint"), h.clone());
-        }
-        if let Some(l) = &self.plan.let_vars {
-            cmd.append(bson::cstr!("let"), l.clone());
-        }
+        self.write_options(&mut cmd);
         self.finish(cmd)
     }
 
