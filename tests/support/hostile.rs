@@ -467,26 +467,25 @@ impl Binary {
 
     /// Sends `signal` (e.g. "HUP", "TERM") with kill(1).
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{signal} failed");
+        send_signal(&self.child, signal);
     }
 
     /// The exit status if the process ends within `bound`.
     pub fn exited_within(&mut self, bound: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        exit_within(&mut self.child, bound)
+    }
+
+    /// SIGTERM, then the process must end within 10 s with status 0 (`after`: what came
+    /// before, for the message).
+    pub fn stops_cleanly_on_sigterm(&mut self, after: &str) {
+        self.signal("TERM");
+        let status = self
+            .exited_within(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{after}: mongoguard did not exit within 10 s of SIGTERM"));
+        assert!(
+            status.success(),
+            "{after}: exit status after SIGTERM: {status}"
+        );
     }
 
     /// Every stderr line, once the process has exited and its stderr reached EOF.
@@ -499,6 +498,30 @@ impl Binary {
 
     pub fn stderr_text(&self) -> String {
         self.stderr.lock().unwrap().join("")
+    }
+}
+
+/// Sends `signal` (e.g. "HUP", "TERM") to `child` with kill(1).
+pub fn send_signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} failed");
+}
+
+/// The exit status if `child` ends within `bound`.
+pub fn exit_within(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
