@@ -13,8 +13,9 @@
 //! - W015 fires on an aggregate with `$out` (it replaces its target whole), `$merge` whose
 //!   `whenMatched` is `"replace"` or a pipeline, mapReduce `out: "name"` or
 //!   `out: {replace: ...}`, renameCollection with `dropTarget` truthy (a boolean, a number, or
-//!   the UUID form that drops a target with that UUID), convertToCapped, and `emptycapped`
-//!   (a test command that truncates a capped collection).
+//!   the UUID form that drops a target with that UUID), convertToCapped, `emptycapped` and
+//!   `captrunc` (test commands that truncate a capped collection), and collMod `cappedSize` /
+//!   `cappedMax` above 0 (6.0+: a lower limit deletes the oldest documents).
 //!   cloneCollectionAsCapped is not W015: mongod refuses a target that exists
 //!   (src/mongo/db/catalog/capped_utils.cpp, NamespaceExists).
 //! - W016 fires when an index spec of createIndexes, a collMod `index`, or the collection-level
@@ -158,12 +159,19 @@ pub(crate) fn check<'a>(
             em.emit(RuleId::W015, None, None)
         }
         Kind::ConvertToCapped => em.emit(RuleId::W015, None, None),
-        // Truncates a capped collection (a test command: src/mongo/db/catalog/capped_utils.cpp).
-        Kind::Other if view.name() == "emptycapped" => em.emit(RuleId::W015, None, None),
+        // Truncate a capped collection (test commands: emptycapped in
+        // src/mongo/db/catalog/capped_utils.cpp, captrunc in src/mongo/db/commands/test_commands.cpp
+        // deletes its newest `n` documents).
+        Kind::Other if matches!(view.name(), "emptycapped" | "captrunc") => {
+            em.emit(RuleId::W015, None, None)
+        }
         Kind::CreateIndexes => create_indexes_ttl(view, body, em)?,
         Kind::CollMod => {
             if em.on(RuleId::W016) && coll_mod_ttl(body)? {
                 em.emit(RuleId::W016, None, None)
+            }
+            if em.on(RuleId::W015) && capped_resize(body)? {
+                em.emit(RuleId::W015, None, None)
             }
             coll_mod_measure(view, body, em)?;
         }
@@ -285,6 +293,24 @@ fn drops_target(body: &RawDocument) -> Result<bool, CommandError> {
         None => Ok(false),
         Some(RawBsonRef::Binary(_)) => Ok(true),
         Some(v) => truthy(v).ok_or(bad("renameCollection", "dropTarget")),
+    }
+}
+
+/// collMod `cappedSize`, or `cappedMax` above 0 (0 or less removes the limit), on mongod
+/// 6.0+: lowered below what the capped collection holds, the oldest documents are deleted to
+/// fit (jstests/core/capped/capped_resize.js: "Decrease the size parameter of the capped
+/// collection and see that documents are removed"), like convertToCapped's truncation. The
+/// command does not say whether it lowers the limit, so any value fires. Both are
+/// `safeInt64` for mongod: another type is unreadable.
+fn capped_resize(body: &RawDocument) -> Result<bool, CommandError> {
+    if present(body, "cappedSize")?.is_some() {
+        return Ok(true);
+    }
+    match present(body, "cappedMax")? {
+        None => Ok(false),
+        Some(v) => number(v)
+            .map(|n| n > 0.0 || n.is_nan())
+            .ok_or(bad("collMod", "cappedMax")),
     }
 }
 
