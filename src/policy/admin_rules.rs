@@ -331,14 +331,24 @@ fn create_indexes_ttl<'a>(
     }
     let mut err = None;
     let ns = view.namespace();
+    // MongoDB 3.0 (wire version 3) ignores dropDups; before it, a unique index built with it
+    // deletes every document but one of each duplicated key. Unknown: assume the old server.
+    let drop_dups_deletes = em.ctx.upstream_wire_version.is_none_or(|v| v < 3);
     let _ = view.each_entry(body, "indexes", "createIndexes", &mut |index, spec| {
+        if drop_dups_deletes {
+            if let Err(e) = drop_dups(ns, index, spec, em) {
+                err = Some(e);
+                return ControlFlow::Break(());
+            }
+        }
         let ttl = unique(spec).and_then(|s| present(s, "expireAfterSeconds"));
         let result = match ttl {
             Ok(Some(ttl)) => {
                 if expires_too_soon(ttl) {
                     em.emit(RuleId::W016, Some(index), None);
                 }
-                index_ttl(spec, "key", ttl).map(|t| measure_ttl(ns, index, spec, t, em))
+                index_ttl(spec, "key", ttl)
+                    .map(|t| measure_ttl(ns, index, spec, t, em, TTL_FIELD_UNKNOWN))
             }
             Ok(None) => Ok(()),
             Err(e) => Err(e),
@@ -401,6 +411,38 @@ fn ttl_seconds(v: RawBsonRef<'_>) -> i64 {
     }
 }
 
+/// Why a dropDups index build is refused.
+const DROP_DUPS: &str = "a unique index built with dropDups deletes every document but one \
+     of each duplicated key (MongoDB before 3.0), a delete with no filter whose extent cannot \
+     be measured; mongoguard does not forward it (measure.on_error)";
+
+/// A createIndexes spec with `unique` and `dropDups` truthy, for a server before 3.0: a
+/// delete of every duplicate, which no measurement stands for (`measure.on_error` under
+/// W003). The MongoDB 2.6 manual (ensureIndex `dropDups`: "delete all documents that
+/// contain a duplicate value" but the first); the 3.0 compatibility notes removed it. Legacy
+/// code still sends it (mgo `Index.DropDups`, Mongoose and Spring Data `dropDups`).
+fn drop_dups<'a>(
+    ns: crate::command::Namespace<'a>,
+    index: usize,
+    spec: &'a RawDocument,
+    em: &mut Emitter<'_, 'a>,
+) -> Result<(), CommandError> {
+    if !measures_ttl(em) {
+        return Ok(());
+    }
+    let spec = unique(spec)?;
+    let flag = |key| -> Result<bool, CommandError> {
+        match present(spec, key)? {
+            None => Ok(false),
+            Some(v) => truthy(v).ok_or(bad("createIndexes", "dropDups")),
+        }
+    };
+    if flag("dropDups")? && flag("unique")? {
+        measure_ttl(ns, index, spec, None, em, DROP_DUPS);
+    }
+    Ok(())
+}
+
 /// Why a TTL is not measured when the command names no index for it.
 const TTL_FIELD_UNKNOWN: &str = "the TTL deletes the documents whose date is older than \
      expireAfterSeconds, and the command names no index key (neither a key pattern nor a \
@@ -410,13 +452,14 @@ const TTL_FIELD_UNKNOWN: &str = "the TTL deletes the documents whose date is old
 /// A TTL is a multi-document delete the TTL monitor runs with no filter from the client:
 /// measured for W003 (it would delete every document of the collection) and W012 (more
 /// than `max_docs`), like a delete whose filter is `unknown`. `ttl: None`: the field is not
-/// known, so `measure.on_error`.
+/// known, so `measure.on_error`, `unmeasurable` saying why.
 fn measure_ttl<'a>(
     ns: crate::command::Namespace<'a>,
     index: usize,
     spec: &'a RawDocument,
     ttl: Option<Ttl<'a>>,
     em: &mut Emitter<'_, 'a>,
+    unmeasurable: &'static str,
 ) {
     if !measures_ttl(em) {
         return;
@@ -437,7 +480,7 @@ fn measure_ttl<'a>(
             rule,
             ttl,
         },
-        ttl.is_none().then_some(TTL_FIELD_UNKNOWN),
+        ttl.is_none().then_some(unmeasurable),
     );
 }
 
@@ -459,7 +502,7 @@ fn coll_mod_measure<'a>(
     if let Some(RawBsonRef::Document(index)) = present(body, "index")? {
         if let Some(ttl) = present(unique(index)?, "expireAfterSeconds")? {
             let t = index_ttl(index, "keyPattern", ttl)?;
-            measure_ttl(ns, 0, index, t, em);
+            measure_ttl(ns, 0, index, t, em, TTL_FIELD_UNKNOWN);
         }
     }
     match present(body, "expireAfterSeconds")? {
@@ -470,7 +513,7 @@ fn coll_mod_measure<'a>(
                 seconds: ttl_seconds(ttl),
                 partial: None,
             };
-            measure_ttl(ns, 0, body, Some(t), em)
+            measure_ttl(ns, 0, body, Some(t), em, TTL_FIELD_UNKNOWN)
         }
     }
     Ok(())
