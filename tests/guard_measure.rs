@@ -660,3 +660,74 @@ async fn audit_mode_measures_a_ttl_index() {
     );
     g.finish().await;
 }
+
+/// The same TTL index over old data, sent on the wire as OP_COMPRESSED (zlib, snappy, zstd)
+/// and as a legacy OP_QUERY `$cmd`: measured and blocked whatever the framing, the one reply
+/// answers the client's requestID, and the upstream never sees the createIndexes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ttl_index_is_measured_compressed_and_as_op_query() {
+    use mongoguard::wire::compression::Compressor;
+    use tokio::io::AsyncWriteExt;
+    let g = Guard::start(Kind::Passthrough, "measure-ttl-wire", STANDARD).await;
+    let old = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 7_200_000);
+    let seed: Vec<Document> = (1..=3).map(|i| doc! {"_id": i, "at": old}).collect();
+    g.direct
+        .database(DB)
+        .collection::<Document>("events")
+        .insert_many(seed)
+        .await
+        .expect("seed");
+    let mut stream = tokio::net::TcpStream::connect(g.proxy.local_addr())
+        .await
+        .expect("connect");
+    let hello = doc! {"hello": 1, "compression": ["zlib", "snappy", "zstd"], "$db": "admin"};
+    stream
+        .write_all(&op_msg(1, 0, &hello))
+        .await
+        .expect("hello");
+    read_frame(&mut stream, BOUND).await.expect("hello reply");
+    let creates = g.upstream("createIndexes");
+    let ttl = doc! {"createIndexes": "events", "indexes": [
+        {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600}
+    ]};
+    for (id, compressor) in [
+        (2, Compressor::Zlib),
+        (3, Compressor::Snappy),
+        (4, Compressor::Zstd),
+    ] {
+        let mut body = ttl.clone();
+        body.insert("$db", DB);
+        let frame = hostile::compressed(&op_msg(id, 0, &body), compressor);
+        stream.write_all(&frame).await.expect("send");
+        let reply = read_frame(&mut stream, BOUND).await.expect("reply");
+        let response_to = i32::from_le_bytes([reply[8], reply[9], reply[10], reply[11]]);
+        assert_eq!(response_to, id, "{compressor:?}");
+        let body = body_of(&reply);
+        assert_eq!(
+            body.get_i32("code").ok(),
+            Some(BLOCK_CODE),
+            "{compressor:?}: {body}"
+        );
+        assert!(
+            body.get_str("errmsg").unwrap_or_default().contains("W003"),
+            "{body}"
+        );
+    }
+    // A legacy OP_QUERY on `db.$cmd`: an OP_REPLY with the block.
+    let raw = bson::RawDocumentBuf::try_from(&ttl).expect("raw");
+    let query =
+        mongoguard::wire::builder::encode_query(5, 0, &format!("{DB}.$cmd"), 0, -1, &raw, None);
+    stream.write_all(&query).await.expect("send query");
+    let reply = read_frame(&mut stream, BOUND).await.expect("reply");
+    let response_to = i32::from_le_bytes([reply[8], reply[9], reply[10], reply[11]]);
+    assert_eq!(response_to, 5);
+    let parsed = mongoguard::wire::OpReply::parse(&reply).expect("an OP_REPLY");
+    let doc = parsed.documents().next().expect("a document");
+    let doc = Document::from_reader(doc.as_bytes()).expect("bson");
+    assert!(
+        doc.get_str("errmsg").unwrap_or_default().contains("W003"),
+        "{doc}"
+    );
+    assert_eq!(g.upstream("createIndexes"), creates, "never forwarded");
+    g.finish().await;
+}
