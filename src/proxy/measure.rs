@@ -374,31 +374,9 @@ impl<L: Link> Queries<'_, L> {
             Err(why) => return Ok(Err(why)),
         };
         self.close(&cursor_coll, cursor).await?;
-        let found = docs.into_iter().find_map(|d| {
-            let d = d.ok()?.as_document()?;
-            match &ttl.index {
-                Some(name) => {
-                    (d.get_str("name").ok()? == name.as_str()).then_some(())?;
-                    let key = d.get_document("key").ok()?;
-                    let field = key.iter_elements().next()?.ok()?.key().as_str().to_owned();
-                    let partial = d.get_document("partialFilterExpression").ok();
-                    Some(Ttl::filter(&field, ttl.seconds, partial, now))
-                }
-                None => {
-                    let options = d.get_document("options").ok()?;
-                    let field = if options.get("clusteredIndex").ok()?.is_some() {
-                        "_id"
-                    } else {
-                        options
-                            .get_document("timeseries")
-                            .ok()?
-                            .get_str("timeField")
-                            .ok()?
-                    };
-                    Some(Ttl::filter(field, ttl.seconds, None, now))
-                }
-            }
-        });
+        let found = docs
+            .into_iter()
+            .find_map(|d| ttl_filter_from(d.ok()?.as_document()?, ttl, now));
         Ok(found.ok_or_else(|| match ttl.index {
             Some(_) => "the TTL's index is not on the collection".to_owned(),
             None => "the collection is neither clustered nor time-series".to_owned(),
@@ -634,6 +612,35 @@ fn says_ok(body: &RawDocument) -> bool {
     }
 }
 
+/// The TTL filter from one document of a catalog lookup, if it is the one looked for: the
+/// `listIndexes` spec named `ttl.index` (its key pattern's first field, its partial filter),
+/// or the `listCollections` entry of a clustered (`_id`) or time-series (its `timeField`)
+/// collection.
+fn ttl_filter_from(d: &RawDocument, ttl: &TtlLookup, now: SystemTime) -> Option<RawDocumentBuf> {
+    match &ttl.index {
+        Some(name) => {
+            (d.get_str("name").ok()? == name.as_str()).then_some(())?;
+            let key = d.get_document("key").ok()?;
+            let field = key.iter_elements().next()?.ok()?.key().as_str();
+            let partial = d.get_document("partialFilterExpression").ok();
+            Some(Ttl::filter(field, ttl.seconds, partial, now))
+        }
+        None => {
+            let options = d.get_document("options").ok()?;
+            // The time field first: a time-series collection's buckets are clustered too,
+            // but its documents' `_id`s are not its dates.
+            let field = match options.get_document("timeseries") {
+                Ok(ts) => ts.get_str("timeField").ok()?,
+                Err(_) => {
+                    options.get("clusteredIndex").ok()??;
+                    "_id"
+                }
+            };
+            Some(Ttl::filter(field, ttl.seconds, None, now))
+        }
+    }
+}
+
 /// The documents of a catalog lookup's first batch and its cursor id (or why they cannot be
 /// read, as [`Batch::read`] says it).
 fn first_batch(body: &RawDocument) -> Result<(bson::RawArrayBuf, i64), String> {
@@ -687,5 +694,60 @@ impl Batch {
             docs += 1;
         }
         Ok(Batch { docs, cursor: id })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a collMod TTL that names only its index, or the collection, is measured on: found
+    /// in mongod's listIndexes / listCollections answers.
+    #[test]
+    fn ttl_lookups_find_the_field() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let by_name = TtlLookup {
+            seconds: 3600,
+            index: Some("at_1".into()),
+        };
+        let spec = bson::rawdoc! {
+            "v": 2, "key": {"at": 1}, "name": "at_1",
+            "partialFilterExpression": {"kind": "session"},
+        };
+        let want = Ttl::filter("at", 3600, Some(&bson::rawdoc! {"kind": "session"}), now);
+        assert_eq!(ttl_filter_from(&spec, &by_name, now), Some(want));
+        let other = bson::rawdoc! {"v": 2, "key": {"_id": 1}, "name": "_id_"};
+        assert_eq!(ttl_filter_from(&other, &by_name, now), None);
+
+        let collection = TtlLookup {
+            seconds: 60,
+            index: None,
+        };
+        let clustered = bson::rawdoc! {
+            "name": "events", "type": "collection",
+            "options": {"clusteredIndex": {"key": {"_id": 1}, "unique": true}, "expireAfterSeconds": 60},
+        };
+        assert_eq!(
+            ttl_filter_from(&clustered, &collection, now),
+            Some(Ttl::filter("_id", 60, None, now))
+        );
+        let timeseries = bson::rawdoc! {
+            "name": "metrics", "type": "timeseries",
+            "options": {"timeseries": {"timeField": "ts", "metaField": "m", "granularity": "seconds"}},
+        };
+        assert_eq!(
+            ttl_filter_from(&timeseries, &collection, now),
+            Some(Ttl::filter("ts", 60, None, now))
+        );
+        let both = bson::rawdoc! {
+            "name": "metrics", "type": "timeseries",
+            "options": {"clusteredIndex": true, "timeseries": {"timeField": "ts"}},
+        };
+        assert_eq!(
+            ttl_filter_from(&both, &collection, now),
+            Some(Ttl::filter("ts", 60, None, now))
+        );
+        let plain = bson::rawdoc! {"name": "orders", "type": "collection", "options": {}};
+        assert_eq!(ttl_filter_from(&plain, &collection, now), None);
     }
 }
