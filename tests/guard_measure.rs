@@ -585,6 +585,7 @@ async fn ttl_measured(kind: Kind) {
         .expect_err("a TTL that expires every document is blocked");
     let msg = assert_driver_blocked(&err, "W003");
     assert!(msg.contains("measured"), "{kind:?}: {msg}");
+    assert!(msg.contains("a TTL deletes"), "{kind:?}: {msg}");
     assert_eq!(g.upstream("createIndexes"), creates, "never forwarded");
     // A week: nothing has expired, the index is created.
     bounded("TTL one week", db.run_command(ttl("at_week", 7 * 86400)))

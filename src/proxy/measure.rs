@@ -92,6 +92,8 @@ struct Item {
     shape_hash: u64,
     /// A TTL whose field the command does not name: looked up before it is measured.
     ttl: Option<TtlLookup>,
+    /// A TTL (what is measured is what the TTL monitor deletes): said in the finding.
+    expires: bool,
 }
 
 /// A TTL (collMod) whose dates' field is looked up on the server before measuring.
@@ -148,6 +150,7 @@ impl MeasurePlan {
                     shape,
                     shape_hash,
                     ttl,
+                    expires: m.ttl.is_some(),
                 }
             })
             .collect();
@@ -252,7 +255,14 @@ pub(crate) async fn measure<L: Link>(
                 }
             }
         };
-        if let Some(f) = finding(&plan.actions, item.rule, &outcome) {
+        if let Some(mut f) = finding(&plan.actions, item.rule, &outcome) {
+            if item.expires {
+                f.detail = format!(
+                    "a TTL deletes, within a minute, the documents older than its \
+                     expireAfterSeconds; its filter is that age: {}",
+                    f.detail
+                );
+            }
             findings.push((item, f));
         }
     }
