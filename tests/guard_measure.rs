@@ -554,3 +554,181 @@ async fn measuring_replies_never_reach_the_client() {
     }
     g.finish().await;
 }
+
+/// A TTL index is a delete with no filter: over documents dated two hours ago,
+/// `expireAfterSeconds: 3600` deletes every one of them within a minute (mongod's TTL
+/// monitor, src/mongo/db/ttl/ttl.cpp `_deleteExpiredWithIndex`). createIndexes and collMod
+/// (by key pattern or by name, looked up with listIndexes) are measured like a delete: every
+/// document is W003 (blocked, nothing reaches the upstream), a TTL under which nothing
+/// expires yet is forwarded; a collection-level TTL on a collection that is neither
+/// clustered nor time-series cannot be measured and is refused (measure.on_error).
+async fn ttl_measured(kind: Kind) {
+    let g = Guard::start(kind, &format!("measure-ttl-{kind:?}"), STANDARD).await;
+    let now = bson::DateTime::now().timestamp_millis();
+    let old = bson::DateTime::from_millis(now - 2 * 3600 * 1000);
+    let seed: Vec<Document> = (1..=5).map(|i| doc! {"_id": i, "at": old}).collect();
+    g.direct
+        .database(DB)
+        .collection::<Document>("events")
+        .insert_many(seed)
+        .await
+        .expect("seed events");
+    let db = g.client.database(DB);
+    let ttl = |name: &str, secs: i64| {
+        doc! {"createIndexes": "events", "indexes": [
+            {"key": {"at": 1}, "name": name, "expireAfterSeconds": secs}
+        ]}
+    };
+    let creates = g.upstream("createIndexes");
+    let err = bounded("TTL one hour", db.run_command(ttl("at_hour", 3600)))
+        .await
+        .expect_err("a TTL that expires every document is blocked");
+    let msg = assert_driver_blocked(&err, "W003");
+    assert!(msg.contains("measured"), "{kind:?}: {msg}");
+    assert!(msg.contains("a TTL deletes"), "{kind:?}: {msg}");
+    assert_eq!(g.upstream("createIndexes"), creates, "never forwarded");
+    // A week: nothing has expired, the index is created.
+    bounded("TTL one week", db.run_command(ttl("at_week", 7 * 86400)))
+        .await
+        .expect("a TTL under which nothing expires is forwarded");
+    assert_eq!(g.upstream("createIndexes"), creates + 1);
+    // Lowering it by name: looked up, measured, blocked.
+    let lower =
+        doc! {"collMod": "events", "index": {"name": "at_week", "expireAfterSeconds": 3600}};
+    let lists = g.upstream("listIndexes");
+    let err = bounded("collMod by name", db.run_command(lower))
+        .await
+        .expect_err("lowering a TTL by name over old data is blocked");
+    assert_driver_blocked(&err, "W003");
+    assert!(g.upstream("listIndexes") > lists, "the index was looked up");
+    // By key pattern, to a TTL under which nothing expires: forwarded.
+    let raise = doc! {"collMod": "events", "index": {"keyPattern": {"at": 1}, "expireAfterSeconds": 14 * 86400}};
+    bounded("collMod by keyPattern", db.run_command(raise))
+        .await
+        .expect("raising a TTL is forwarded");
+    // A collection-level TTL: the stand-in's collections are neither clustered nor
+    // time-series, so the lookup finds no field: refused.
+    let coll_ttl = doc! {"collMod": "events", "expireAfterSeconds": 3600};
+    let err = bounded("collMod collection TTL", db.run_command(coll_ttl))
+        .await
+        .expect_err("an unmeasurable TTL is refused");
+    let msg = assert_driver_blocked(&err, "W003");
+    assert!(msg.contains("neither clustered nor time-series"), "{msg}");
+    assert_eq!(
+        g.direct
+            .database(DB)
+            .collection::<Document>("events")
+            .count_documents(doc! {})
+            .await
+            .expect("count"),
+        5
+    );
+    g.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn passthrough_ttl_measured() {
+    ttl_measured(Kind::Passthrough).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pooled_ttl_measured() {
+    ttl_measured(Kind::Pooled).await;
+}
+
+/// Audit mode forwards a TTL index that enforcement would block, and records the W003 it
+/// measured as a warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_mode_measures_a_ttl_index() {
+    let policy = "extends = \"standard\"\nmode = \"audit\"\n";
+    let g = Guard::start(Kind::Passthrough, "measure-ttl-audit", policy).await;
+    let old = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 7_200_000);
+    g.direct
+        .database(DB)
+        .collection::<Document>("events")
+        .insert_one(doc! {"_id": 1, "at": old})
+        .await
+        .expect("seed");
+    let cmd = doc! {"createIndexes": "events", "indexes": [
+        {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600}
+    ]};
+    bounded("audit TTL", g.client.database(DB).run_command(cmd))
+        .await
+        .expect("audit mode forwards");
+    assert_eq!(
+        g.violations("W003", Action::Warn, AuditMode::Audit).await,
+        1
+    );
+    g.finish().await;
+}
+
+/// The same TTL index over old data, sent on the wire as OP_COMPRESSED (zlib, snappy, zstd)
+/// and as a legacy OP_QUERY `$cmd`: measured and blocked whatever the framing, the one reply
+/// answers the client's requestID, and the upstream never sees the createIndexes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ttl_index_is_measured_compressed_and_as_op_query() {
+    use mongoguard::wire::compression::Compressor;
+    use tokio::io::AsyncWriteExt;
+    let g = Guard::start(Kind::Passthrough, "measure-ttl-wire", STANDARD).await;
+    let old = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() - 7_200_000);
+    let seed: Vec<Document> = (1..=3).map(|i| doc! {"_id": i, "at": old}).collect();
+    g.direct
+        .database(DB)
+        .collection::<Document>("events")
+        .insert_many(seed)
+        .await
+        .expect("seed");
+    let mut stream = tokio::net::TcpStream::connect(g.proxy.local_addr())
+        .await
+        .expect("connect");
+    let hello = doc! {"hello": 1, "compression": ["zlib", "snappy", "zstd"], "$db": "admin"};
+    stream
+        .write_all(&op_msg(1, 0, &hello))
+        .await
+        .expect("hello");
+    read_frame(&mut stream, BOUND).await.expect("hello reply");
+    let creates = g.upstream("createIndexes");
+    let ttl = doc! {"createIndexes": "events", "indexes": [
+        {"key": {"at": 1}, "name": "at_1", "expireAfterSeconds": 3600}
+    ]};
+    for (id, compressor) in [
+        (2, Compressor::Zlib),
+        (3, Compressor::Snappy),
+        (4, Compressor::Zstd),
+    ] {
+        let mut body = ttl.clone();
+        body.insert("$db", DB);
+        let frame = hostile::compressed(&op_msg(id, 0, &body), compressor);
+        stream.write_all(&frame).await.expect("send");
+        let reply = read_frame(&mut stream, BOUND).await.expect("reply");
+        let response_to = i32::from_le_bytes([reply[8], reply[9], reply[10], reply[11]]);
+        assert_eq!(response_to, id, "{compressor:?}");
+        let body = body_of(&reply);
+        assert_eq!(
+            body.get_i32("code").ok(),
+            Some(BLOCK_CODE),
+            "{compressor:?}: {body}"
+        );
+        assert!(
+            body.get_str("errmsg").unwrap_or_default().contains("W003"),
+            "{body}"
+        );
+    }
+    // A legacy OP_QUERY on `db.$cmd`: an OP_REPLY with the block.
+    let raw = bson::RawDocumentBuf::try_from(&ttl).expect("raw");
+    let query =
+        mongoguard::wire::builder::encode_query(5, 0, &format!("{DB}.$cmd"), 0, -1, &raw, None);
+    stream.write_all(&query).await.expect("send query");
+    let reply = read_frame(&mut stream, BOUND).await.expect("reply");
+    let response_to = i32::from_le_bytes([reply[8], reply[9], reply[10], reply[11]]);
+    assert_eq!(response_to, 5);
+    let parsed = mongoguard::wire::OpReply::parse(&reply).expect("an OP_REPLY");
+    let doc = parsed.documents().next().expect("a document");
+    let doc = Document::from_reader(doc.as_bytes()).expect("bson");
+    assert!(
+        doc.get_str("errmsg").unwrap_or_default().contains("W003"),
+        "{doc}"
+    );
+    assert_eq!(g.upstream("createIndexes"), creates, "never forwarded");
+    g.finish().await;
+}

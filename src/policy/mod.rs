@@ -144,6 +144,76 @@ pub struct Measurement<'a> {
     /// W001 (an update) or W003 (a delete): what a filter measured to match every document
     /// of a non-empty collection fires.
     pub rule: RuleId,
+    /// For a TTL index (createIndexes, collMod): what the TTL monitor's first pass deletes.
+    /// Then what is measured is [`Ttl::filter`] (built when the proxy measures, from its
+    /// clock), not `filter` (the index spec, for the record).
+    pub ttl: Option<Ttl<'a>>,
+}
+
+/// A TTL the TTL monitor applies: each pass deletes, through the index, the documents whose
+/// indexed field (the key pattern's first field) holds a date (or an array holding one) at
+/// or before `now - expireAfterSeconds`: `{field: {$gte: <dawn of time>, $lte:
+/// <expiration>}}` over the index's documents (its `partialFilterExpression`), with `now`
+/// the pass's time (src/mongo/db/ttl/ttl.cpp `_deleteExpiredWithIndex`; the passes run every
+/// `ttlMonitorSleepSecs`, 60 s by default). A clustered collection's collection-level TTL
+/// does the same on `_id`, a time-series collection's on whole buckets of its time field
+/// (`_deleteExpiredWithCollscan`): measured on the time field, a superset.
+#[derive(Clone, Copy, Debug)]
+pub struct Ttl<'a> {
+    /// Which field holds the dates.
+    pub field: TtlField<'a>,
+    /// `expireAfterSeconds` (mongod's `safeNumberLong`: NaN is 0, fractions truncated).
+    pub seconds: i64,
+    /// The index's `partialFilterExpression` (only its documents are indexed and deleted).
+    pub partial: Option<&'a RawDocument>,
+}
+
+/// Where a TTL's dates are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TtlField<'a> {
+    /// The index's key pattern names it (createIndexes `key`, collMod `keyPattern`).
+    Path(&'a str),
+    /// collMod names the index: the proxy looks its key pattern up (`listIndexes`).
+    IndexNamed(&'a str),
+    /// The collection-level TTL of a clustered (`_id`) or time-series (its time field)
+    /// collection: the proxy looks its options up (`listCollections`).
+    Collection,
+}
+
+impl Ttl<'_> {
+    /// How far past `now` the measured expiration reaches: the monitor's first pass runs up
+    /// to a minute after the index is built (`ttlMonitorSleepSecs`), and the server's clock
+    /// may be ahead of mongoguard's.
+    pub const FIRST_PASS: std::time::Duration = std::time::Duration::from_secs(120);
+
+    /// The filter of what the monitor's first pass deletes from the dates in `field`, for a
+    /// measurement started at `now`: `{field: {$gte: <dawn of time>, $lte: now + FIRST_PASS -
+    /// seconds}}`, and the index's partial filter.
+    pub fn filter(
+        field: &str,
+        seconds: i64,
+        partial: Option<&RawDocument>,
+        now: std::time::SystemTime,
+    ) -> bson::RawDocumentBuf {
+        let now = bson::DateTime::from_system_time(now).timestamp_millis();
+        let slack = i64::try_from(Self::FIRST_PASS.as_millis()).unwrap_or(i64::MAX);
+        let expiration = now
+            .saturating_add(slack)
+            .saturating_sub(seconds.saturating_mul(1000));
+        let mut range = bson::RawDocumentBuf::new();
+        range.append(bson::cstr!("$gte"), bson::DateTime::from_millis(i64::MIN));
+        range.append(bson::cstr!("$lte"), bson::DateTime::from_millis(expiration));
+        let mut expired = bson::RawDocumentBuf::new();
+        match <&bson::raw::CStr>::try_from(field) {
+            Ok(field) => expired.append(field, range),
+            // A field name with a NUL cannot be indexed (mongod refuses the index): nothing.
+            Err(_) => expired.append(bson::cstr!("$expr"), false),
+        }
+        match partial {
+            Some(p) => bson::rawdoc! {"$and": [expired, p.to_owned()]},
+            None => expired,
+        }
+    }
 }
 
 /// What the measurements of one request decide, resolved for that request (overrides and

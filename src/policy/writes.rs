@@ -213,6 +213,7 @@ fn verdict_of<'a>(
                 hint,
                 pipeline: None,
                 rule,
+                ttl: None,
             },
             unmeasurable,
         );
@@ -361,6 +362,7 @@ fn merge_into_existing<'a>(
                 hint,
                 pipeline: Some(pipeline),
                 rule: RuleId::W001,
+                ttl: None,
             },
             unmeasurable,
         );
@@ -411,6 +413,7 @@ fn map_reduce_into_itself<'a>(
                 hint: None,
                 pipeline: None,
                 rule: RuleId::W001,
+                ttl: None,
             },
             Some(MAP_REDUCE_INTO_ITSELF),
         );

@@ -24,6 +24,11 @@
 //! stages before `$merge`, then `{$limit: max_docs + 1}` and `{$project: {_id: 1}}`, with its
 //! collation, hint, `let` and `allowDiskUse`: its output is counted.
 //!
+//! A TTL (createIndexes, collMod) is measured with the TTL monitor's predicate, built from
+//! mongoguard's clock when the plan is made (`policy::Ttl::filter`); when collMod names only
+//! the index, or sets a collection-level TTL, its field is first looked up with `listIndexes`
+//! or `listCollections` (a lookup that fails or finds nothing fails the measurement).
+//!
 //! [`policy::measure::finding`](crate::policy::measure::finding) turns the answers into a
 //! violation (W001 / W003 measured, W012, or `on_error` for a failure).
 
@@ -39,7 +44,7 @@ use crate::{
     policy::{
         filter,
         measure::{finding, Finding, Outcome},
-        Decision, MeasureActions, RuleId,
+        Decision, MeasureActions, RuleId, Ttl, TtlField,
     },
     wire::{
         builder::{encode_msg_reply, encode_query},
@@ -85,6 +90,20 @@ struct Item {
     rule: RuleId,
     shape: String,
     shape_hash: u64,
+    /// A TTL whose field the command does not name: looked up before it is measured.
+    ttl: Option<TtlLookup>,
+    /// A TTL (what is measured is what the TTL monitor deletes): said in the finding.
+    expires: bool,
+}
+
+/// A TTL (collMod) whose dates' field is looked up on the server before measuring.
+#[derive(Debug, Clone)]
+struct TtlLookup {
+    /// `expireAfterSeconds`.
+    seconds: i64,
+    /// The index named by collMod (`listIndexes`), or `None`: the collection-level TTL of a
+    /// clustered or time-series collection (`listCollections`).
+    index: Option<String>,
 }
 
 impl MeasurePlan {
@@ -95,23 +114,43 @@ impl MeasurePlan {
         template: ViolationRecord,
         abort: Option<RawDocumentBuf>,
     ) -> MeasurePlan {
+        let now = SystemTime::now();
         let items = decision
             .measure
             .iter()
             .map(|m| {
-                let shape = filter::shape(m.filter);
+                // A TTL index: what the monitor's first pass deletes, from mongoguard's clock
+                // (its field looked up first when the command names only the index).
+                let (filter, ttl) = match m.ttl {
+                    Some(Ttl {
+                        field: TtlField::Path(field),
+                        seconds,
+                        partial,
+                    }) => (Ttl::filter(field, seconds, partial, now), None),
+                    Some(Ttl { field, seconds, .. }) => {
+                        let index = match field {
+                            TtlField::IndexNamed(name) => Some(name.to_owned()),
+                            _ => None,
+                        };
+                        (m.filter.to_owned(), Some(TtlLookup { seconds, index }))
+                    }
+                    None => (m.filter.to_owned(), None),
+                };
+                let shape = filter::shape(&filter);
                 let shape_hash = filter::shape_hash(&shape);
                 Item {
                     statement: m.statement,
                     db: m.ns.db.to_owned(),
                     coll: m.ns.coll.map(str::to_owned),
-                    filter: m.filter.to_owned(),
+                    filter,
                     collation: m.collation.map(ToOwned::to_owned),
                     hint: m.hint.map(RawBson::from),
                     pipeline: m.pipeline.map(ToOwned::to_owned),
                     rule: m.rule,
                     shape,
                     shape_hash,
+                    ttl,
+                    expires: m.ttl.is_some(),
                 }
             })
             .collect();
@@ -216,7 +255,14 @@ pub(crate) async fn measure<L: Link>(
                 }
             }
         };
-        if let Some(f) = finding(&plan.actions, item.rule, &outcome) {
+        if let Some(mut f) = finding(&plan.actions, item.rule, &outcome) {
+            if item.expires {
+                f.detail = format!(
+                    "a TTL deletes, within a minute, the documents older than its \
+                     expireAfterSeconds; its filter is that age: {}",
+                    f.detail
+                );
+            }
             findings.push((item, f));
         }
     }
@@ -276,7 +322,18 @@ impl<L: Link> Queries<'_, L> {
         let Some(coll) = self.item.coll.as_deref() else {
             return Ok(Outcome::Failed("the write names no collection".into()));
         };
-        let negation = bson::rawdoc! {"$nor": [self.item.filter.clone()]};
+        let looked_up;
+        let filter: &RawDocument = match &self.item.ttl {
+            Some(ttl) => match self.ttl_filter(coll, ttl).await? {
+                Ok(f) => {
+                    looked_up = f;
+                    &looked_up
+                }
+                Err(why) => return Ok(Outcome::Failed(why)),
+            },
+            None => &self.item.filter,
+        };
+        let negation = bson::rawdoc! {"$nor": [filter.to_owned()]};
         let reply = self.exchange(&self.find(coll, &negation, 1)).await?;
         let everything = match Batch::read(&reply) {
             Ok(b) => {
@@ -297,8 +354,51 @@ impl<L: Link> Queries<'_, L> {
                 everything,
             });
         }
-        let find = self.find(coll, &self.item.filter, limit);
+        let find = self.find(coll, filter, limit);
         self.count(&find, coll, limit, everything).await
+    }
+
+    /// The filter of what a TTL named only by its index (or a collection-level TTL) deletes:
+    /// its field from `listIndexes` (the index's key pattern and partial filter) or
+    /// `listCollections` (a clustered collection's `_id`, a time-series collection's time
+    /// field). `Err`: why it could not be looked up (the measurement fails).
+    async fn ttl_filter(
+        &mut self,
+        coll: &str,
+        ttl: &TtlLookup,
+    ) -> Result<Result<RawDocumentBuf, String>, Abort> {
+        let now = SystemTime::now();
+        let (cmd, cursor_coll) = match &ttl.index {
+            Some(_) => (bson::rawdoc! {"listIndexes": coll}, coll.to_owned()),
+            None => (
+                bson::rawdoc! {"listCollections": 1, "filter": {"name": coll}},
+                "$cmd.listCollections".to_owned(),
+            ),
+        };
+        let mut cmd = cmd;
+        cmd.append(bson::cstr!("maxTimeMS"), self.time_limit_ms());
+        let cmd = self.finish_lookup(cmd);
+        let reply = self.exchange(&cmd).await?;
+        let (docs, cursor) = match first_batch(&reply) {
+            Ok(b) => b,
+            Err(why) => return Ok(Err(why)),
+        };
+        self.close(&cursor_coll, cursor).await?;
+        let found = docs
+            .into_iter()
+            .find_map(|d| ttl_filter_from(d.ok()?.as_document()?, ttl, now));
+        Ok(found.ok_or_else(|| match ttl.index {
+            Some(_) => "the TTL's index is not on the collection".to_owned(),
+            None => "the collection is neither clustered nor time-series".to_owned(),
+        }))
+    }
+
+    /// `$db` for a catalog lookup (never inside a transaction: collMod cannot run in one).
+    fn finish_lookup(&self, mut cmd: RawDocumentBuf) -> RawDocumentBuf {
+        if self.op_msg {
+            cmd.append(bson::cstr!("$db"), self.item.db.as_str());
+        }
+        cmd
     }
 
     /// Runs `cmd` (a find or aggregate opening a cursor on `coll`) and counts what it returns,
@@ -522,6 +622,47 @@ fn says_ok(body: &RawDocument) -> bool {
     }
 }
 
+/// The TTL filter from one document of a catalog lookup, if it is the one looked for: the
+/// `listIndexes` spec named `ttl.index` (its key pattern's first field, its partial filter),
+/// or the `listCollections` entry of a clustered (`_id`) or time-series (its `timeField`)
+/// collection.
+fn ttl_filter_from(d: &RawDocument, ttl: &TtlLookup, now: SystemTime) -> Option<RawDocumentBuf> {
+    match &ttl.index {
+        Some(name) => {
+            (d.get_str("name").ok()? == name.as_str()).then_some(())?;
+            let key = d.get_document("key").ok()?;
+            let field = key.iter_elements().next()?.ok()?.key().as_str();
+            let partial = d.get_document("partialFilterExpression").ok();
+            Some(Ttl::filter(field, ttl.seconds, partial, now))
+        }
+        None => {
+            let options = d.get_document("options").ok()?;
+            // The time field first: a time-series collection's buckets are clustered too,
+            // but its documents' `_id`s are not its dates.
+            let field = match options.get_document("timeseries") {
+                Ok(ts) => ts.get_str("timeField").ok()?,
+                Err(_) => {
+                    options.get("clusteredIndex").ok()??;
+                    "_id"
+                }
+            };
+            Some(Ttl::filter(field, ttl.seconds, None, now))
+        }
+    }
+}
+
+/// The documents of a catalog lookup's first batch and its cursor id (or why they cannot be
+/// read, as [`Batch::read`] says it).
+fn first_batch(body: &RawDocument) -> Result<(bson::RawArrayBuf, i64), String> {
+    let batch = Batch::read(body)?;
+    let docs = body
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .ok_or_else(|| "the upstream's answer has no first batch".to_owned())?;
+    Ok((docs.to_owned(), batch.cursor))
+}
+
 /// One batch of a measuring query's cursor.
 struct Batch {
     docs: u64,
@@ -563,5 +704,60 @@ impl Batch {
             docs += 1;
         }
         Ok(Batch { docs, cursor: id })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a collMod TTL that names only its index, or the collection, is measured on: found
+    /// in mongod's listIndexes / listCollections answers.
+    #[test]
+    fn ttl_lookups_find_the_field() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let by_name = TtlLookup {
+            seconds: 3600,
+            index: Some("at_1".into()),
+        };
+        let spec = bson::rawdoc! {
+            "v": 2, "key": {"at": 1}, "name": "at_1",
+            "partialFilterExpression": {"kind": "session"},
+        };
+        let want = Ttl::filter("at", 3600, Some(&bson::rawdoc! {"kind": "session"}), now);
+        assert_eq!(ttl_filter_from(&spec, &by_name, now), Some(want));
+        let other = bson::rawdoc! {"v": 2, "key": {"_id": 1}, "name": "_id_"};
+        assert_eq!(ttl_filter_from(&other, &by_name, now), None);
+
+        let collection = TtlLookup {
+            seconds: 60,
+            index: None,
+        };
+        let clustered = bson::rawdoc! {
+            "name": "events", "type": "collection",
+            "options": {"clusteredIndex": {"key": {"_id": 1}, "unique": true}, "expireAfterSeconds": 60},
+        };
+        assert_eq!(
+            ttl_filter_from(&clustered, &collection, now),
+            Some(Ttl::filter("_id", 60, None, now))
+        );
+        let timeseries = bson::rawdoc! {
+            "name": "metrics", "type": "timeseries",
+            "options": {"timeseries": {"timeField": "ts", "metaField": "m", "granularity": "seconds"}},
+        };
+        assert_eq!(
+            ttl_filter_from(&timeseries, &collection, now),
+            Some(Ttl::filter("ts", 60, None, now))
+        );
+        let both = bson::rawdoc! {
+            "name": "metrics", "type": "timeseries",
+            "options": {"clusteredIndex": true, "timeseries": {"timeField": "ts"}},
+        };
+        assert_eq!(
+            ttl_filter_from(&both, &collection, now),
+            Some(Ttl::filter("ts", 60, None, now))
+        );
+        let plain = bson::rawdoc! {"name": "orders", "type": "collection", "options": {}};
+        assert_eq!(ttl_filter_from(&plain, &collection, now), None);
     }
 }
