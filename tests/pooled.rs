@@ -944,3 +944,86 @@ async fn users_file_reloads_are_counted_in_the_metrics() {
     assert_eq!(value("mongoguard_users_reloads_total"), Some(1.0));
     proxy.shutdown().await;
 }
+
+/// The stand-in and proxy of [`pooled_with_users_file`], with `bob` (password `bobpw`) added
+/// to the users file and loaded.
+async fn pooled_with_bob() -> (StandIn, PathBuf, ProxyHandle) {
+    let (standin, users, proxy) = pooled_with_users_file().await;
+    mongoguard::auth::users::add(&users, "bob", "bobpw", "admin").unwrap();
+    assert_eq!(proxy.reload_users().unwrap(), 2);
+    (standin, users, proxy)
+}
+
+/// The users file without `bob`: alice alone, as before he was added.
+fn remove_bob(users: &std::path::Path) {
+    std::fs::remove_file(users).unwrap();
+    mongoguard::auth::users::add(users, CLIENT_USER.0, CLIENT_USER.1, "admin").unwrap();
+}
+
+/// A users-file reload that removes a user between his saslStart and his saslContinue: the
+/// conversation had his credential from saslStart, and his proof is right, but he is no
+/// longer a user. mongoguard mapped the user it could no longer find to the `default`
+/// identity and served him as that (fail open); he must not be authenticated at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_removed_during_his_conversation_is_not_authenticated() {
+    use mongoguard::auth::scram::{ClientConversation, Mechanism};
+    let (_standin, users, proxy) = pooled_with_bob().await;
+    let bin = |bytes: Vec<u8>| bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    };
+    let (mut c, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let mut scram = ClientConversation::new(Mechanism::ScramSha256, "bob", "bobpw").unwrap();
+    let start = c
+        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+        "payload": bin(scram.client_first()), "options": {"skipEmptyExchange": true},
+        "$db": "admin"})
+        .await;
+    let id = start.get_i32("conversationId").expect("saslStart answered");
+    let server_first = start.get_binary_generic("payload").unwrap().clone();
+    let client_final = scram.handle_server_first(&server_first).unwrap();
+    remove_bob(&users);
+    assert_eq!(proxy.reload_users().unwrap(), 1);
+    let reply = c
+        .command(doc! {"saslContinue": 1, "conversationId": id,
+        "payload": bin(client_final), "$db": "admin"})
+        .await;
+    assert_eq!(reply.get_i32("code").ok(), Some(18), "{reply}");
+    let r = c
+        .command(doc! {"find": "c", "filter": {}, "$db": "pooled"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    proxy.shutdown().await;
+}
+
+/// mongod drops a removed user from the connections authenticated as him: their next
+/// command is Unauthorized (AuthorizationSessionImpl::_refreshUserInfoAsNeeded, UserNotFound:
+/// "Removed deleted user ... from session cache"). Pooled mode kept serving a user removed
+/// from the users file on his open connections, for as long as they lived — a leaked or
+/// revoked credential kept its connections (a pooled client's may live for hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_removed_by_a_reload_loses_his_open_connections() {
+    let (_standin, users, proxy) = pooled_with_bob().await;
+    let mut bob = RawConn::connect_as(proxy.local_addr(), "bob", "bobpw").await;
+    let mut alice = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let find = doc! {"find": "c", "filter": {}, "$db": "pooled"};
+    for c in [&mut bob, &mut alice] {
+        let r = c.command(find.clone()).await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    remove_bob(&users);
+    assert_eq!(proxy.reload_users().unwrap(), 1);
+    let r = bob.command(find.clone()).await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    // Nor does the connection authenticate again as anyone.
+    let r = bob
+        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+        "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic,
+        bytes: b"n,,n=alice,r=abcdefgh".to_vec() }, "$db": "admin"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    // Alice, still in the file, is served as before.
+    let r = alice.command(find).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    proxy.shutdown().await;
+}

@@ -5,7 +5,7 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{balanced, Pooled, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 use crate::{
@@ -79,6 +79,8 @@ pub(crate) struct PooledSide {
     pub(super) identity: Option<Arc<Identity>>,
     /// `db.user` the client authenticated as, for the policy and records.
     pub(super) user: Option<String>,
+    /// The users-file generation `identity` was resolved under (authenticated clients).
+    pub(super) users_generation: u64,
     /// The connection of a legacy fire-and-forget write, kept for its getLastError.
     sticky: Sticky<Conn>,
     /// That connection, taken for the getLastError that arrived (acquired next).
@@ -197,6 +199,7 @@ impl PooledSide {
             sasl: SaslSession::new(),
             identity,
             user: None,
+            users_generation: 0,
             sticky: Sticky::default(),
             for_last_error: None,
             on_kept: false,
@@ -280,6 +283,52 @@ impl PooledSide {
         Acquired::Refused {
             answer: Some(error_document(code, name, &format!("mongoguard: {e}"))),
             end: None,
+        }
+    }
+
+    /// After a users-file reload, looks the authenticated user up again: one the file no
+    /// longer holds is bound to no identity (his requests are refused, as mongod refuses a
+    /// removed user's connections), one now mapped to another identity runs as that one.
+    /// One atomic load per request when nothing was reloaded.
+    fn recheck_user(&mut self) {
+        if self.user.is_none() {
+            return;
+        }
+        let generation = self.pooled.users_generation();
+        if generation == self.users_generation {
+            return;
+        }
+        self.users_generation = generation;
+        let Some(user) = self.sasl.authenticated() else {
+            self.identity = None;
+            return;
+        };
+        let users = self.pooled.users();
+        let entry = users.as_deref().and_then(|u| u.user(&user.db, &user.name));
+        let identity = entry.and_then(|e| {
+            let mapped = e
+                .upstream
+                .as_deref()
+                .unwrap_or(crate::config::DEFAULT_IDENTITY);
+            self.pooled.identities.get(mapped)
+        });
+        match identity {
+            Some(i) => {
+                if self.identity.as_ref().is_some_and(|old| old.name != i.name) {
+                    info!(user = %user.name, db = %user.db, identity = %i.name,
+                        "users file reloaded: user now runs as another upstream identity");
+                }
+                if self.identity.is_some() {
+                    self.identity = Some(i.clone());
+                }
+            }
+            None => {
+                if self.identity.is_some() {
+                    info!(user = %user.name, db = %user.db,
+                        "users file reloaded without this user: his connection is refused");
+                }
+                self.identity = None;
+            }
         }
     }
 
@@ -395,6 +444,7 @@ impl Strategy for PooledSide {
 
     /// A kept legacy-write connection serves only that write's getLastError.
     fn request_arrived(&mut self, request: &Request, _route: &Routing, last_write_ok: bool) {
+        self.recheck_user();
         if let Some(c) = self.for_last_error.take() {
             c.release();
         }
