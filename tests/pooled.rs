@@ -1027,3 +1027,61 @@ async fn a_user_removed_by_a_reload_loses_his_open_connections() {
     assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
     proxy.shutdown().await;
 }
+
+/// Every client (and every users-file user) mapped to an upstream identity runs as one
+/// upstream user, where mongod would keep their sessions and operations apart: sessions are
+/// keyed by id and user, and `$ownOps` / killOp without the `killop` privilege cover the
+/// user's own operations. Commands that reach every session or operation of that user then
+/// reach other clients': `killSessions: []` killed every pooled client's sessions (their
+/// transactions and cursors), `currentOp` and `$currentOp` showed their commands (filters:
+/// data), session ids and idle cursor ids, `$listLocalSessions` their session ids, killOp
+/// killed their operations by a small sequential id. Pooled mode refuses them; a
+/// killSessions naming sessions still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_reaching_every_client_of_an_identity_are_refused() {
+    let standin = standin().await;
+    let proxy = proxy(&standin, Setup::default()).await;
+    let stats = standin.stats();
+    let mut c = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let refused = [
+        doc! {"killSessions": [], "$db": "admin"},
+        doc! {"killAllSessions": [], "$db": "admin"},
+        doc! {"killAllSessionsByPattern": [], "$db": "admin"},
+        doc! {"currentOp": 1, "$ownOps": true, "$db": "admin"},
+        doc! {"killOp": 1, "op": 12, "$db": "admin"},
+        doc! {"aggregate": 1, "pipeline": [{"$currentOp": {"idleCursors": true}}],
+        "cursor": {}, "$db": "admin"},
+        doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {}}], "cursor": {},
+        "$db": "admin"},
+        doc! {"aggregate": "system.sessions", "pipeline": [{"$listSessions": {}}],
+        "cursor": {}, "$db": "config"},
+        doc! {"aggregate": "c", "pipeline": [{"$match": {}}, {"$unionWith": {"coll": "d",
+        "pipeline": [{"$listLocalSessions": {}}]}}], "cursor": {}, "$db": "pooled"},
+    ];
+    let messages = stats.messages();
+    for cmd in refused {
+        let r = c.command(cmd.clone()).await;
+        // 13 from pooled mode; the default policy's W013 blocks the killAllSessions forms
+        // first (65001).
+        let code = r.get_i32("code").ok();
+        assert!(matches!(code, Some(13 | 65001)), "{cmd} -> {r}");
+    }
+    assert_eq!(
+        stats.messages(),
+        messages,
+        "a refused command reached the upstream"
+    );
+    // Naming its own sessions is the client's business.
+    let named = doc! {"killSessions": [support::identities::lsid(7)], "$db": "admin"};
+    let r = c.command(named).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(stats.command_count("killSessions"), 1);
+    let r = c
+        .command(
+            doc! {"aggregate": "c", "pipeline": [{"$match": {}}], "cursor": {},
+            "$db": "pooled"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    proxy.shutdown().await;
+}

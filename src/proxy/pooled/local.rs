@@ -92,6 +92,22 @@ impl PooledSide {
                 "command requires authentication (mongoguard pooled mode: authenticate \
                  with the credentials of the mongoguard users file)",
             ),
+            // A policy block is answered as one (with its event) by the session.
+            _ if routing.identity_wide.is_some()
+                && !matches!(request.judgement, Judgement::Block { .. }) =>
+            {
+                let what = routing.identity_wide.unwrap_or_default();
+                let identity = self.identity.as_ref().map_or("", |i| i.name.as_str());
+                error_document(
+                    UNAUTHORIZED.0,
+                    UNAUTHORIZED.1,
+                    &format!(
+                        "mongoguard pooled mode refuses {what}: it would reach the sessions \
+                         or operations of every client sharing the upstream identity \
+                         {identity:?}, not only this connection's"
+                    ),
+                )
+            }
             _ => return Ok(false),
         };
         client.reply(request, &doc).await?;
