@@ -502,3 +502,90 @@ async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
     );
     proxy.shutdown().await;
 }
+
+/// With several servers a cursor is pinned by its id alone, and a killCursors unpinned it
+/// whatever the server answered: another identity's killCursors of the id — refused by the
+/// server (the cursor is another user's: Unauthorized, killcursors_cmd.cpp) — dropped the
+/// owner's pin, so the owner's next getMore went wherever selection sent it (CursorNotFound
+/// on another server). A refused killCursors (or getMore) leaves the pin alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identity_cannot_unpin_a_cursor() {
+    let users = support::identities::upstream_users();
+    let start = || {
+        StandIn::start(StandInConfig {
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let mut cfg = support::identities::pooled_config(
+        &format!("{},{}", a.addr(), b.addr()),
+        "",
+        "cursor-identity",
+        4,
+    );
+    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    // The same data on both servers (two mongos in front of one cluster): the find goes
+    // to either.
+    for s in [&a, &b] {
+        let uri = format!("mongodb://app:apppw@{}/?authSource=admin", s.addr());
+        let direct = Client::with_uri_str(uri).await.unwrap();
+        direct
+            .database("pin")
+            .collection::<Document>("c")
+            .insert_many((0..10).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+    }
+    let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
+    let r = alice
+        .command(doc! {"find": "c", "filter": {}, "batchSize": 2, "$db": "pin"})
+        .await;
+    let id = r
+        .get_document("cursor")
+        .and_then(|c| c.get_i64("id"))
+        .unwrap_or_else(|_| panic!("{r}"));
+    assert_ne!(id, 0);
+    assert_eq!(pinned(&proxy), 1);
+    let r = mallory
+        .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+        .await;
+    assert_eq!(
+        r.get_f64("ok").ok(),
+        Some(0.0),
+        "the server killed another user's cursor: {r}"
+    );
+    let r = mallory
+        .command(doc! {"getMore": id, "collection": "c", "$db": "pin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(0.0), "{r}");
+    // Mallory's session settles each round trip before it reads its next request.
+    let r = mallory.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(
+        pinned(&proxy),
+        1,
+        "another identity's refused killCursors dropped the pin"
+    );
+    // Alice's getMores still reach her cursor's server, whichever the selection picks.
+    for _ in 0..4 {
+        let r = alice
+            .command(doc! {"getMore": id, "collection": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    // Her own killCursors ends the pin.
+    let r = alice
+        .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let r = alice.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(pinned(&proxy), 0);
+    proxy.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -656,6 +656,14 @@ impl Strategy for PooledSide {
             }
             _ => {}
         }
+        // A killCursors the server accepted ends the pin (its cursor was killed, or is not
+        // there). One it refused leaves it: another user's killCursors of this cursor
+        // (mongod: Unauthorized) must not move its owner's next getMore elsewhere.
+        if route.kills_cursor && !facts.error {
+            if let Some(id) = route.cursor {
+                pins.unpin_cursor(id);
+            }
+        }
     }
 
     fn exhaust_started(&self) -> Option<ExhaustHeld> {
@@ -688,12 +696,7 @@ impl Strategy for PooledSide {
             Outcome::Sent => link.release(),
             Outcome::Replied => {
                 let pins = &self.pooled.pins;
-                // Killing a cursor ends its pin even when the reply lists it as killed.
-                if route.kills_cursor && self.pooled.topology.is_multi_server() {
-                    if let Some(id) = route.cursor {
-                        pins.unpin_cursor(id);
-                    }
-                }
+                // (A killCursors's pin ends in observe_reply, when the server accepted it.)
                 if route.ends_txn {
                     if let Some(t) = &route.txn {
                         pins.unpin_txn(&self.pin_key(t));
