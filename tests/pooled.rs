@@ -1042,6 +1042,16 @@ async fn commands_reaching_every_client_of_an_identity_are_refused() {
     let standin = standin().await;
     let proxy = proxy(&standin, Setup::default()).await;
     let stats = standin.stats();
+    // Another client of the same identity has a transaction open.
+    let mut other = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let lsid = support::identities::lsid(3);
+    let r = other
+        .command(
+            doc! {"insert": "t", "documents": [{"x": 1}], "lsid": lsid.clone(),
+            "txnNumber": 1_i64, "autocommit": false, "startTransaction": true, "$db": "pooled"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
     let mut c = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
     let refused = [
         doc! {"killSessions": [], "$db": "admin"},
@@ -1071,6 +1081,14 @@ async fn commands_reaching_every_client_of_an_identity_are_refused() {
         messages,
         "a refused command reached the upstream"
     );
+    // The other client's transaction was not killed.
+    let r = other
+        .command(
+            doc! {"commitTransaction": 1, "lsid": lsid, "txnNumber": 1_i64,
+            "autocommit": false, "$db": "admin"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
     // Naming its own sessions is the client's business.
     let named = doc! {"killSessions": [support::identities::lsid(7)], "$db": "admin"};
     let r = c.command(named).await;

@@ -441,8 +441,8 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
 /// src/mongo/db/session/logical_session_id_helpers.cpp): a client of another identity that
 /// starts a transaction with the same `lsid.id` has a session of its own, and must not replace
 /// the first one's pin (its next statement would then go to whichever server is chosen) nor
-/// drop it when its own transaction ends. Checked on the pin map itself: the stand-ins key
-/// sessions by id alone, so what they answer cannot tell the two sessions apart.
+/// drop it when its own transaction ends. Checked on the pin map itself (the stand-ins keep
+/// the two sessions apart too: see `end_sessions_of_one_identity_leave_another_identitys_session`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
     let users = support::identities::upstream_users();
@@ -588,4 +588,60 @@ async fn another_identity_cannot_unpin_a_cursor() {
     proxy.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// mongod keys a session by its id and its user (and so does the stand-in now): two
+/// identities sending the same `lsid.id` each have a session, and an endSessions one of them
+/// sends — answered by mongoguard, ended upstream in the background — ends its own session
+/// only: the background command runs as the identity of the client that sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_sessions_of_one_identity_leave_another_identitys_session() {
+    let standin = StandIn::start(StandInConfig {
+        users: support::identities::upstream_users(),
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let cfg =
+        support::identities::pooled_config(&standin.addr().to_string(), "", "end-identity", 4);
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    let lsid = support::identities::lsid(5);
+    let start = doc! {"insert": "t", "documents": [{"x": 1}], "lsid": lsid.clone(),
+    "txnNumber": 1_i64, "autocommit": false, "startTransaction": true, "$db": "ends"};
+    let commit = doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": 1_i64,
+    "autocommit": false, "$db": "admin"};
+    for c in [&mut alice, &mut mallory] {
+        let r = c.command(start.clone()).await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    let stats = standin.stats();
+    let ended = stats.command_count("endSessions");
+    let r = mallory
+        .command(doc! {"endSessions": [lsid.clone()], "$db": "admin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let deadline = Instant::now() + BOUND;
+    while stats.command_count("endSessions") == ended {
+        assert!(
+            Instant::now() < deadline,
+            "the endSessions never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = alice.command(commit.clone()).await;
+    assert_eq!(
+        r.get_f64("ok").ok(),
+        Some(1.0),
+        "alice's session was ended: {r}"
+    );
+    let r = mallory.command(commit).await;
+    assert_eq!(
+        r.get_i32("code").ok(),
+        Some(251),
+        "mallory's session lives on: {r}"
+    );
+    proxy.shutdown().await;
+    standin.shutdown().await;
 }

@@ -224,6 +224,7 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
                 return Err(e);
             }
             ctx.shared.sessions.begin_or_continue(
+                ctx.conn.user.as_deref(),
                 name,
                 &session,
                 ctx.shared.topology_counter(),
@@ -595,7 +596,12 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
         "endsessions" | "killsessions" => {
             let command = if name == "endsessions" { "endSessions" } else { "killSessions" };
             let ids = crate::txn::session_ids(command, cmd.values().next())?;
-            ctx.shared.sessions.end(&ids);
+            let user = ctx.conn.user.as_deref();
+            if ids.is_empty() && command == "killSessions" {
+                ctx.shared.sessions.end_all_of(user);
+            } else {
+                ctx.shared.sessions.end(user, &ids);
+            }
             Ok(Document::new())
         }
         "ping" | "collmod" | "committransaction" | "aborttransaction" | "killallsessions"
