@@ -1103,3 +1103,43 @@ async fn commands_reaching_every_client_of_an_identity_are_refused() {
     assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
     proxy.shutdown().await;
 }
+
+/// getLastError reports its connection's previous request (mongod's LastError is per
+/// connection; src/mongo/db/lasterror.cpp). A pooled connection's previous request is
+/// usually another client's: a getLastError that followed no fire-and-forget write of this
+/// client's ran on whichever connection the pool handed out and reported another client's
+/// write — its errors, the duplicate key's value included. It is answered as mongod answers
+/// one whose previous request was no write; after the client's own fire-and-forget write
+/// (a legacy opcode or an OP_MSG with moreToCome) it still runs where that write ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_last_error_never_reports_another_clients_write() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let mut a = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let mut b = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let insert = doc! {"insert": "gle", "documents": [{"_id": "victim@example.com"}],
+    "$db": "pooled"};
+    let r = a.command(insert.clone()).await;
+    assert_eq!(r.get_i32("n").ok(), Some(1), "{r}");
+    // A's duplicate, on the only upstream connection.
+    let r = a.command(insert.clone()).await;
+    assert!(r.get_array("writeErrors").is_ok(), "{r}");
+    let r = b.command(doc! {"getLastError": 1, "$db": "pooled"}).await;
+    assert!(
+        !r.to_string().contains("victim@example.com"),
+        "B's getLastError reported A's write: {r}"
+    );
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    // A's own unacknowledged duplicate is reported to A.
+    a.send(support::raw::MORE_TO_COME, &insert).await;
+    let r = a.command(doc! {"getLastError": 1, "$db": "pooled"}).await;
+    assert_eq!(r.get_i32("code").ok(), Some(11000), "{r}");
+    proxy.shutdown().await;
+}

@@ -81,7 +81,7 @@ pub(crate) struct PooledSide {
     pub(super) user: Option<String>,
     /// The users-file generation `identity` was resolved under (authenticated clients).
     pub(super) users_generation: u64,
-    /// The connection of a legacy fire-and-forget write, kept for its getLastError.
+    /// The connection of a fire-and-forget write, kept for its getLastError.
     sticky: Sticky<Conn>,
     /// That connection, taken for the getLastError that arrived (acquired next).
     for_last_error: Option<Conn>,
@@ -479,6 +479,16 @@ impl Strategy for PooledSide {
             self.on_kept = true;
             return Acquired::Link(kept);
         }
+        if request.is_get_last_error {
+            // No fire-and-forget write of this client's kept its connection: getLastError
+            // reports a connection's previous request, which on any pooled connection is
+            // another client's (its write errors, duplicate key values included). Answered as
+            // mongod answers one whose previous request was no write.
+            return Acquired::Refused {
+                answer: Some(bson::rawdoc! {"n": 0, "err": bson::RawBson::Null, "ok": 1.0}),
+                end: None,
+            };
+        }
         self.balanced_slot = None;
         self.closed_cursor = None;
         let identity: Option<&Identity> = match (&self.identity, route.class()) {
@@ -677,10 +687,10 @@ impl Strategy for PooledSide {
             let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
                 return;
             };
-            if !matches!(outcome, Outcome::Sent) || route.class() != Class::LegacyWrite {
+            if !matches!(outcome, Outcome::Sent) {
                 return link.release();
             }
-            // A legacy write's connection waits for its getLastError as usual.
+            // A fire-and-forget write's connection waits for its getLastError as usual.
             if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
                 old.release();
             }
@@ -688,7 +698,10 @@ impl Strategy for PooledSide {
         }
         match outcome {
             Outcome::Broken => link.discard(),
-            Outcome::Sent if route.class() == Class::LegacyWrite && !self.on_kept => {
+            // Any fire-and-forget request (a legacy write, an OP_MSG with moreToCome): its
+            // connection waits for the client's next request, a getLastError that must run
+            // where the write ran.
+            Outcome::Sent if !self.on_kept => {
                 if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
                     old.release();
                 }
