@@ -645,3 +645,36 @@ async fn end_sessions_of_one_identity_leave_another_identitys_session() {
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// A users-file reload that maps a user to another upstream identity: his open connections
+/// run as the new identity from their next request (they kept the old one before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remapped_user_runs_as_his_new_identity_after_a_reload() {
+    let standin = StandIn::start(StandInConfig {
+        users: support::identities::upstream_users(),
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let cfg = support::identities::pooled_config(&standin.addr().to_string(), "", "remap", 4);
+    cfg.validate().unwrap();
+    let users_file = cfg.auth.users_file.clone().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (_alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    let upstream_user = |r: &Document| -> String {
+        r.get_document("authInfo")
+            .and_then(|a| a.get_array("authenticatedUsers"))
+            .ok()
+            .and_then(|u| u.first()?.as_document()?.get_str("user").ok())
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    };
+    let status = doc! {"connectionStatus": 1, "$db": "admin"};
+    assert_eq!(upstream_user(&mallory.command(status.clone()).await), "bob");
+    let text = std::fs::read_to_string(&users_file).unwrap();
+    std::fs::write(&users_file, text.replace("upstream = \"other\"\n", "")).unwrap();
+    assert_eq!(proxy.reload_users().unwrap(), 2);
+    assert_eq!(upstream_user(&mallory.command(status).await), "app");
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
