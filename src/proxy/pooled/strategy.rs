@@ -87,6 +87,9 @@ pub(crate) struct PooledSide {
     for_last_error: Option<Conn>,
     /// The current round trip runs on the kept legacy-write connection: never re-sent.
     on_kept: bool,
+    /// The current request is a write: if it expects no reply, its connection is kept for
+    /// the getLastError that may follow (a fire-and-forget read or buildInfo keeps none).
+    keep_if_sent: bool,
     /// Behind a load balancer: the parked slot of the current request's connection (taken
     /// from it, or made when its reply opened a cursor; see [`super::balanced`]).
     balanced_slot: Option<u64>,
@@ -203,6 +206,7 @@ impl PooledSide {
             sticky: Sticky::default(),
             for_last_error: None,
             on_kept: false,
+            keep_if_sent: false,
             balanced_slot: None,
             closed_cursor: None,
             checkouts: Checkouts::default(),
@@ -475,6 +479,7 @@ impl Strategy for PooledSide {
         kill: &Stop,
     ) -> Acquired<Conn> {
         self.on_kept = false;
+        self.keep_if_sent = request.is_write;
         if let Some(kept) = self.for_last_error.take() {
             self.on_kept = true;
             return Acquired::Link(kept);
@@ -687,7 +692,7 @@ impl Strategy for PooledSide {
             let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
                 return;
             };
-            if !matches!(outcome, Outcome::Sent) {
+            if !matches!(outcome, Outcome::Sent) || !self.keep_if_sent {
                 return link.release();
             }
             // A fire-and-forget write's connection waits for its getLastError as usual.
@@ -698,10 +703,10 @@ impl Strategy for PooledSide {
         }
         match outcome {
             Outcome::Broken => link.discard(),
-            // Any fire-and-forget request (a legacy write, an OP_MSG with moreToCome): its
+            // A fire-and-forget write (a legacy opcode, an OP_MSG with moreToCome): its
             // connection waits for the client's next request, a getLastError that must run
             // where the write ran.
-            Outcome::Sent if !self.on_kept => {
+            Outcome::Sent if self.keep_if_sent && !self.on_kept => {
                 if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
                     old.release();
                 }
