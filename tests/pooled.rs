@@ -1109,8 +1109,8 @@ async fn commands_reaching_every_client_of_an_identity_are_refused() {
 /// usually another client's: a getLastError that followed no fire-and-forget write of this
 /// client's ran on whichever connection the pool handed out and reported another client's
 /// write — its errors, the duplicate key's value included. It is answered as mongod answers
-/// one whose previous request was no write; after the client's own fire-and-forget write
-/// (a legacy opcode or an OP_MSG with moreToCome) it still runs where that write ran.
+/// one whose previous request was no write (after the client's own legacy write it still
+/// runs where that write ran).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_last_error_never_reports_another_clients_write() {
     let standin = standin().await;
@@ -1137,9 +1137,47 @@ async fn get_last_error_never_reports_another_clients_write() {
         "B's getLastError reported A's write: {r}"
     );
     assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
-    // A's own unacknowledged duplicate is reported to A.
-    a.send(support::raw::MORE_TO_COME, &insert).await;
-    let r = a.command(doc! {"getLastError": 1, "$db": "pooled"}).await;
+    proxy.shutdown().await;
+}
+
+/// A legacy write's getLastError runs on the connection the write ran on (mongod 5.0, which
+/// still serves the legacy opcodes), and reports it; another client's getLastError never
+/// gets that connection's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_writes_get_last_error_reports_that_write_only() {
+    use support::guard::WireConn;
+    let standin = StandIn::start(StandInConfig {
+        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
+        wire_version: 13,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let (mut b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let doc = bson::rawdoc! {"_id": "victim@example.com"};
+    a.legacy_insert("pooled.legacy", &[&doc]).await;
+    let r = a.get_last_error("pooled").await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert!(r.get("code").is_none(), "{r}");
+    a.legacy_insert("pooled.legacy", &[&doc]).await;
+    let r = a.get_last_error("pooled").await;
     assert_eq!(r.get_i32("code").ok(), Some(11000), "{r}");
+    // The only upstream connection's previous request is A's duplicate (getLastError does
+    // not count as one).
+    let r = b.get_last_error("pooled").await;
+    assert!(
+        !r.to_string().contains("victim@example.com"),
+        "B's getLastError reported A's write: {r}"
+    );
     proxy.shutdown().await;
 }

@@ -6,7 +6,7 @@
 //! the pools, and the pins ([`super::pins`]) that keep a cursor's getMores and a
 //! transaction's statements on the server that holds them. A client session's upstream side
 //! ([`strategy::PooledSide`]) holds no upstream connection between requests, except right
-//! after a fire-and-forget write, whose getLastError must run on the same connection;
+//! after a legacy fire-and-forget write, whose getLastError must run on the same connection;
 //! [`local`] answers hello and authentication.
 
 mod balanced;

@@ -81,15 +81,12 @@ pub(crate) struct PooledSide {
     pub(super) user: Option<String>,
     /// The users-file generation `identity` was resolved under (authenticated clients).
     pub(super) users_generation: u64,
-    /// The connection of a fire-and-forget write, kept for its getLastError.
+    /// The connection of a legacy fire-and-forget write, kept for its getLastError.
     sticky: Sticky<Conn>,
     /// That connection, taken for the getLastError that arrived (acquired next).
     for_last_error: Option<Conn>,
     /// The current round trip runs on the kept legacy-write connection: never re-sent.
     on_kept: bool,
-    /// The current request is a write: if it expects no reply, its connection is kept for
-    /// the getLastError that may follow (a fire-and-forget read or buildInfo keeps none).
-    keep_if_sent: bool,
     /// Behind a load balancer: the parked slot of the current request's connection (taken
     /// from it, or made when its reply opened a cursor; see [`super::balanced`]).
     balanced_slot: Option<u64>,
@@ -206,7 +203,6 @@ impl PooledSide {
             sticky: Sticky::default(),
             for_last_error: None,
             on_kept: false,
-            keep_if_sent: false,
             balanced_slot: None,
             closed_cursor: None,
             checkouts: Checkouts::default(),
@@ -479,16 +475,15 @@ impl Strategy for PooledSide {
         kill: &Stop,
     ) -> Acquired<Conn> {
         self.on_kept = false;
-        self.keep_if_sent = request.is_write;
         if let Some(kept) = self.for_last_error.take() {
             self.on_kept = true;
             return Acquired::Link(kept);
         }
         if request.is_get_last_error {
-            // No fire-and-forget write of this client's kept its connection: getLastError
-            // reports a connection's previous request, which on any pooled connection is
-            // another client's (its write errors, duplicate key values included). Answered as
-            // mongod answers one whose previous request was no write.
+            // No legacy write of this client's kept its connection: getLastError reports a
+            // connection's previous request, which on any pooled connection is another
+            // client's (its write errors, duplicate key values included). Answered as mongod
+            // answers one whose previous request was no write.
             return Acquired::Refused {
                 answer: Some(bson::rawdoc! {"n": 0, "err": bson::RawBson::Null, "ok": 1.0}),
                 end: None,
@@ -692,10 +687,10 @@ impl Strategy for PooledSide {
             let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
                 return;
             };
-            if !matches!(outcome, Outcome::Sent) || !self.keep_if_sent {
+            if !matches!(outcome, Outcome::Sent) || route.class() != Class::LegacyWrite {
                 return link.release();
             }
-            // A fire-and-forget write's connection waits for its getLastError as usual.
+            // A legacy write's connection waits for its getLastError as usual.
             if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
                 old.release();
             }
@@ -703,10 +698,11 @@ impl Strategy for PooledSide {
         }
         match outcome {
             Outcome::Broken => link.discard(),
-            // A fire-and-forget write (a legacy opcode, an OP_MSG with moreToCome): its
-            // connection waits for the client's next request, a getLastError that must run
-            // where the write ran.
-            Outcome::Sent if self.keep_if_sent && !self.on_kept => {
+            // A legacy write (OP_INSERT/UPDATE/DELETE): its connection waits for the
+            // client's next request, a getLastError that must run where the write ran. (An
+            // OP_MSG moreToCome write goes back at once: a w:0 client that then idles — a
+            // PHP-FPM worker between requests — would hold a pooled connection.)
+            Outcome::Sent if route.class() == Class::LegacyWrite && !self.on_kept => {
                 if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
                     old.release();
                 }
