@@ -1181,3 +1181,65 @@ async fn a_legacy_writes_get_last_error_reports_that_write_only() {
     );
     proxy.shutdown().await;
 }
+
+/// A legacy write's connection is kept for the getLastError that follows it. A client that
+/// wrote without asking (an unacknowledged legacy write) and went idle held it for as long
+/// as it stayed connected: with `pool_size` 1 every other client's request waited for
+/// `checkout_timeout` and failed. The connection now goes back to the pool when no request
+/// follows within a second; a getLastError later than that learns that the write's outcome
+/// is unknown (never "no error").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_legacy_writer_does_not_hold_the_pool() {
+    use support::guard::WireConn;
+    let standin = StandIn::start(StandInConfig {
+        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
+        wire_version: 13,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            // Far longer than the kept connection's wait: B's find must not need it.
+            checkout_timeout: Duration::from_secs(20),
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let (mut b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    a.legacy_insert("pooled.idle", &[&bson::rawdoc! {"x": 1}])
+        .await;
+    // A holds the only connection once its write went out; B's find waits for it to go
+    // back.
+    let kept = || proxy.pool_stats().unwrap().1.legacy_write.get();
+    tokio::time::timeout(BOUND, async {
+        while kept() != 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("A's legacy write kept its connection");
+    let r = tokio::time::timeout(
+        BOUND,
+        b.msg(bson::rawdoc! {"find": "idle", "filter": {}, "$db": "pooled"}),
+    )
+    .await
+    .expect("B's find within the bound");
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let n = r
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .map(Vec::len)
+        .ok();
+    assert_eq!(n, Some(1), "{r}");
+    let r = a.get_last_error("pooled").await;
+    assert!(
+        r.get_str("err").is_ok_and(|e| e.contains("unknown")),
+        "a late getLastError: {r}"
+    );
+    proxy.shutdown().await;
+}

@@ -31,6 +31,10 @@ use crate::{
     wire::{builder::error_document, codec::CodecError, Frame, Index, Message},
 };
 
+/// How long a legacy write's connection waits for the client's next request (its
+/// getLastError) before it goes back to the pool.
+pub(crate) const KEPT_FOR_LAST_ERROR: Duration = Duration::from_secs(1);
+
 /// mongod's codes used by pooled mode.
 pub(super) const UNAUTHORIZED: (i32, &str) = (13, "Unauthorized");
 pub(super) const HOST_UNREACHABLE: (i32, &str) = (6, "HostUnreachable");
@@ -87,6 +91,10 @@ pub(crate) struct PooledSide {
     for_last_error: Option<Conn>,
     /// The current round trip runs on the kept legacy-write connection: never re-sent.
     on_kept: bool,
+    /// The kept legacy-write connection went back to the pool before a request followed.
+    last_error_lost: bool,
+    /// The current request is a getLastError whose write's connection went back so.
+    last_error_unknown: bool,
     /// Behind a load balancer: the parked slot of the current request's connection (taken
     /// from it, or made when its reply opened a cursor; see [`super::balanced`]).
     balanced_slot: Option<u64>,
@@ -203,6 +211,8 @@ impl PooledSide {
             sticky: Sticky::default(),
             for_last_error: None,
             on_kept: false,
+            last_error_lost: false,
+            last_error_unknown: false,
             balanced_slot: None,
             closed_cursor: None,
             checkouts: Checkouts::default(),
@@ -438,13 +448,30 @@ impl Strategy for PooledSide {
 
     /// Between requests a pooled session holds no upstream connection to watch (a kept
     /// legacy-write connection is checked when it is used).
+    ///
+    /// A kept legacy-write connection waits [`KEPT_FOR_LAST_ERROR`] for the client's next
+    /// request (a getLastError follows its write at once, often in the same packet), then
+    /// goes back to the pool: a client that wrote and went idle would otherwise hold it for
+    /// as long as it stays connected, and starve the pool's other clients.
     fn idle_watch(&mut self) -> impl Future<Output = SessionError> + Send + '_ {
-        std::future::pending()
+        async move {
+            if self.sticky.is_held() {
+                tokio::time::sleep(KEPT_FOR_LAST_ERROR).await;
+                if let Some(c) = self.sticky.take(&self.pooled.pins.counts) {
+                    debug!("no request followed a legacy write: its connection goes back");
+                    c.release();
+                    self.last_error_lost = true;
+                }
+            }
+            std::future::pending().await
+        }
     }
 
     /// A kept legacy-write connection serves only that write's getLastError.
     fn request_arrived(&mut self, request: &Request, _route: &Routing, last_write_ok: bool) {
         self.recheck_user();
+        let lost = std::mem::take(&mut self.last_error_lost);
+        self.last_error_unknown = lost && request.is_get_last_error;
         if let Some(c) = self.for_last_error.take() {
             c.release();
         }
@@ -478,6 +505,22 @@ impl Strategy for PooledSide {
         if let Some(kept) = self.for_last_error.take() {
             self.on_kept = true;
             return Acquired::Link(kept);
+        }
+        if request.is_get_last_error && self.last_error_unknown {
+            // Its write's connection went back to the pool (KEPT_FOR_LAST_ERROR): the write's
+            // outcome is unknown here, not "no error".
+            return Acquired::Refused {
+                answer: Some(bson::rawdoc! {
+                    "n": 0,
+                    "err": format!(
+                        "mongoguard: this getLastError came more than {KEPT_FOR_LAST_ERROR:?} \
+                         after its legacy write, whose upstream connection had gone back to \
+                         the pool: the write's outcome is unknown"
+                    ),
+                    "ok": 1.0,
+                }),
+                end: None,
+            };
         }
         if request.is_get_last_error {
             // No legacy write of this client's kept its connection: getLastError reports a
