@@ -1059,6 +1059,7 @@ async fn commands_reaching_every_client_of_an_identity_are_refused() {
         doc! {"killAllSessionsByPattern": [], "$db": "admin"},
         doc! {"currentOp": 1, "$ownOps": true, "$db": "admin"},
         doc! {"killOp": 1, "op": 12, "$db": "admin"},
+        doc! {"getPrevError": 1, "$db": "pooled"},
         doc! {"aggregate": 1, "pipeline": [{"$currentOp": {"idleCursors": true}}],
         "cursor": {}, "$db": "admin"},
         doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {}}], "cursor": {},

@@ -196,7 +196,8 @@ fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
 /// session of the user (their transactions and cursors); `killAllSessions` and
 /// `killAllSessionsByPattern` those of every user; `currentOp` and the `$currentOp`,
 /// `$listLocalSessions` and `$listSessions` stages show other clients' commands, session
-/// ids and idle cursor ids; `killOp` kills an operation by id (small sequential numbers).
+/// ids and idle cursor ids; `killOp` kills an operation by id (small sequential numbers);
+/// `getPrevError` reports an earlier request's error on the shared upstream connection.
 /// A pipeline that cannot be read counts as reaching them (mongod refuses it anyway).
 fn identity_wide(name: &str, body: &Index<'_>) -> Option<&'static str> {
     match name {
@@ -204,6 +205,9 @@ fn identity_wide(name: &str, body: &Index<'_>) -> Option<&'static str> {
         "killAllSessionsByPattern" => Some("killAllSessionsByPattern"),
         "currentOp" => Some("currentOp"),
         "killOp" => Some("killOp"),
+        // Before 5.0: the last error of any earlier request on the (shared) upstream
+        // connection, not only the immediately previous one (see the pooled getLastError).
+        "getPrevError" | "getpreverror" => Some("getPrevError"),
         "killSessions" => match body.get("killSessions") {
             Ok(Some(RawBsonRef::Array(a))) if a.into_iter().next().is_some() => None,
             _ => Some("killSessions of every session"),

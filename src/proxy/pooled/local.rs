@@ -102,8 +102,8 @@ impl PooledSide {
                     UNAUTHORIZED.0,
                     UNAUTHORIZED.1,
                     &format!(
-                        "mongoguard pooled mode refuses {what}: it would reach the sessions \
-                         or operations of every client sharing the upstream identity \
+                        "mongoguard pooled mode refuses {what}: it would reach the sessions, \
+                         operations or errors of every client sharing the upstream identity \
                          {identity:?}, not only this connection's"
                     ),
                 )
