@@ -453,18 +453,16 @@ impl Strategy for PooledSide {
     /// request (a getLastError follows its write at once, often in the same packet), then
     /// goes back to the pool: a client that wrote and went idle would otherwise hold it for
     /// as long as it stays connected, and starve the pool's other clients.
-    fn idle_watch(&mut self) -> impl Future<Output = SessionError> + Send + '_ {
-        async move {
-            if self.sticky.is_held() {
-                tokio::time::sleep(KEPT_FOR_LAST_ERROR).await;
-                if let Some(c) = self.sticky.take(&self.pooled.pins.counts) {
-                    debug!("no request followed a legacy write: its connection goes back");
-                    c.release();
-                    self.last_error_lost = true;
-                }
+    async fn idle_watch(&mut self) -> SessionError {
+        if self.sticky.is_held() {
+            tokio::time::sleep(KEPT_FOR_LAST_ERROR).await;
+            if let Some(c) = self.sticky.take(&self.pooled.pins.counts) {
+                debug!("no request followed a legacy write: its connection goes back");
+                c.release();
+                self.last_error_lost = true;
             }
-            std::future::pending().await
         }
+        std::future::pending().await
     }
 
     /// A kept legacy-write connection serves only that write's getLastError.
