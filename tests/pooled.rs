@@ -944,3 +944,303 @@ async fn users_file_reloads_are_counted_in_the_metrics() {
     assert_eq!(value("mongoguard_users_reloads_total"), Some(1.0));
     proxy.shutdown().await;
 }
+
+/// The stand-in and proxy of [`pooled_with_users_file`], with `bob` (password `bobpw`) added
+/// to the users file and loaded.
+async fn pooled_with_bob() -> (StandIn, PathBuf, ProxyHandle) {
+    let (standin, users, proxy) = pooled_with_users_file().await;
+    mongoguard::auth::users::add(&users, "bob", "bobpw", "admin").unwrap();
+    assert_eq!(proxy.reload_users().unwrap(), 2);
+    (standin, users, proxy)
+}
+
+/// The users file without `bob`: alice alone, as before he was added.
+fn remove_bob(users: &std::path::Path) {
+    std::fs::remove_file(users).unwrap();
+    mongoguard::auth::users::add(users, CLIENT_USER.0, CLIENT_USER.1, "admin").unwrap();
+}
+
+/// A users-file reload that removes a user between his saslStart and his saslContinue: the
+/// conversation had his credential from saslStart, and his proof is right, but he is no
+/// longer a user. mongoguard mapped the user it could no longer find to the `default`
+/// identity and served him as that (fail open); he must not be authenticated at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_removed_during_his_conversation_is_not_authenticated() {
+    use mongoguard::auth::scram::{ClientConversation, Mechanism};
+    let (_standin, users, proxy) = pooled_with_bob().await;
+    let bin = |bytes: Vec<u8>| bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    };
+    let (mut c, _) = RawConn::connect_with_hello(proxy.local_addr()).await;
+    let mut scram = ClientConversation::new(Mechanism::ScramSha256, "bob", "bobpw").unwrap();
+    let start = c
+        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+        "payload": bin(scram.client_first()), "options": {"skipEmptyExchange": true},
+        "$db": "admin"})
+        .await;
+    let id = start.get_i32("conversationId").expect("saslStart answered");
+    let server_first = start.get_binary_generic("payload").unwrap().clone();
+    let client_final = scram.handle_server_first(&server_first).unwrap();
+    remove_bob(&users);
+    assert_eq!(proxy.reload_users().unwrap(), 1);
+    let reply = c
+        .command(doc! {"saslContinue": 1, "conversationId": id,
+        "payload": bin(client_final), "$db": "admin"})
+        .await;
+    assert_eq!(reply.get_i32("code").ok(), Some(18), "{reply}");
+    let r = c
+        .command(doc! {"find": "c", "filter": {}, "$db": "pooled"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    proxy.shutdown().await;
+}
+
+/// mongod drops a removed user from the connections authenticated as him: their next
+/// command is Unauthorized (AuthorizationSessionImpl::_refreshUserInfoAsNeeded, UserNotFound:
+/// "Removed deleted user ... from session cache"). Pooled mode kept serving a user removed
+/// from the users file on his open connections, for as long as they lived — a leaked or
+/// revoked credential kept its connections (a pooled client's may live for hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_removed_by_a_reload_loses_his_open_connections() {
+    let (_standin, users, proxy) = pooled_with_bob().await;
+    let mut bob = RawConn::connect_as(proxy.local_addr(), "bob", "bobpw").await;
+    let mut alice = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let find = doc! {"find": "c", "filter": {}, "$db": "pooled"};
+    for c in [&mut bob, &mut alice] {
+        let r = c.command(find.clone()).await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    remove_bob(&users);
+    assert_eq!(proxy.reload_users().unwrap(), 1);
+    let r = bob.command(find.clone()).await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    // Nor does the connection authenticate again as anyone.
+    let r = bob
+        .command(doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+        "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic,
+        bytes: b"n,,n=alice,r=abcdefgh".to_vec() }, "$db": "admin"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(13), "{r}");
+    // Alice, still in the file, is served as before.
+    let r = alice.command(find).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    proxy.shutdown().await;
+}
+
+/// Every client (and every users-file user) mapped to an upstream identity runs as one
+/// upstream user, where mongod would keep their sessions and operations apart: sessions are
+/// keyed by id and user, and `$ownOps` / killOp without the `killop` privilege cover the
+/// user's own operations. Commands that reach every session or operation of that user then
+/// reach other clients': `killSessions: []` killed every pooled client's sessions (their
+/// transactions and cursors), `currentOp` and `$currentOp` showed their commands (filters:
+/// data), session ids and idle cursor ids, `$listLocalSessions` their session ids, killOp
+/// killed their operations by a small sequential id. Pooled mode refuses them; a
+/// killSessions naming sessions still goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_reaching_every_client_of_an_identity_are_refused() {
+    let standin = standin().await;
+    let proxy = proxy(&standin, Setup::default()).await;
+    let stats = standin.stats();
+    // Another client of the same identity has a transaction open.
+    let mut other = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let lsid = support::identities::lsid(3);
+    let r = other
+        .command(
+            doc! {"insert": "t", "documents": [{"x": 1}], "lsid": lsid.clone(),
+            "txnNumber": 1_i64, "autocommit": false, "startTransaction": true, "$db": "pooled"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let mut c = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let refused = [
+        doc! {"killSessions": [], "$db": "admin"},
+        doc! {"killAllSessions": [], "$db": "admin"},
+        doc! {"killAllSessionsByPattern": [], "$db": "admin"},
+        doc! {"currentOp": 1, "$ownOps": true, "$db": "admin"},
+        doc! {"killOp": 1, "op": 12, "$db": "admin"},
+        doc! {"getPrevError": 1, "$db": "pooled"},
+        doc! {"aggregate": 1, "pipeline": [{"$currentOp": {"idleCursors": true}}],
+        "cursor": {}, "$db": "admin"},
+        doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {}}], "cursor": {},
+        "$db": "admin"},
+        doc! {"aggregate": "system.sessions", "pipeline": [{"$listSessions": {}}],
+        "cursor": {}, "$db": "config"},
+        doc! {"aggregate": "c", "pipeline": [{"$match": {}}, {"$unionWith": {"coll": "d",
+        "pipeline": [{"$listLocalSessions": {}}]}}], "cursor": {}, "$db": "pooled"},
+    ];
+    let messages = stats.messages();
+    for cmd in refused {
+        let r = c.command(cmd.clone()).await;
+        // 13 from pooled mode; the default policy's W013 blocks the killAllSessions forms
+        // first (65001).
+        let code = r.get_i32("code").ok();
+        assert!(matches!(code, Some(13 | 65001)), "{cmd} -> {r}");
+    }
+    assert_eq!(
+        stats.messages(),
+        messages,
+        "a refused command reached the upstream"
+    );
+    // The other client's transaction was not killed.
+    let r = other
+        .command(
+            doc! {"commitTransaction": 1, "lsid": lsid, "txnNumber": 1_i64,
+            "autocommit": false, "$db": "admin"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    // Naming its own sessions is the client's business.
+    let named = doc! {"killSessions": [support::identities::lsid(7)], "$db": "admin"};
+    let r = c.command(named).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(stats.command_count("killSessions"), 1);
+    let r = c
+        .command(
+            doc! {"aggregate": "c", "pipeline": [{"$match": {}}], "cursor": {},
+            "$db": "pooled"},
+        )
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    proxy.shutdown().await;
+}
+
+/// getLastError reports its connection's previous request (mongod's LastError is per
+/// connection; src/mongo/db/lasterror.cpp). A pooled connection's previous request is
+/// usually another client's: a getLastError that followed no fire-and-forget write of this
+/// client's ran on whichever connection the pool handed out and reported another client's
+/// write — its errors, the duplicate key's value included. It is answered as mongod answers
+/// one whose previous request was no write (after the client's own legacy write it still
+/// runs where that write ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_last_error_never_reports_another_clients_write() {
+    let standin = standin().await;
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let mut a = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let mut b = RawConn::connect_as(proxy.local_addr(), CLIENT_USER.0, CLIENT_USER.1).await;
+    let insert = doc! {"insert": "gle", "documents": [{"_id": "victim@example.com"}],
+    "$db": "pooled"};
+    let r = a.command(insert.clone()).await;
+    assert_eq!(r.get_i32("n").ok(), Some(1), "{r}");
+    // A's duplicate, on the only upstream connection.
+    let r = a.command(insert.clone()).await;
+    assert!(r.get_array("writeErrors").is_ok(), "{r}");
+    let r = b.command(doc! {"getLastError": 1, "$db": "pooled"}).await;
+    assert!(
+        !r.to_string().contains("victim@example.com"),
+        "B's getLastError reported A's write: {r}"
+    );
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    proxy.shutdown().await;
+}
+
+/// A legacy write's getLastError runs on the connection the write ran on (mongod 5.0, which
+/// still serves the legacy opcodes), and reports it; another client's getLastError never
+/// gets that connection's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_writes_get_last_error_reports_that_write_only() {
+    use support::guard::WireConn;
+    let standin = StandIn::start(StandInConfig {
+        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
+        wire_version: 13,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let (mut b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let doc = bson::rawdoc! {"_id": "victim@example.com"};
+    a.legacy_insert("pooled.legacy", &[&doc]).await;
+    let r = a.get_last_error("pooled").await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert!(r.get("code").is_none(), "{r}");
+    a.legacy_insert("pooled.legacy", &[&doc]).await;
+    let r = a.get_last_error("pooled").await;
+    assert_eq!(r.get_i32("code").ok(), Some(11000), "{r}");
+    // The only upstream connection's previous request is A's duplicate (getLastError does
+    // not count as one).
+    let r = b.get_last_error("pooled").await;
+    assert!(
+        !r.to_string().contains("victim@example.com"),
+        "B's getLastError reported A's write: {r}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A legacy write's connection is kept for the getLastError that follows it. A client that
+/// wrote without asking (an unacknowledged legacy write) and went idle held it for as long
+/// as it stayed connected: with `pool_size` 1 every other client's request waited for
+/// `checkout_timeout` and failed. The connection now goes back to the pool when no request
+/// follows within a second; a getLastError later than that learns that the write's outcome
+/// is unknown (never "no error").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_legacy_writer_does_not_hold_the_pool() {
+    use support::guard::WireConn;
+    let standin = StandIn::start(StandInConfig {
+        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
+        wire_version: 13,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let proxy = proxy(
+        &standin,
+        Setup {
+            pool_size: 1,
+            // Far longer than the kept connection's wait: B's find must not need it.
+            checkout_timeout: Duration::from_secs(20),
+            unauthenticated: true,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let (mut a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let (mut b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    a.legacy_insert("pooled.idle", &[&bson::rawdoc! {"x": 1}])
+        .await;
+    // A holds the only connection once its write went out; B's find waits for it to go
+    // back.
+    let kept = || proxy.pool_stats().unwrap().1.legacy_write.get();
+    tokio::time::timeout(BOUND, async {
+        while kept() != 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("A's legacy write kept its connection");
+    let r = tokio::time::timeout(
+        BOUND,
+        b.msg(bson::rawdoc! {"find": "idle", "filter": {}, "$db": "pooled"}),
+    )
+    .await
+    .expect("B's find within the bound");
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let n = r
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .map(Vec::len)
+        .ok();
+    assert_eq!(n, Some(1), "{r}");
+    let r = a.get_last_error("pooled").await;
+    assert!(
+        r.get_str("err").is_ok_and(|e| e.contains("unknown")),
+        "a late getLastError: {r}"
+    );
+    proxy.shutdown().await;
+}

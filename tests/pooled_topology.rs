@@ -441,8 +441,8 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
 /// src/mongo/db/session/logical_session_id_helpers.cpp): a client of another identity that
 /// starts a transaction with the same `lsid.id` has a session of its own, and must not replace
 /// the first one's pin (its next statement would then go to whichever server is chosen) nor
-/// drop it when its own transaction ends. Checked on the pin map itself: the stand-ins key
-/// sessions by id alone, so what they answer cannot tell the two sessions apart.
+/// drop it when its own transaction ends. Checked on the pin map itself (the stand-ins keep
+/// the two sessions apart too: see `end_sessions_of_one_identity_leave_another_identitys_session`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
     let users = support::identities::upstream_users();
@@ -501,4 +501,180 @@ async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
         "alice's pin went with mallory's transaction"
     );
     proxy.shutdown().await;
+}
+
+/// With several servers a cursor is pinned by its id alone, and a killCursors unpinned it
+/// whatever the server answered: another identity's killCursors of the id — refused by the
+/// server (the cursor is another user's: Unauthorized, killcursors_cmd.cpp) — dropped the
+/// owner's pin, so the owner's next getMore went wherever selection sent it (CursorNotFound
+/// on another server). A refused killCursors (or getMore) leaves the pin alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identity_cannot_unpin_a_cursor() {
+    let users = support::identities::upstream_users();
+    let start = || {
+        StandIn::start(StandInConfig {
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let mut cfg = support::identities::pooled_config(
+        &format!("{},{}", a.addr(), b.addr()),
+        "",
+        "cursor-identity",
+        4,
+    );
+    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    // The same data on both servers (two mongos in front of one cluster): the find goes
+    // to either.
+    for s in [&a, &b] {
+        let uri = format!("mongodb://app:apppw@{}/?authSource=admin", s.addr());
+        let direct = Client::with_uri_str(uri).await.unwrap();
+        direct
+            .database("pin")
+            .collection::<Document>("c")
+            .insert_many((0..10).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+    }
+    let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
+    let r = alice
+        .command(doc! {"find": "c", "filter": {}, "batchSize": 2, "$db": "pin"})
+        .await;
+    let id = r
+        .get_document("cursor")
+        .and_then(|c| c.get_i64("id"))
+        .unwrap_or_else(|_| panic!("{r}"));
+    assert_ne!(id, 0);
+    assert_eq!(pinned(&proxy), 1);
+    let r = mallory
+        .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+        .await;
+    assert_eq!(
+        r.get_f64("ok").ok(),
+        Some(0.0),
+        "the server killed another user's cursor: {r}"
+    );
+    let r = mallory
+        .command(doc! {"getMore": id, "collection": "c", "$db": "pin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(0.0), "{r}");
+    // Mallory's session settles each round trip before it reads its next request.
+    let r = mallory.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(
+        pinned(&proxy),
+        1,
+        "another identity's refused killCursors dropped the pin"
+    );
+    // Alice's getMores still reach her cursor's server, whichever the selection picks.
+    for _ in 0..4 {
+        let r = alice
+            .command(doc! {"getMore": id, "collection": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    // Her own killCursors ends the pin.
+    let r = alice
+        .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let r = alice.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert_eq!(pinned(&proxy), 0);
+    proxy.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// mongod keys a session by its id and its user (and so does the stand-in now): two
+/// identities sending the same `lsid.id` each have a session, and an endSessions one of them
+/// sends — answered by mongoguard, ended upstream in the background — ends its own session
+/// only: the background command runs as the identity of the client that sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_sessions_of_one_identity_leave_another_identitys_session() {
+    let standin = StandIn::start(StandInConfig {
+        users: support::identities::upstream_users(),
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let cfg =
+        support::identities::pooled_config(&standin.addr().to_string(), "", "end-identity", 4);
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    let lsid = support::identities::lsid(5);
+    let start = doc! {"insert": "t", "documents": [{"x": 1}], "lsid": lsid.clone(),
+    "txnNumber": 1_i64, "autocommit": false, "startTransaction": true, "$db": "ends"};
+    let commit = doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": 1_i64,
+    "autocommit": false, "$db": "admin"};
+    for c in [&mut alice, &mut mallory] {
+        let r = c.command(start.clone()).await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    let stats = standin.stats();
+    let ended = stats.command_count("endSessions");
+    let r = mallory
+        .command(doc! {"endSessions": [lsid.clone()], "$db": "admin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let deadline = Instant::now() + BOUND;
+    while stats.command_count("endSessions") == ended {
+        assert!(
+            Instant::now() < deadline,
+            "the endSessions never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = alice.command(commit.clone()).await;
+    assert_eq!(
+        r.get_f64("ok").ok(),
+        Some(1.0),
+        "alice's session was ended: {r}"
+    );
+    let r = mallory.command(commit).await;
+    assert_eq!(
+        r.get_i32("code").ok(),
+        Some(251),
+        "mallory's session lives on: {r}"
+    );
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}
+
+/// A users-file reload that maps a user to another upstream identity: his open connections
+/// run as the new identity from their next request (they kept the old one before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remapped_user_runs_as_his_new_identity_after_a_reload() {
+    let standin = StandIn::start(StandInConfig {
+        users: support::identities::upstream_users(),
+        ..StandInConfig::default()
+    })
+    .await
+    .unwrap();
+    let cfg = support::identities::pooled_config(&standin.addr().to_string(), "", "remap", 4);
+    cfg.validate().unwrap();
+    let users_file = cfg.auth.users_file.clone().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (_alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    let upstream_user = |r: &Document| -> String {
+        r.get_document("authInfo")
+            .and_then(|a| a.get_array("authenticatedUsers"))
+            .ok()
+            .and_then(|u| u.first()?.as_document()?.get_str("user").ok())
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    };
+    let status = doc! {"connectionStatus": 1, "$db": "admin"};
+    assert_eq!(upstream_user(&mallory.command(status.clone()).await), "bob");
+    let text = std::fs::read_to_string(&users_file).unwrap();
+    std::fs::write(&users_file, text.replace("upstream = \"other\"\n", "")).unwrap();
+    assert_eq!(proxy.reload_users().unwrap(), 2);
+    assert_eq!(upstream_user(&mallory.command(status).await), "app");
+    proxy.shutdown().await;
+    standin.shutdown().await;
 }

@@ -96,6 +96,13 @@ impl SaslSession {
         self.authenticated.as_ref()
     }
 
+    /// Forgets the conversation in progress and the user this connection authenticated as:
+    /// that user is no longer one (a users-file reload removed him).
+    pub fn forget_user(&mut self) {
+        self.pending = None;
+        self.authenticated = None;
+    }
+
     /// `db.name` the last `saslStart` asked for, when its first message named a user (the
     /// client's claim, for logging failed attempts; never part of a secret).
     pub fn attempted_user(&self) -> Option<String> {

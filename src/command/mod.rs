@@ -16,6 +16,7 @@ mod view;
 
 pub use error::CommandError;
 pub use kind::Kind;
+pub(crate) use pipeline::walk_pipeline;
 pub use statements::{Statement, StatementRef, UpdateMods};
 pub(crate) use value::Fields;
 pub use value::{number, truthy};

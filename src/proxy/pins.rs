@@ -196,6 +196,11 @@ impl<C> Sticky<C> {
         old
     }
 
+    /// True while a connection is kept.
+    pub(crate) fn is_held(&self) -> bool {
+        self.conn.is_some()
+    }
+
     /// Takes the kept connection and stops counting it.
     pub(crate) fn take(&mut self, counts: &PinnedCounts) -> Option<C> {
         let conn = self.conn.take()?;

@@ -73,6 +73,9 @@ pub(crate) struct Routing {
     /// `lsid` is present but its `id` is not a UUID (binary subtype 4, 16 bytes): mongod
     /// refuses such a command, and mongoguard never keys a pin map on it.
     pub bad_lsid: bool,
+    /// What this command reaches beyond the client's own requests: every session or
+    /// operation of the upstream user it runs as (see [`identity_wide`]), or `None`.
+    pub identity_wide: Option<&'static str>,
 }
 
 impl Routing {
@@ -164,6 +167,7 @@ fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
         }
     }
     r.ends_txn = matches!(name, "commitTransaction" | "abortTransaction");
+    r.identity_wide = identity_wide(name, body);
     match name {
         "getMore" => {
             let id = body.get("getMore").ok().flatten().and_then(int64);
@@ -182,6 +186,60 @@ fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
         _ => {}
     }
     r
+}
+
+/// Commands that reach every session or operation of the user they run as, not only the
+/// client's own: in pooled mode that user is an upstream identity shared by every client
+/// (and every users-file user) mapped to it, where mongod would keep each user's apart
+/// (sessions are keyed by id *and* user; currentOp's `$ownOps` and killOp without the
+/// `killop` privilege cover the user's own operations). `killSessions: []` kills every
+/// session of the user (their transactions and cursors); `killAllSessions` and
+/// `killAllSessionsByPattern` those of every user; `currentOp` and the `$currentOp`,
+/// `$listLocalSessions` and `$listSessions` stages show other clients' commands, session
+/// ids and idle cursor ids; `killOp` kills an operation by id (small sequential numbers);
+/// `getPrevError` reports an earlier request's error on the shared upstream connection.
+/// A pipeline that cannot be read counts as reaching them (mongod refuses it anyway).
+fn identity_wide(name: &str, body: &Index<'_>) -> Option<&'static str> {
+    match name {
+        "killAllSessions" => Some("killAllSessions"),
+        "killAllSessionsByPattern" => Some("killAllSessionsByPattern"),
+        "currentOp" => Some("currentOp"),
+        "killOp" => Some("killOp"),
+        // Before 5.0: the last error of any earlier request on the (shared) upstream
+        // connection, not only the immediately previous one (see the pooled getLastError).
+        "getPrevError" | "getpreverror" => Some("getPrevError"),
+        "killSessions" => match body.get("killSessions") {
+            Ok(Some(RawBsonRef::Array(a))) if a.into_iter().next().is_some() => None,
+            _ => Some("killSessions of every session"),
+        },
+        "aggregate" => {
+            let Ok(Some(RawBsonRef::Array(pipeline))) = body.get("pipeline") else {
+                return None;
+            };
+            let mut found = None;
+            let walked = crate::command::walk_pipeline(pipeline, &mut |stage| {
+                found = match stage.iter_elements().next() {
+                    Some(Ok(elem)) => match elem.key().as_str() {
+                        "$currentOp" => Some("$currentOp"),
+                        "$listLocalSessions" => Some("$listLocalSessions"),
+                        "$listSessions" => Some("$listSessions"),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if found.is_some() {
+                    std::ops::ControlFlow::Break(())
+                } else {
+                    std::ops::ControlFlow::Continue(())
+                }
+            });
+            match walked {
+                Ok(_) => found,
+                Err(_) => Some("an unreadable pipeline"),
+            }
+        }
+        _ => None,
+    }
 }
 
 /// Reads the routing facts of a (decompressed) client message.

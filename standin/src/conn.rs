@@ -38,6 +38,9 @@ pub(crate) struct ConnState {
     pub(crate) fail_block: Option<std::time::Duration>,
     /// ...or closes the connection instead of sending it.
     pub(crate) fail_close: bool,
+    /// What getLastError reports: the outcome of this connection's previous request when it
+    /// was a write, else `None` (see `commands::run`).
+    pub(crate) last_error: Option<Document>,
 }
 
 struct Conn {
@@ -70,6 +73,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr
             hello_seen: false,
             fail_block: None,
             fail_close: false,
+            last_error: None,
         },
         shared: shared.clone(),
         reader: BufReader::with_capacity(32 * 1024, r),

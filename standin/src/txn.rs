@@ -15,11 +15,17 @@ use parking_lot::Mutex;
 
 use crate::commands::CmdError;
 
-/// Sessions known to one server (transactions live on the member that ran them).
+/// Sessions known to one server (transactions live on the member that ran them), keyed as
+/// mongod keys them: by `lsid.id` *and* the user (`makeLogicalSessionId` fills `uid` with the
+/// digest of the authenticated user, src/mongo/db/session/logical_session_id_helpers.cpp),
+/// so two users sending the same `lsid.id` have two sessions.
 #[derive(Debug, Default)]
 pub(crate) struct Sessions {
-    inner: Mutex<HashMap<Vec<u8>, Session>>,
+    inner: Mutex<HashMap<SessionKey, Session>>,
 }
+
+/// The user (`None`: unauthenticated) and the `lsid.id` bytes.
+type SessionKey = (Option<String>, Vec<u8>);
 
 /// Sessions kept at most (oldest-unused evicted first would need more bookkeeping: the table
 /// is simply cleared when full; a test never gets near it).
@@ -161,6 +167,7 @@ impl Sessions {
     /// member's topologyVersion counter, `primary` whether it can accept writes now.
     pub(crate) fn begin_or_continue(
         &self,
+        user: Option<&str>,
         name: &str,
         a: &SessionArgs,
         counter: i64,
@@ -191,11 +198,12 @@ impl Sessions {
                 "Not primary so we cannot begin or continue a transaction",
             ));
         }
+        let key = (user.map(str::to_string), lsid.clone());
         let mut map = self.inner.lock();
-        if map.len() >= MAX_SESSIONS && !map.contains_key(lsid) {
+        if map.len() >= MAX_SESSIONS && !map.contains_key(&key) {
             map.clear();
         }
-        let s = map.entry(lsid.clone()).or_insert(Session {
+        let s = map.entry(key).or_insert(Session {
             txn_number: -1,
             state: State::Retryable,
             counter,
@@ -272,12 +280,20 @@ impl Sessions {
         }
     }
 
-    /// endSessions / killSessions: forget these sessions (aborting their transactions).
-    pub(crate) fn end(&self, ids: &[Vec<u8>]) {
+    /// endSessions / killSessions: forget these sessions of `user` (aborting their
+    /// transactions); another user's session of the same id is another session.
+    pub(crate) fn end(&self, user: Option<&str>, ids: &[Vec<u8>]) {
         let mut map = self.inner.lock();
         for id in ids {
-            map.remove(id);
+            map.remove(&(user.map(str::to_string), id.clone()));
         }
+    }
+
+    /// `killSessions: []`: every session of `user` (mongod: "If you specify an empty array,
+    /// killSessions kills all sessions for the current user"; KillSessionsCmd builds a
+    /// pattern of the user's uid, src/mongo/db/commands/kill_sessions_command.cpp).
+    pub(crate) fn end_all_of(&self, user: Option<&str>) {
+        self.inner.lock().retain(|(u, _), _| u.as_deref() != user);
     }
 }
 

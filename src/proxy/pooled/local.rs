@@ -80,12 +80,34 @@ impl PooledSide {
                 BAD_VALUE.1,
                 "lsid.id must be a UUID (BSON binary subtype 4, 16 bytes)",
             ),
+            _ if self.identity.is_none() && self.user.is_some() => error_document(
+                UNAUTHORIZED.0,
+                UNAUTHORIZED.1,
+                "mongoguard: the user this connection authenticated as is no longer in the \
+                 users file (removed by a reload); open a new connection",
+            ),
             _ if self.identity.is_none() => error_document(
                 UNAUTHORIZED.0,
                 UNAUTHORIZED.1,
                 "command requires authentication (mongoguard pooled mode: authenticate \
                  with the credentials of the mongoguard users file)",
             ),
+            // A policy block is answered as one (with its event) by the session.
+            _ if routing.identity_wide.is_some()
+                && !matches!(request.judgement, Judgement::Block { .. }) =>
+            {
+                let what = routing.identity_wide.unwrap_or_default();
+                let identity = self.identity.as_ref().map_or("", |i| i.name.as_str());
+                error_document(
+                    UNAUTHORIZED.0,
+                    UNAUTHORIZED.1,
+                    &format!(
+                        "mongoguard pooled mode refuses {what}: it would reach the sessions, \
+                         operations or errors of every client sharing the upstream identity \
+                         {identity:?}, not only this connection's"
+                    ),
+                )
+            }
             _ => return Ok(false),
         };
         client.reply(request, &doc).await?;
@@ -200,11 +222,21 @@ impl PooledSide {
             return Ok(sasl::auth_failed());
         };
         let cmd = body(received, client.ctx.config.proxy.max_message_size)?;
-        Ok(if class == Class::SaslStart {
-            self.sasl.sasl_start(&users, &cmd)
-        } else {
-            self.sasl.sasl_continue(&cmd)
-        })
+        if class == Class::SaslStart {
+            return Ok(self.sasl.sasl_start(&users, &cmd));
+        }
+        let reply = self.sasl.sasl_continue(&cmd);
+        // The credential was fixed at saslStart; a reload since may have removed the user
+        // (`users` is the file in force now): his conversation then fails like a wrong
+        // password, rather than authenticate someone the users file no longer holds.
+        if let Some(user) = self.sasl.authenticated() {
+            if users.user(&user.db, &user.name).is_none() {
+                debug!(user = %user.name, db = %user.db, "user removed during his conversation");
+                self.sasl.forget_user();
+                return Ok(sasl::auth_failed());
+            }
+        }
+        Ok(reply)
     }
 
     /// The refusal of a conversation that just authenticated a user who already has
@@ -249,16 +281,25 @@ impl PooledSide {
             return;
         };
         client.conn.set_user(&format!("{}.{}", user.db, user.name));
+        // Read before the users, so that a reload after this shows at the next request.
+        let generation = self.pooled.users_generation();
         let Some(users) = self.pooled.users() else {
             return;
         };
-        let mapped = users
-            .user(&user.db, &user.name)
-            .and_then(|u| u.upstream.as_deref())
+        // A user the file in force no longer holds (a reload while his last step was
+        // answered) is bound to no identity: his requests are refused.
+        let Some(entry) = users.user(&user.db, &user.name) else {
+            self.sasl.forget_user();
+            return;
+        };
+        let mapped = entry
+            .upstream
+            .as_deref()
             .unwrap_or(crate::config::DEFAULT_IDENTITY);
         let Some(identity) = self.pooled.identities.get(mapped) else {
             return;
         };
+        self.users_generation = generation;
         debug!(user = %user.name, db = %user.db, identity = %identity.name, "client authenticated");
         self.ctx
             .audit

@@ -43,6 +43,10 @@ pub const CHECKOUT_TIMEOUT_CODE_NAME: &str = "MongoguardPoolTimeout";
 pub(crate) struct Pooled {
     /// The users file in force (replaced whole on SIGHUP).
     users: std::sync::RwLock<Option<Arc<Users>>>,
+    /// Bumped by every users file swapped in: sessions compare it with the one they
+    /// authenticated under, and look their user up again when it moved (see
+    /// [`strategy::PooledSide`]'s `recheck_user`).
+    users_generation: std::sync::atomic::AtomicU64,
     users_file: Option<std::path::PathBuf>,
     pub(crate) identities: Identities,
     pub topology: Arc<Topology>,
@@ -108,6 +112,7 @@ impl Pooled {
         let (ender, ender_queue) = ender::Ender::new();
         let pooled = Arc::new(Pooled {
             users: std::sync::RwLock::new(users),
+            users_generation: std::sync::atomic::AtomicU64::new(0),
             users_file: config.auth.users_file.clone(),
             identities,
             topology,
@@ -146,21 +151,35 @@ impl Pooled {
             .clone()
     }
 
+    /// The generation of the users file in force: read it *before* [`Pooled::users`], so
+    /// that a reload between the two shows as a newer generation next time.
+    pub(crate) fn users_generation(&self) -> u64 {
+        self.users_generation
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// True when a users file is configured (SIGHUP reloads it).
     pub(crate) fn has_users_file(&self) -> bool {
         self.users_file.is_some()
     }
 
     /// Reads the users file again and swaps it in if it is valid (every user mapping to a
-    /// configured identity); otherwise the users in force stay. Connections already
-    /// authenticated keep their user. Returns the number of users.
+    /// configured identity); otherwise the users in force stay. A connection authenticated
+    /// as a user the new file no longer holds is refused from its next request on (as mongod
+    /// drops a removed user from its connections); one whose user now maps to another
+    /// identity runs as that one from its next request on. Returns the number of users.
     pub(crate) fn reload_users(&self) -> Result<usize, String> {
         let Some(path) = &self.users_file else {
             return Err("no auth.users_file configured".into());
         };
         let users = load_users(path, &self.identities)?;
         let n = users.len();
-        *self.users.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(users));
+        let mut slot = self.users.write().unwrap_or_else(PoisonError::into_inner);
+        *slot = Some(Arc::new(users));
+        // Under the lock: a session that reads the new generation then finds the new users.
+        self.users_generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        drop(slot);
         Ok(n)
     }
 

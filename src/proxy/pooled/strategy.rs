@@ -5,7 +5,7 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{balanced, Pooled, CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME};
 use crate::{
@@ -30,6 +30,10 @@ use crate::{
     },
     wire::{builder::error_document, codec::CodecError, Frame, Index, Message},
 };
+
+/// How long a legacy write's connection waits for the client's next request (its
+/// getLastError) before it goes back to the pool.
+pub(crate) const KEPT_FOR_LAST_ERROR: Duration = Duration::from_secs(1);
 
 /// mongod's codes used by pooled mode.
 pub(super) const UNAUTHORIZED: (i32, &str) = (13, "Unauthorized");
@@ -79,12 +83,18 @@ pub(crate) struct PooledSide {
     pub(super) identity: Option<Arc<Identity>>,
     /// `db.user` the client authenticated as, for the policy and records.
     pub(super) user: Option<String>,
+    /// The users-file generation `identity` was resolved under (authenticated clients).
+    pub(super) users_generation: u64,
     /// The connection of a legacy fire-and-forget write, kept for its getLastError.
     sticky: Sticky<Conn>,
     /// That connection, taken for the getLastError that arrived (acquired next).
     for_last_error: Option<Conn>,
     /// The current round trip runs on the kept legacy-write connection: never re-sent.
     on_kept: bool,
+    /// The kept legacy-write connection went back to the pool before a request followed.
+    last_error_lost: bool,
+    /// The current request is a getLastError whose write's connection went back so.
+    last_error_unknown: bool,
     /// Behind a load balancer: the parked slot of the current request's connection (taken
     /// from it, or made when its reply opened a cursor; see [`super::balanced`]).
     balanced_slot: Option<u64>,
@@ -197,9 +207,12 @@ impl PooledSide {
             sasl: SaslSession::new(),
             identity,
             user: None,
+            users_generation: 0,
             sticky: Sticky::default(),
             for_last_error: None,
             on_kept: false,
+            last_error_lost: false,
+            last_error_unknown: false,
             balanced_slot: None,
             closed_cursor: None,
             checkouts: Checkouts::default(),
@@ -280,6 +293,52 @@ impl PooledSide {
         Acquired::Refused {
             answer: Some(error_document(code, name, &format!("mongoguard: {e}"))),
             end: None,
+        }
+    }
+
+    /// After a users-file reload, looks the authenticated user up again: one the file no
+    /// longer holds is bound to no identity (his requests are refused, as mongod refuses a
+    /// removed user's connections), one now mapped to another identity runs as that one.
+    /// One atomic load per request when nothing was reloaded.
+    fn recheck_user(&mut self) {
+        if self.user.is_none() {
+            return;
+        }
+        let generation = self.pooled.users_generation();
+        if generation == self.users_generation {
+            return;
+        }
+        self.users_generation = generation;
+        let Some(user) = self.sasl.authenticated() else {
+            self.identity = None;
+            return;
+        };
+        let users = self.pooled.users();
+        let entry = users.as_deref().and_then(|u| u.user(&user.db, &user.name));
+        let identity = entry.and_then(|e| {
+            let mapped = e
+                .upstream
+                .as_deref()
+                .unwrap_or(crate::config::DEFAULT_IDENTITY);
+            self.pooled.identities.get(mapped)
+        });
+        match identity {
+            Some(i) => {
+                if self.identity.as_ref().is_some_and(|old| old.name != i.name) {
+                    info!(user = %user.name, db = %user.db, identity = %i.name,
+                        "users file reloaded: user now runs as another upstream identity");
+                }
+                if self.identity.is_some() {
+                    self.identity = Some(i.clone());
+                }
+            }
+            None => {
+                if self.identity.is_some() {
+                    info!(user = %user.name, db = %user.db,
+                        "users file reloaded without this user: his connection is refused");
+                }
+                self.identity = None;
+            }
         }
     }
 
@@ -389,12 +448,28 @@ impl Strategy for PooledSide {
 
     /// Between requests a pooled session holds no upstream connection to watch (a kept
     /// legacy-write connection is checked when it is used).
-    fn idle_watch(&mut self) -> impl Future<Output = SessionError> + Send + '_ {
-        std::future::pending()
+    ///
+    /// A kept legacy-write connection waits [`KEPT_FOR_LAST_ERROR`] for the client's next
+    /// request (a getLastError follows its write at once, often in the same packet), then
+    /// goes back to the pool: a client that wrote and went idle would otherwise hold it for
+    /// as long as it stays connected, and starve the pool's other clients.
+    async fn idle_watch(&mut self) -> SessionError {
+        if self.sticky.is_held() {
+            tokio::time::sleep(KEPT_FOR_LAST_ERROR).await;
+            if let Some(c) = self.sticky.take(&self.pooled.pins.counts) {
+                debug!("no request followed a legacy write: its connection goes back");
+                c.release();
+                self.last_error_lost = true;
+            }
+        }
+        std::future::pending().await
     }
 
     /// A kept legacy-write connection serves only that write's getLastError.
     fn request_arrived(&mut self, request: &Request, _route: &Routing, last_write_ok: bool) {
+        self.recheck_user();
+        let lost = std::mem::take(&mut self.last_error_lost);
+        self.last_error_unknown = lost && request.is_get_last_error;
         if let Some(c) = self.for_last_error.take() {
             c.release();
         }
@@ -428,6 +503,32 @@ impl Strategy for PooledSide {
         if let Some(kept) = self.for_last_error.take() {
             self.on_kept = true;
             return Acquired::Link(kept);
+        }
+        if request.is_get_last_error && self.last_error_unknown {
+            // Its write's connection went back to the pool (KEPT_FOR_LAST_ERROR): the write's
+            // outcome is unknown here, not "no error".
+            return Acquired::Refused {
+                answer: Some(bson::rawdoc! {
+                    "n": 0,
+                    "err": format!(
+                        "mongoguard: this getLastError came more than {KEPT_FOR_LAST_ERROR:?} \
+                         after its legacy write, whose upstream connection had gone back to \
+                         the pool: the write's outcome is unknown"
+                    ),
+                    "ok": 1.0,
+                }),
+                end: None,
+            };
+        }
+        if request.is_get_last_error {
+            // No legacy write of this client's kept its connection: getLastError reports a
+            // connection's previous request, which on any pooled connection is another
+            // client's (its write errors, duplicate key values included). Answered as mongod
+            // answers one whose previous request was no write.
+            return Acquired::Refused {
+                answer: Some(bson::rawdoc! {"n": 0, "err": bson::RawBson::Null, "ok": 1.0}),
+                end: None,
+            };
         }
         self.balanced_slot = None;
         self.closed_cursor = None;
@@ -606,6 +707,14 @@ impl Strategy for PooledSide {
             }
             _ => {}
         }
+        // A killCursors the server accepted ends the pin (its cursor was killed, or is not
+        // there). One it refused leaves it: another user's killCursors of this cursor
+        // (mongod: Unauthorized) must not move its owner's next getMore elsewhere.
+        if route.kills_cursor && !facts.error {
+            if let Some(id) = route.cursor {
+                pins.unpin_cursor(id);
+            }
+        }
     }
 
     fn exhaust_started(&self) -> Option<ExhaustHeld> {
@@ -630,6 +739,10 @@ impl Strategy for PooledSide {
         }
         match outcome {
             Outcome::Broken => link.discard(),
+            // A legacy write (OP_INSERT/UPDATE/DELETE): its connection waits for the
+            // client's next request, a getLastError that must run where the write ran. (An
+            // OP_MSG moreToCome write goes back at once: a w:0 client that then idles — a
+            // PHP-FPM worker between requests — would hold a pooled connection.)
             Outcome::Sent if route.class() == Class::LegacyWrite && !self.on_kept => {
                 if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
                     old.release();
@@ -638,12 +751,7 @@ impl Strategy for PooledSide {
             Outcome::Sent => link.release(),
             Outcome::Replied => {
                 let pins = &self.pooled.pins;
-                // Killing a cursor ends its pin even when the reply lists it as killed.
-                if route.kills_cursor && self.pooled.topology.is_multi_server() {
-                    if let Some(id) = route.cursor {
-                        pins.unpin_cursor(id);
-                    }
-                }
+                // (A killCursors's pin ends in observe_reply, when the server accepted it.)
                 if route.ends_txn {
                     if let Some(t) = &route.txn {
                         pins.unpin_txn(&self.pin_key(t));

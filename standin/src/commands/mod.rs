@@ -224,6 +224,7 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
                 return Err(e);
             }
             ctx.shared.sessions.begin_or_continue(
+                ctx.conn.user.as_deref(),
                 name,
                 &session,
                 ctx.shared.topology_counter(),
@@ -232,7 +233,7 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
             dispatch(ctx, name, &original, cmd)
         })
     };
-    match res {
+    let reply = match res {
         Ok(mut d) => {
             if !d.contains_key("ok") {
                 d.insert("ok", 1.0);
@@ -240,6 +241,43 @@ pub(crate) fn run(ctx: &mut Ctx, name: &str, cmd: &Document) -> Document {
             d
         }
         Err(e) => e.to_doc(),
+    };
+    // getLastError reports the connection's previous request when it was a write: mongod's
+    // LastError is per client (connection), recorded by the write paths
+    // (src/mongo/db/ops/write_ops_exec.cpp: recordInsert/recordUpdate/recordDelete, and
+    // setLastError in handleError), every request starts a new one (startRequest) and
+    // getLastError answers `{err: null, n: 0}` unless its previous request recorded one
+    // (`getNPrev() != 1`), without counting itself (`disable()`;
+    // src/mongo/db/commands/get_last_error.cpp, src/mongo/db/lasterror.cpp).
+    match name {
+        "getlasterror" | "getlasterr" => {}
+        "insert" | "update" | "delete" => ctx.conn.last_error = Some(last_error_of(&reply)),
+        _ => ctx.conn.last_error = None,
+    }
+    reply
+}
+
+/// What a write's reply leaves for getLastError: its first write error, else its count.
+fn last_error_of(reply: &Document) -> Document {
+    let first_error = match reply.get("writeErrors") {
+        Some(Bson::Array(errors)) => errors.first().and_then(Bson::as_document),
+        _ => None,
+    };
+    match (first_error, reply.get("errmsg")) {
+        (Some(e), _) => doc! {
+            "err": e.get("errmsg").cloned().unwrap_or(Bson::Null),
+            "code": e.get("code").cloned().unwrap_or(Bson::Null),
+            "n": 0,
+        },
+        (None, Some(msg)) => doc! {
+            "err": msg.clone(),
+            "code": reply.get("code").cloned().unwrap_or(Bson::Null),
+            "n": 0,
+        },
+        (None, None) => doc! {
+            "err": Bson::Null,
+            "n": reply.get("n").cloned().unwrap_or(Bson::Int32(0)),
+        },
     }
 }
 
@@ -595,13 +633,22 @@ fn dispatch(ctx: &mut Ctx, name: &str, original: &str, cmd: &Document) -> CmdRes
         "endsessions" | "killsessions" => {
             let command = if name == "endsessions" { "endSessions" } else { "killSessions" };
             let ids = crate::txn::session_ids(command, cmd.values().next())?;
-            ctx.shared.sessions.end(&ids);
+            let user = ctx.conn.user.as_deref();
+            if ids.is_empty() && command == "killSessions" {
+                ctx.shared.sessions.end_all_of(user);
+            } else {
+                ctx.shared.sessions.end(user, &ids);
+            }
             Ok(Document::new())
         }
         "ping" | "collmod" | "committransaction" | "aborttransaction" | "killallsessions"
         | "refreshsessions" | "logout"
         | "resetstats" => Ok(Document::new()),
-        "getlasterror" | "getlasterr" => Ok(doc! {"n": 0, "err": Bson::Null}),
+        "getlasterror" | "getlasterr" => Ok(ctx
+            .conn
+            .last_error
+            .clone()
+            .unwrap_or_else(|| doc! {"n": 0, "err": Bson::Null})),
         "buildinfo" => Ok(admin::build_info(ctx)),
         // MONGODB-CR's first step, a no-op returning a random 64-bit nonce since 4.0 (kept for
         // old Go drivers: mgo sends it on every new connection), removed in 6.2
