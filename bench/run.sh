@@ -6,6 +6,8 @@
 #   loadgen -> haproxy (mode tcp) -> stand-in (haproxy: a plain L4 relay)
 #   loadgen -> tokiorelay -> stand-in         (with TOKIO_RELAY=1: the cheapest Tokio relay,
 #                                              mongoguard's thread layout, inspecting nothing)
+#   loadgen -> mongoguard-pgo -> stand-in     (with PGO=1: mongoguard built by
+#                                              scripts/build-pgo.sh, as the image ships it)
 #
 # Usage: bench/run.sh [extra loadgen args...]
 # Env overrides (defaults in brackets):
@@ -14,6 +16,8 @@
 #     (a busy default port is replaced by the next free one; an explicit busy one is an error)
 #   HAPROXY_NBTHREAD [haproxy's default: one per CPU]
 #   TOKIO_RELAY [0]  TOKIO_RELAY_PORT [27103]: 1 adds the tokiorelay target (bench/src/bin/tokiorelay.rs)
+#   PGO [0]  PGO_PORT [27104]  PGO_BIN [target/pgo/mongoguard]: 1 adds the mongoguard-pgo target,
+#     built by scripts/build-pgo.sh first unless SKIP_BUILD=1 (then PGO_BIN must exist)
 #   MONGOGUARD_ARGS [] extra flags for mongoguard, e.g. "--policy bench/policy-off.toml"
 #   OUT_FILE [docs/benchmarks-latest.md]   RUST_LOG [warn, for the stand-in; mongoguard reads only
 #     --log-level / its config and runs at its default, info, as in production: pass
@@ -45,7 +49,8 @@ shell_words() {
     printf '%s' "${out% }"
 }
 INVOCATION="$(shell_words "DURATION=$DURATION" "WARMUP=$WARMUP" "OPS=$OPS" \
-    "CONCURRENCY=$CONCURRENCY" "DOCS=$DOCS" "TOKIO_RELAY=${TOKIO_RELAY:-0}" bench/run.sh "$@")"
+    "CONCURRENCY=$CONCURRENCY" "DOCS=$DOCS" "TOKIO_RELAY=${TOKIO_RELAY:-0}" "PGO=${PGO:-0}" \
+    bench/run.sh "$@")"
 
 BENCH_NAME=run.sh
 # shellcheck source=bench/common.sh
@@ -65,6 +70,15 @@ if [[ "$TOKIO_RELAY" == 1 ]]; then
     release_binaries mongoguard-standin mongoguard loadgen tokiorelay
 else
     release_binaries mongoguard-standin mongoguard loadgen
+fi
+PGO="${PGO:-0}"
+PGO_BIN="${PGO_BIN:-$ROOT/target/pgo/mongoguard}"
+if [[ "$PGO" == 1 ]]; then
+    if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+        log "building the PGO binary (scripts/build-pgo.sh)"
+        PGO_OUT="$PGO_BIN" bash "$ROOT/scripts/build-pgo.sh"
+    fi
+    [[ -x "$PGO_BIN" ]] || die "missing binary $PGO_BIN (PGO=1; run scripts/build-pgo.sh)"
 fi
 
 PORT_A="$(pick_port "${STANDIN_PORT:-}" 27100)"
@@ -128,6 +142,18 @@ if [[ "$TOKIO_RELAY" == 1 ]]; then
     EXTRA_TARGETS=(--target "tokiorelay=127.0.0.1:$PORT_D" --cpu-pid "tokiorelay=$TOKIORELAY_PID")
     PROCS+=(tokiorelay)
 fi
+if [[ "$PGO" == 1 ]]; then
+    PORT_E="$(pick_port "${PGO_PORT:-}" 27104)"
+    PICKED+=("$PORT_E")
+    # shellcheck disable=SC2086 # MONGOGUARD_ARGS is a list of extra flags
+    "$PGO_BIN" --admin-listen off --listen "127.0.0.1:$PORT_E" --upstream "mongodb://127.0.0.1:$PORT_A" ${MONGOGUARD_ARGS:-} \
+        >"$WORK/pgo.log" 2>&1 &
+    PGO_PID=$!
+    PIDS+=("$PGO_PID")
+    wait_for_port "$PORT_E" "$PGO_PID" pgo || die "mongoguard-pgo did not start"
+    EXTRA_TARGETS+=(--target "mongoguard-pgo=127.0.0.1:$PORT_E" --cpu-pid "mongoguard-pgo=$PGO_PID")
+    PROCS+=(pgo)
+fi
 
 # --- measure -----------------------------------------------------------------
 LOADGEN_ARGS=(
@@ -176,6 +202,9 @@ mkdir -p "$(dirname "$OUT_FILE")"
     echo "- loadgen: \`$LOADGEN_CMD\`"
     if [[ "$TOKIO_RELAY" == 1 ]]; then
         echo "- tokiorelay: bench/src/bin/tokiorelay.rs (copy_bidirectional on $(nproc) current-thread loops, inspects nothing)"
+    fi
+    if [[ "$PGO" == 1 ]]; then
+        echo "- mongoguard-pgo: the same sources built by scripts/build-pgo.sh (profile-guided, fat LTO; what the container image ships), same flags as mongoguard"
     fi
     echo ""
     echo "All processes (loadgen, stand-in, mongoguard, haproxy) share this machine's"
