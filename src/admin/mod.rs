@@ -160,22 +160,40 @@ struct Admin {
 /// The admin API's bearer token: read at start, replaced when SIGHUP reloads
 /// `admin.token_file` ([`AdminToken::reload`]).
 #[derive(Debug, Default)]
-pub(crate) struct AdminToken(std::sync::RwLock<Option<String>>);
+pub(crate) struct AdminToken {
+    token: std::sync::RwLock<Option<String>>,
+    /// Held by a reload from reading the file to installing it: SIGHUP and
+    /// `ProxyHandle::hangup` at once must never leave the older file's token in force.
+    reloading: std::sync::Mutex<()>,
+    #[cfg(test)]
+    after_read: crate::reload_race::AfterRead,
+}
 
 impl AdminToken {
     pub(crate) fn new(token: Option<String>) -> AdminToken {
-        AdminToken(std::sync::RwLock::new(token))
+        AdminToken {
+            token: std::sync::RwLock::new(token),
+            ..AdminToken::default()
+        }
     }
 
     /// Reads `admin.token_file` again (nothing to do without one): `Ok(true)` when the file's
     /// token is now in force; an unreadable or empty file keeps the token in force (`Err`).
+    /// Reloads run one at a time: the last to start reads the file last and wins.
     pub(crate) fn reload(&self, config: &crate::config::AdminConfig) -> Result<bool, String> {
         if config.token_file.is_none() {
             return Ok(false);
         }
-        match config.load_token() {
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let loaded = config.load_token();
+        #[cfg(test)]
+        self.after_read.run();
+        match loaded {
             Ok(Some(token)) => {
-                match self.0.write() {
+                match self.token.write() {
                     Ok(mut g) => *g = Some(token),
                     Err(poisoned) => *poisoned.into_inner() = Some(token),
                 }
@@ -387,7 +405,7 @@ impl Admin {
     /// time. Always true when no token is configured.
     fn authorized(&self, req: &Request<Incoming>, query: &Query<'_>) -> bool {
         use subtle::ConstantTimeEq;
-        let token = match self.token.0.read() {
+        let token = match self.token.token.read() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
@@ -457,5 +475,40 @@ impl<'q> Query<'q> {
 
     fn number(&self, key: &str) -> Option<usize> {
         self.get(key).and_then(|v| v.parse().ok())
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::AdminToken;
+    use std::sync::Arc;
+
+    /// SIGHUP and `ProxyHandle::hangup` at once: each reload of the token file read the file
+    /// and then installed what it read, unserialised, so the one that read the older token
+    /// could install it last, and a revoked token stayed valid. The first reload reads v1
+    /// and is held; the file becomes v2 and a second reload runs; then the first goes on.
+    #[test]
+    fn concurrent_token_reloads_never_install_the_older_file() {
+        let dir = std::env::temp_dir().join(format!("mg-token-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "old-token\n").unwrap();
+        let config = crate::config::AdminConfig {
+            token_file: Some(file.clone()),
+            ..Default::default()
+        };
+        let token = Arc::new(AdminToken::new(config.load_token().unwrap()));
+        let (t, c) = (token.clone(), config.clone());
+        crate::reload_race::two_reloads(
+            &token.after_read,
+            move || t.reload(&c).map(|_| ()),
+            || std::fs::write(&file, "new-token\n").unwrap(),
+        );
+        assert_eq!(
+            token.token.read().unwrap().as_deref(),
+            Some("new-token"),
+            "an older read of the token file was installed over a newer one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -44,6 +44,11 @@ pub(crate) struct Pooled {
     /// The users file in force (replaced whole on SIGHUP).
     users: std::sync::RwLock<Option<Arc<Users>>>,
     users_file: Option<std::path::PathBuf>,
+    /// Held by a users file reload from reading the file to installing it: SIGHUP and
+    /// `ProxyHandle::hangup` / `reload_users` at once must never leave the older file in force.
+    users_reloading: std::sync::Mutex<()>,
+    #[cfg(test)]
+    users_after_read: crate::reload_race::AfterRead,
     pub(crate) identities: Identities,
     pub topology: Arc<Topology>,
     pub pool: Pool<MongoConnector>,
@@ -109,6 +114,9 @@ impl Pooled {
         let pooled = Arc::new(Pooled {
             users: std::sync::RwLock::new(users),
             users_file: config.auth.users_file.clone(),
+            users_reloading: std::sync::Mutex::new(()),
+            #[cfg(test)]
+            users_after_read: Default::default(),
             identities,
             topology,
             pool,
@@ -153,12 +161,19 @@ impl Pooled {
 
     /// Reads the users file again and swaps it in if it is valid (every user mapping to a
     /// configured identity); otherwise the users in force stay. Connections already
-    /// authenticated keep their user. Returns the number of users.
+    /// authenticated keep their user. Returns the number of users. Reloads run one at a
+    /// time: the last to start reads the file last and its users are the ones in force.
     pub(crate) fn reload_users(&self) -> Result<usize, String> {
         let Some(path) = &self.users_file else {
             return Err("no auth.users_file configured".into());
         };
+        let _one_at_a_time = self
+            .users_reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let users = load_users(path, &self.identities)?;
+        #[cfg(test)]
+        self.users_after_read.run();
         let n = users.len();
         *self.users.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(users));
         Ok(n)
@@ -229,5 +244,47 @@ async fn maintain(pooled: Arc<Pooled>) {
             debug!("closing a load-balanced connection whose cursors went unused");
             conn.discard();
         }
+    }
+}
+
+#[cfg(test)]
+mod users_reload_tests {
+
+    /// SIGHUP and `ProxyHandle::hangup` (or `reload_users`) at once: each users file reload
+    /// read the file and then installed what it read, unserialised, so the one that read the
+    /// older file could install it last (a removed user kept logging in, an added one was
+    /// refused). The first reload reads v1 and is held; the file becomes v2 and a second
+    /// reload runs; then the first goes on. v2 must be in force.
+    #[tokio::test]
+    async fn concurrent_users_reloads_never_install_the_older_file() {
+        let dir = std::env::temp_dir().join(format!("mg-users-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("users.toml");
+        crate::auth::users::add(&file, "alice", "pw-alice", "admin").unwrap();
+        let config = crate::config::Config::from_toml_str(
+            &format!(
+                "[proxy]\nmode = \"pooled\"\n[upstream]\nuri = \"mongodb://127.0.0.1:27899\"\n\
+                 [auth]\nusers_file = \"{}\"\n",
+                file.display()
+            ),
+            "t",
+        )
+        .unwrap();
+        let pooled = super::Pooled::start(&config, None).unwrap();
+        assert_eq!(pooled.users().unwrap().len(), 1);
+        let p = pooled.clone();
+        let f = file.clone();
+        crate::reload_race::two_reloads(
+            &pooled.users_after_read,
+            move || p.reload_users().map(|_| ()),
+            move || crate::auth::users::add(&f, "bob", "pw-bob", "admin").unwrap(),
+        );
+        assert_eq!(
+            pooled.users().unwrap().len(),
+            2,
+            "an older read of the users file was installed over a newer one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
