@@ -186,6 +186,8 @@ pub struct UpstreamTls {
     connector: Arc<std::sync::RwLock<tokio_rustls::TlsConnector>>,
     /// Held by a reload from reading the files to installing them (as [`ServerTls`]'s).
     reloading: Arc<std::sync::Mutex<()>>,
+    #[cfg(test)]
+    after_read: Arc<crate::reload_race::AfterRead>,
 }
 
 impl std::fmt::Debug for UpstreamTls {
@@ -277,6 +279,8 @@ impl UpstreamTls {
                 Arc::new(config),
             ))),
             reloading: Arc::default(),
+            #[cfg(test)]
+            after_read: Arc::default(),
         }))
     }
 
@@ -295,6 +299,8 @@ impl UpstreamTls {
         let Some(fresh) = UpstreamTls::from_uri(uri)? else {
             return Ok(false);
         };
+        #[cfg(test)]
+        self.after_read.run();
         let connector = fresh
             .connector
             .read()
@@ -479,6 +485,48 @@ mod tests {
         assert!(
             client.is_ok(),
             "an older read of the certificate was installed over a newer one: {client:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The same race for the upstream side: two reloads of the URI's `tlsCAFile` across a
+    /// rotation of the CA; the connector must trust the newer one.
+    #[tokio::test]
+    async fn concurrent_upstream_reloads_never_install_the_older_ca() {
+        let dir = std::env::temp_dir().join(format!("mg-utls-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        self_signed(&dir);
+        let uri: UpstreamUri = format!(
+            "mongodb://localhost:1/?tls=true&tlsCAFile={}",
+            dir.join("server.crt").display()
+        )
+        .parse()
+        .unwrap();
+        let tls = UpstreamTls::from_uri(&uri).unwrap().unwrap();
+        let (t, u) = (tls.clone(), uri.clone());
+        crate::reload_race::two_reloads(
+            &tls.after_read,
+            move || t.reload(&u).map(|_| ()),
+            || {
+                self_signed(&dir);
+            },
+        );
+        // The server presents v2, the CA file's content now.
+        let server = ServerTls::load(&crate::config::TlsConfig {
+            cert_file: Some(dir.join("server.crt")),
+            key_file: Some(dir.join("server.key")),
+            ..Default::default()
+        })
+        .unwrap();
+        let acceptor = server.acceptor.read().unwrap().clone();
+        let connector = tls.connector.read().unwrap().clone();
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let name = ServerName::try_from("localhost").unwrap();
+        let (client, _server) = tokio::join!(connector.connect(name, a), acceptor.accept(b));
+        assert!(
+            client.is_ok(),
+            "an older read of the upstream CA file was installed over a newer one: {client:?}"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
