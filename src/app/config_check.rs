@@ -43,7 +43,11 @@ pub(crate) struct ConfigCheck {
 
 impl ConfigCheck {
     pub(crate) fn new(source: Option<ConfigSource>, running: Arc<Config>) -> ConfigCheck {
-        let running_files = secret_files(&running);
+        let running_files = if source.is_some() {
+            secret_files(&running)
+        } else {
+            SecretFiles::new()
+        };
         ConfigCheck {
             source,
             running,
