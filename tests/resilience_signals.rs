@@ -364,7 +364,7 @@ fn threads_of(pid: u32) -> Option<usize> {
 #[test]
 fn sigterm_before_the_runtime_exists_exits_promptly_and_cleanly() {
     use std::os::unix::process::ExitStatusExt;
-    const WORKERS: usize = 1500;
+    const WORKERS: usize = 600;
     for sig in ["TERM", "INT"] {
         // A test thread descheduled for the whole build misses the window: tried again.
         let mut child = (0..5)
