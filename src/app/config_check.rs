@@ -39,6 +39,11 @@ pub(crate) struct ConfigCheck {
     /// identity's `password_file`), as they were at start: their content is not in `running`.
     running_files: SecretFiles,
     status: Mutex<ConfigStatus>,
+    /// Held by a check from reading the file to storing what it found: two SIGHUP checks at
+    /// once (a signal and `ProxyHandle::hangup`) must never leave the older file's status.
+    checking: Mutex<()>,
+    #[cfg(test)]
+    after_read: crate::reload_race::AfterRead,
 }
 
 impl ConfigCheck {
@@ -53,6 +58,9 @@ impl ConfigCheck {
             running,
             running_files,
             status: Mutex::new(ConfigStatus::default()),
+            checking: Mutex::new(()),
+            #[cfg(test)]
+            after_read: Default::default(),
         }
     }
 
@@ -75,11 +83,18 @@ impl ConfigCheck {
         let Some(source) = &self.source else {
             return;
         };
+        let _one_at_a_time = self
+            .checking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut status = ConfigStatus {
             checked: Some(SystemTime::now()),
             ..ConfigStatus::default()
         };
-        match source() {
+        let read = source();
+        #[cfg(test)]
+        self.after_read.run();
+        match read {
             Ok(fresh) => {
                 status.changed = differences(&self.running, &fresh);
                 // A secret file's content (same path, new password) is not in the
@@ -286,5 +301,34 @@ mod tests {
             vec!["upstream.identities.app.password_file (content)"]
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// SIGHUP and `ProxyHandle::hangup` at once: each check read the configuration file and
+    /// then stored what it found, unserialised, so the check that read the older file could
+    /// store last: `GET /config` and the restart-pending gauge then described a file no
+    /// longer on disk (a change reported as none, or a reverted one still reported).
+    #[test]
+    fn concurrent_checks_never_store_the_older_file() {
+        let text = Arc::new(Mutex::new(String::new()));
+        let t = text.clone();
+        let source: ConfigSource = Arc::new(move || {
+            let now = t.lock().unwrap().clone();
+            Config::from_toml_str(&now, "t").map_err(|e| e.to_string())
+        });
+        let check = Arc::new(ConfigCheck::new(Some(source), Arc::new(Config::default())));
+        let c = check.clone();
+        crate::reload_race::two_reloads(
+            &check.after_read,
+            move || {
+                c.check();
+                Ok::<(), ()>(())
+            },
+            || *text.lock().unwrap() = "[proxy]\ndrain_timeout = \"5s\"\n".to_owned(),
+        );
+        assert_eq!(
+            check.status().changed,
+            vec!["proxy.drain_timeout"],
+            "an older read of the configuration file was stored over a newer one"
+        );
     }
 }
