@@ -378,9 +378,10 @@ impl ShutdownSignals {
     }
 }
 
-/// SIGTERM and SIGINT caught from the first moment of the process, before the Tokio runtime
-/// exists (whose build starts every worker thread: milliseconds, more on a loaded machine, and
-/// `systemctl stop` or `docker stop` right after the start lands there). Without a handler
+/// SIGTERM and SIGINT caught before the Tokio runtime exists (`main` installs this right
+/// after parsing its arguments; the runtime's build starts every worker thread: milliseconds,
+/// more on a loaded machine, and `systemctl stop` or `docker stop` right after the start
+/// lands there). Without a handler
 /// such a signal took its default action, and as PID 1 in a container the kernel drops it, so
 /// the stop waited for the supervisor's SIGKILL. A handler of `signal_hook::flag` only sets a
 /// flag (async-signal-safe); [`EarlyStop::requested`] reads it once [`ShutdownSignals`] is
