@@ -12,8 +12,11 @@
 //! queued lines to be written, so a stuck standard error never holds the process.
 
 use std::{
-    io::IsTerminal as _,
-    sync::{mpsc, OnceLock},
+    io::{IsTerminal as _, Write},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc, Arc, OnceLock,
+    },
     time::Duration,
 };
 
@@ -35,12 +38,73 @@ pub const DEFAULT_FLUSH_BOUND: Duration = Duration::from_secs(2);
 /// The drop counter of the installed writer (set once, by [`init`]).
 static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 
-/// Log lines dropped since start because the queue to standard error was full. Zero before
-/// [`init`] (and in processes that never call it).
+/// Lines the installed writer could not write (set once, by [`init`]).
+static FAILED: OnceLock<Arc<AtomicU64>> = OnceLock::new();
+
+/// Log lines dropped since start: the queue to standard error was full, or writing a line to
+/// it failed (a full disk under `2>>file`). Zero before [`init`] (and in processes that never
+/// call it).
 pub fn dropped_lines() -> u64 {
-    DROPPED
+    let queue = DROPPED
         .get()
-        .map_or(0, |c| u64::try_from(c.dropped_lines()).unwrap_or(u64::MAX))
+        .map_or(0, |c| u64::try_from(c.dropped_lines()).unwrap_or(u64::MAX));
+    let failed = FAILED.get().map_or(0, |f| f.load(Ordering::Relaxed));
+    queue.saturating_add(failed)
+}
+
+/// The log writer thread's output (standard error). The writer thread of `tracing-appender`
+/// ignores a failed write without a trace (its own TODO says so), so lines lost to a full
+/// disk were counted nowhere; here each failed line is counted in `failed` (and reported as
+/// written, so the thread goes on). A line cut short (part of it went in) makes the next one
+/// start with a newline, so the lines written once space returns are whole.
+struct Counted<W> {
+    inner: W,
+    failed: Arc<AtomicU64>,
+    /// The last write call put only part of its buffer in (`write_all` calls again with the
+    /// rest).
+    partial: bool,
+    /// A line was cut short: a newline goes first.
+    torn: bool,
+}
+
+impl<W: Write> Counted<W> {
+    fn new(inner: W, failed: Arc<AtomicU64>) -> Counted<W> {
+        Counted {
+            inner,
+            failed,
+            partial: false,
+            torn: false,
+        }
+    }
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.torn && !self.partial {
+            if !matches!(self.inner.write(b"\n"), Ok(1)) {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                return Ok(buf.len());
+            }
+            self.torn = false;
+        }
+        match self.inner.write(buf) {
+            Ok(n) => {
+                self.partial = n > 0 && n < buf.len();
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Err(e),
+            Err(_) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                self.torn |= self.partial;
+                self.partial = false;
+                Ok(buf.len())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Errors from [`init`].
@@ -118,11 +182,12 @@ pub fn init(level: &str, format: LogFormat) -> Result<LogGuard, LogError> {
         .then(|| level.parse::<Targets>().ok())
         .flatten();
     let ansi = std::io::stderr().is_terminal();
+    let failed = Arc::new(AtomicU64::new(0));
     let (writer, worker) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(QUEUE_LINES)
         .thread_name("mongoguard-log")
-        .finish(std::io::stderr());
+        .finish(Counted::new(std::io::stderr(), failed.clone()));
     let counter = writer.error_counter();
     let builder = tracing_subscriber::fmt()
         .with_ansi(ansi)
@@ -160,6 +225,7 @@ pub fn init(level: &str, format: LogFormat) -> Result<LogGuard, LogError> {
     installed.map_err(LogError::Install)?;
     // Only the first successful init gets here (a second try_init fails above).
     let _ = DROPPED.set(counter);
+    let _ = FAILED.set(failed);
     Ok(LogGuard {
         worker: Some(worker),
     })
@@ -237,6 +303,91 @@ mod tests {
         let took = start.elapsed();
         assert!(took < Duration::from_secs(2), "{took:?}");
         stuck.release();
+    }
+
+    /// Standard error on a full disk (`2>>/var/log/mongoguard.log`): every write fails with
+    /// ENOSPC, some after part of a line went in. tracing-appender's writer thread ignores
+    /// the error, so the lines were lost without a count (mongoguard_log_lines_dropped_total
+    /// stayed 0), and the first line after space returned was glued to a fragment. Each lost
+    /// line is counted now, and the lines written once space returns are whole.
+    #[test]
+    fn a_full_disk_under_standard_error_counts_the_lost_lines() {
+        /// Takes `room` bytes, then fails with ENOSPC until `room` is raised again.
+        #[derive(Clone, Default)]
+        struct Disk(Arc<Mutex<(Vec<u8>, usize)>>);
+        impl Write for Disk {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                let mut d = self.0.lock().unwrap();
+                let room = d.1.saturating_sub(d.0.len());
+                if room == 0 {
+                    return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                let n = room.min(buf.len());
+                d.0.extend_from_slice(&buf[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let disk = Disk::default();
+        disk.0.lock().unwrap().1 = 250;
+        let failed = Arc::new(AtomicU64::new(0));
+        let (writer, worker) = NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(QUEUE_LINES)
+            .finish(Counted::new(disk.clone(), failed.clone()));
+        let counter = writer.error_counter();
+        let dispatch = tracing::Dispatch::new(
+            tracing_subscriber::fmt()
+                .with_writer(writer)
+                .with_ansi(false)
+                .finish(),
+        );
+        tracing::dispatcher::with_default(&dispatch, || {
+            for i in 0..20 {
+                tracing::info!(i, "a line on a full disk");
+            }
+        });
+        // Every line has reached the writer thread before space returns (bounded wait).
+        let whole_lines = || {
+            disk.0
+                .lock()
+                .unwrap()
+                .0
+                .iter()
+                .filter(|b| **b == b'\n')
+                .count()
+        };
+        let start = Instant::now();
+        while failed.load(Ordering::Relaxed) + (whole_lines() as u64) < 20
+            && start.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let kept = disk.0.lock().unwrap().0.len();
+        disk.0.lock().unwrap().1 = usize::MAX;
+        tracing::dispatcher::with_default(&dispatch, || {
+            tracing::info!("space is back");
+        });
+        drop(dispatch);
+        LogGuard {
+            worker: Some(worker),
+        }
+        .flush(Duration::from_secs(10));
+        let text = String::from_utf8_lossy(&disk.0.lock().unwrap().0).into_owned();
+        let whole = text.get(..kept).unwrap_or_default().matches('\n').count() as u64;
+        assert_eq!(counter.dropped_lines(), 0, "the queue never filled");
+        assert_eq!(
+            failed.load(Ordering::Relaxed),
+            20 - whole,
+            "lines lost to the full disk, not counted: {text}"
+        );
+        let last = text.lines().last().unwrap_or_default();
+        assert!(
+            last.contains("space is back") && !last.contains("a line on a full disk"),
+            "the first line after space returned is not whole: {last:?}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mongoguard::{
-    app::{ConfigSource, Proxy, ShutdownSignals},
+    app::{ConfigSource, EarlyStop, Proxy, ShutdownSignals},
     check::{Checker, Format},
     config::{Config, LogFormat},
     logging::LogGuard,
@@ -311,6 +311,10 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         println!("# mongoguard: configuration OK; effective values, secrets masked\n{text}");
         return Ok(ExitCode::SUCCESS);
     }
+    // Before the runtime exists (its build starts every worker thread): a SIGTERM or SIGINT
+    // from here on stops the process cleanly instead of killing it (or, as PID 1 in a
+    // container, being dropped by the kernel). Read once the runtime's handlers are in.
+    let early = EarlyStop::install();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -325,6 +329,16 @@ fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         let _in_runtime = runtime.enter();
         ShutdownSignals::install().context("installing the signal handlers")?
     };
+    if early.requested() {
+        // Nothing read, nothing served; the log does not exist yet.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "mongoguard: stop requested during the start; exiting before serving"
+        );
+        runtime.shutdown_timeout(RUNTIME_SHUTDOWN_BOUND);
+        return Ok(ExitCode::SUCCESS);
+    }
     let config = load_config(args)?;
     let log = init_logging(&config)?;
     let result = runtime.block_on(async move {

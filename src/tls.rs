@@ -83,6 +83,11 @@ fn roots(certs: Vec<CertificateDer<'static>>, path: &Path) -> Result<RootCertSto
 #[derive(Clone)]
 pub struct ServerTls {
     acceptor: Arc<std::sync::RwLock<tokio_rustls::TlsAcceptor>>,
+    /// Held by a reload from reading the files to installing them: SIGHUP and
+    /// `ProxyHandle::hangup` at once must never leave the older certificate in force.
+    reloading: Arc<std::sync::Mutex<()>>,
+    #[cfg(test)]
+    after_read: Arc<crate::reload_race::AfterRead>,
     timeout: Duration,
 }
 
@@ -124,6 +129,9 @@ impl ServerTls {
             acceptor: Arc::new(std::sync::RwLock::new(tokio_rustls::TlsAcceptor::from(
                 Arc::new(config),
             ))),
+            reloading: Arc::default(),
+            #[cfg(test)]
+            after_read: Arc::default(),
             timeout: cfg.handshake_timeout,
         })
     }
@@ -131,8 +139,15 @@ impl ServerTls {
     /// Reads the certificate chain, key and client CA again (SIGHUP: a rotation on disk)
     /// and serves them to the next handshakes; an unreadable or invalid set is refused and
     /// the one in force stays.
+    /// Reloads run one at a time: the last to start reads the files last and wins.
     pub fn reload(&self, cfg: &crate::config::TlsConfig) -> Result<(), TlsError> {
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let fresh = ServerTls::load(cfg)?;
+        #[cfg(test)]
+        self.after_read.run();
         let acceptor = fresh
             .acceptor
             .read()
@@ -169,6 +184,10 @@ impl ServerTls {
 #[derive(Clone)]
 pub struct UpstreamTls {
     connector: Arc<std::sync::RwLock<tokio_rustls::TlsConnector>>,
+    /// Held by a reload from reading the files to installing them (as [`ServerTls`]'s).
+    reloading: Arc<std::sync::Mutex<()>>,
+    #[cfg(test)]
+    after_read: Arc<crate::reload_race::AfterRead>,
 }
 
 impl std::fmt::Debug for UpstreamTls {
@@ -259,6 +278,9 @@ impl UpstreamTls {
             connector: Arc::new(std::sync::RwLock::new(tokio_rustls::TlsConnector::from(
                 Arc::new(config),
             ))),
+            reloading: Arc::default(),
+            #[cfg(test)]
+            after_read: Arc::default(),
         }))
     }
 
@@ -270,9 +292,15 @@ impl UpstreamTls {
         if uri.option("tlsCAFile").is_none() && uri.option("tlsCertificateKeyFile").is_none() {
             return Ok(false);
         }
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(fresh) = UpstreamTls::from_uri(uri)? else {
             return Ok(false);
         };
+        #[cfg(test)]
+        self.after_read.run();
         let connector = fresh
             .connector
             .read()
@@ -403,5 +431,103 @@ mod tests {
         let e = tls("mongodb+srv://c.example.com/?tls=false&tlsAllowInvalidHostnames=true")
             .unwrap_err();
         assert!(e.to_string().contains("TLS is off"), "{e}");
+    }
+
+    /// A new self-signed certificate for `localhost` written over `dir/server.crt` and
+    /// `dir/server.key`; returns the certificate.
+    fn self_signed(dir: &Path) -> CertificateDer<'static> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+        cert.der().clone()
+    }
+
+    /// SIGHUP and `ProxyHandle::hangup` at once: each TLS reload read the certificate and
+    /// key and then installed them, unserialised, so the one that read the older pair could
+    /// install it last and a rotated-out (say, compromised) certificate stayed in service.
+    /// The first reload reads v1 and is held; the files become v2 and a second reload runs;
+    /// then the first goes on. A client trusting only v2 must complete a handshake.
+    #[tokio::test]
+    async fn concurrent_server_reloads_never_install_the_older_certificate() {
+        let dir = std::env::temp_dir().join(format!("mg-tls-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        self_signed(&dir);
+        let cfg = crate::config::TlsConfig {
+            cert_file: Some(dir.join("server.crt")),
+            key_file: Some(dir.join("server.key")),
+            ..Default::default()
+        };
+        let tls = ServerTls::load(&cfg).unwrap();
+        let mut v2 = None;
+        let (t, c) = (tls.clone(), cfg.clone());
+        crate::reload_race::two_reloads(
+            &tls.after_read,
+            move || t.reload(&c),
+            || v2 = Some(self_signed(&dir)),
+        );
+        let mut roots = RootCertStore::empty();
+        roots.add(v2.unwrap()).unwrap();
+        let client = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let acceptor = tls.acceptor.read().unwrap().clone();
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let name = ServerName::try_from("localhost").unwrap();
+        let (client, _server) = tokio::join!(connector.connect(name, a), acceptor.accept(b));
+        assert!(
+            client.is_ok(),
+            "an older read of the certificate was installed over a newer one: {client:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The same race for the upstream side: two reloads of the URI's `tlsCAFile` across a
+    /// rotation of the CA; the connector must trust the newer one.
+    #[tokio::test]
+    async fn concurrent_upstream_reloads_never_install_the_older_ca() {
+        let dir = std::env::temp_dir().join(format!("mg-utls-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        self_signed(&dir);
+        let uri: UpstreamUri = format!(
+            "mongodb://localhost:1/?tls=true&tlsCAFile={}",
+            dir.join("server.crt").display()
+        )
+        .parse()
+        .unwrap();
+        let tls = UpstreamTls::from_uri(&uri).unwrap().unwrap();
+        let (t, u) = (tls.clone(), uri.clone());
+        crate::reload_race::two_reloads(
+            &tls.after_read,
+            move || t.reload(&u).map(|_| ()),
+            || {
+                self_signed(&dir);
+            },
+        );
+        // The server presents v2, the CA file's content now.
+        let server = ServerTls::load(&crate::config::TlsConfig {
+            cert_file: Some(dir.join("server.crt")),
+            key_file: Some(dir.join("server.key")),
+            ..Default::default()
+        })
+        .unwrap();
+        let acceptor = server.acceptor.read().unwrap().clone();
+        let connector = tls.connector.read().unwrap().clone();
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let name = ServerName::try_from("localhost").unwrap();
+        let (client, _server) = tokio::join!(connector.connect(name, a), acceptor.accept(b));
+        assert!(
+            client.is_ok(),
+            "an older read of the upstream CA file was installed over a newer one: {client:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

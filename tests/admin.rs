@@ -1466,3 +1466,45 @@ async fn sighup_reloads_the_admin_token_file_and_keeps_it_when_the_new_one_is_br
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// A burst of slowloris connections (each sends part of a request's headers and nothing
+/// more), hundreds past the cap: every connection past it closed the oldest idle one and then
+/// queued for a slot behind all the earlier ones, and a probe arriving right after the burst
+/// waited behind that backlog and was closed after 1 s without an answer (`/healthz` failing:
+/// a liveness probe restarting a healthy proxy). A probe must be answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_slowloris_connections_cannot_lock_out_the_probes() {
+    let standin = StandIn::start(StandInConfig::default()).await.unwrap();
+    let proxy = start(&standin, |_| {}).await;
+    let admin = proxy.admin_addr().unwrap();
+    let mut answers = Vec::new();
+    for round in 0..3 {
+        let burst = std::thread::spawn(move || {
+            use std::io::Write as _;
+            let mut held = Vec::new();
+            for _ in 0..600 {
+                if let Ok(mut s) = std::net::TcpStream::connect(admin) {
+                    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+                    held.push(s);
+                }
+            }
+            held
+        });
+        let held = tokio::task::spawn_blocking(move || burst.join().unwrap())
+            .await
+            .unwrap();
+        for path in ["/healthz", "/readyz"] {
+            answers.push((round, path, try_get(admin, path).await));
+        }
+        drop(held);
+    }
+    for (round, path, answer) in answers {
+        assert_eq!(
+            answer,
+            Ok(200),
+            "{path} right after burst {round} of slowloris connections"
+        );
+    }
+    proxy.shutdown().await;
+    standin.shutdown().await;
+}

@@ -345,6 +345,73 @@ async fn sigterm_or_sigint_while_starting_exits_promptly_and_cleanly() {
     }
 }
 
+/// The number of threads of process `pid` (`Threads:` in /proc/PID/status), `None` once gone.
+fn threads_of(pid: u32) -> Option<usize> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// `docker stop` (mongoguard as PID 1) or `systemctl stop` right after the start, before the
+/// Tokio runtime exists: the SIGTERM and SIGINT handlers were installed only once the runtime
+/// was built, so a signal in that window took its default action (killed the process; as PID
+/// 1 the kernel drops it, and the stop waited for the supervisor's SIGKILL). The window is
+/// widened here with `TOKIO_WORKER_THREADS` (the runtime's build starts every worker thread):
+/// the signal is sent while the process has its first threads and not yet all of them, that
+/// is while the runtime is being built. It must end the process promptly with status 0.
+#[test]
+fn sigterm_before_the_runtime_exists_exits_promptly_and_cleanly() {
+    use std::os::unix::process::ExitStatusExt;
+    const WORKERS: usize = 600;
+    for sig in ["TERM", "INT"] {
+        // A test thread descheduled for the whole build misses the window: tried again.
+        let mut child = (0..5)
+            .find_map(|_| {
+                let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_mongoguard"))
+                    .args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
+                    .env("TOKIO_WORKER_THREADS", WORKERS.to_string())
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                // Bounded: the runtime's build starts within seconds on any machine.
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                let mut seen = 0;
+                while std::time::Instant::now() < deadline && seen < 4 {
+                    seen = threads_of(child.id()).unwrap_or(0);
+                    std::thread::yield_now();
+                }
+                if (4..WORKERS / 2).contains(&seen) {
+                    return Some(child);
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                None
+            })
+            .unwrap_or_else(|| panic!("SIG{sig}: the runtime's build was never caught under way"));
+        send_signal(&child, sig);
+        let status = exit_within(&mut child, Duration::from_secs(20));
+        let _ = child.kill();
+        let _ = child.wait();
+        let status = status
+            .unwrap_or_else(|| panic!("SIG{sig} before the runtime: still running after 20 s"));
+        assert_eq!(
+            status.signal(),
+            None,
+            "SIG{sig} before the runtime existed killed mongoguard instead of stopping it \
+             ({status})"
+        );
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "SIG{sig} before the runtime: {status}"
+        );
+    }
+}
+
 /// The admin listener's address from its "admin listener up" line (`listen` is
 /// `Some(host:port)` there).
 fn admin_addr(bin: &Binary) -> Option<std::net::SocketAddr> {

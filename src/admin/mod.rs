@@ -74,11 +74,10 @@ const STATUS_HTML: &str = include_str!("status.html");
 /// A request's headers must arrive within this long (slow clients cannot hold sockets).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Admin connections open at once (scrapers and a status page need a handful). A connection
-/// beyond it closes the oldest one that is idle (no request being answered), so clients that
-/// connect and send nothing cannot keep the probes out; when every one is busy, it is closed.
+/// beyond it closes the oldest one that is idle (no request being answered) and takes its
+/// slot at once, so clients that connect and send nothing cannot keep the probes out; when
+/// every one is busy, it is closed.
 const MAX_CONNECTIONS: usize = 64;
-/// How long a new connection waits for the slot of the idle one it closed.
-const EVICT_WAIT: Duration = Duration::from_secs(1);
 
 /// The open admin connections, oldest first: whether each is answering a request, and how
 /// to close it.
@@ -92,6 +91,11 @@ struct OpenConn {
     id: u64,
     busy: Arc<std::sync::atomic::AtomicBool>,
     close: CancellationToken,
+    /// The connection's slot, held here (not by its task) so that evicting it hands the slot
+    /// to the new connection directly. (Given back to the semaphore instead, it went to the
+    /// oldest connection queued for one: after a burst of slowloris connections a probe
+    /// waited behind the attacker's backlog and was closed unanswered.)
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Open {
@@ -101,7 +105,12 @@ impl Open {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn register(&self) -> (u64, Arc<std::sync::atomic::AtomicBool>, CancellationToken) {
+    /// A new connection holding `slot`, registered when accepted (before its task runs, so
+    /// it can be evicted from the start).
+    fn register(
+        &self,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> (u64, Arc<std::sync::atomic::AtomicBool>, CancellationToken) {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let close = CancellationToken::new();
@@ -109,6 +118,7 @@ impl Open {
             id,
             busy: busy.clone(),
             close: close.clone(),
+            _slot: slot,
         });
         (id, busy, close)
     }
@@ -117,21 +127,16 @@ impl Open {
         self.list().retain(|c| c.id != id);
     }
 
-    /// Closes the oldest connection not answering a request (taking it off the list); false
-    /// when every one is busy.
-    fn evict_oldest_idle(&self) -> bool {
+    /// Closes the oldest connection not answering a request (taking it off the list) and
+    /// returns its slot; `None` when every one is busy.
+    fn evict_oldest_idle(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let mut list = self.list();
         let idle = list
             .iter()
-            .position(|c| !c.busy.load(std::sync::atomic::Ordering::Acquire));
-        match idle {
-            Some(i) => {
-                let c = list.remove(i);
-                c.close.cancel();
-                true
-            }
-            None => false,
-        }
+            .position(|c| !c.busy.load(std::sync::atomic::Ordering::Acquire))?;
+        let c = list.remove(idle);
+        c.close.cancel();
+        Some(c._slot)
     }
 }
 
@@ -160,22 +165,40 @@ struct Admin {
 /// The admin API's bearer token: read at start, replaced when SIGHUP reloads
 /// `admin.token_file` ([`AdminToken::reload`]).
 #[derive(Debug, Default)]
-pub(crate) struct AdminToken(std::sync::RwLock<Option<String>>);
+pub(crate) struct AdminToken {
+    token: std::sync::RwLock<Option<String>>,
+    /// Held by a reload from reading the file to installing it: SIGHUP and
+    /// `ProxyHandle::hangup` at once must never leave the older file's token in force.
+    reloading: std::sync::Mutex<()>,
+    #[cfg(test)]
+    after_read: crate::reload_race::AfterRead,
+}
 
 impl AdminToken {
     pub(crate) fn new(token: Option<String>) -> AdminToken {
-        AdminToken(std::sync::RwLock::new(token))
+        AdminToken {
+            token: std::sync::RwLock::new(token),
+            ..AdminToken::default()
+        }
     }
 
     /// Reads `admin.token_file` again (nothing to do without one): `Ok(true)` when the file's
     /// token is now in force; an unreadable or empty file keeps the token in force (`Err`).
+    /// Reloads run one at a time: the last to start reads the file last and wins.
     pub(crate) fn reload(&self, config: &crate::config::AdminConfig) -> Result<bool, String> {
         if config.token_file.is_none() {
             return Ok(false);
         }
-        match config.load_token() {
+        let _one_at_a_time = self
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let loaded = config.load_token();
+        #[cfg(test)]
+        self.after_read.run();
+        match loaded {
             Ok(Some(token)) => {
-                match self.0.write() {
+                match self.token.write() {
                     Ok(mut g) => *g = Some(token),
                     Err(poisoned) => *poisoned.into_inner() = Some(token),
                 }
@@ -219,10 +242,14 @@ pub(crate) async fn serve(
                 }
             }
         };
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => Some(slot),
-            Err(_) if open.evict_oldest_idle() => None,
-            Err(_) => {
+        let slot = match slots
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .or_else(|| open.evict_oldest_idle())
+        {
+            Some(slot) => slot,
+            None => {
                 warn!(
                     limit = MAX_CONNECTIONS,
                     "too many admin connections, every one answering a request; closing a new one"
@@ -231,17 +258,10 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let (admin, open, slots, stop) = (admin.clone(), open.clone(), slots.clone(), stop.clone());
+        let registered = open.register(slot);
+        let (admin, open, stop) = (admin.clone(), open.clone(), stop.clone());
         tracker.spawn(async move {
-            let slot = match slot {
-                Some(slot) => slot,
-                // The evicted connection's task gives its slot back as it ends.
-                None => match tokio::time::timeout(EVICT_WAIT, slots.acquire_owned()).await {
-                    Ok(Ok(slot)) => slot,
-                    _ => return,
-                },
-            };
-            connection(admin, stream, slot, &open, stop).await;
+            connection(admin, stream, registered, &open, stop).await;
         });
     }
     tracker.close();
@@ -254,12 +274,10 @@ pub(crate) async fn serve(
 async fn connection(
     admin: Arc<Admin>,
     stream: tokio::net::TcpStream,
-    slot: tokio::sync::OwnedSemaphorePermit,
+    (id, busy, evicted): (u64, Arc<std::sync::atomic::AtomicBool>, CancellationToken),
     open: &Open,
     stop: CancellationToken,
 ) {
-    let _slot = slot;
-    let (id, busy, evicted) = open.register();
     let service = service_fn(move |req| {
         let admin = admin.clone();
         let busy = busy.clone();
@@ -387,7 +405,7 @@ impl Admin {
     /// time. Always true when no token is configured.
     fn authorized(&self, req: &Request<Incoming>, query: &Query<'_>) -> bool {
         use subtle::ConstantTimeEq;
-        let token = match self.token.0.read() {
+        let token = match self.token.token.read() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
@@ -457,5 +475,40 @@ impl<'q> Query<'q> {
 
     fn number(&self, key: &str) -> Option<usize> {
         self.get(key).and_then(|v| v.parse().ok())
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::AdminToken;
+    use std::sync::Arc;
+
+    /// SIGHUP and `ProxyHandle::hangup` at once: each reload of the token file read the file
+    /// and then installed what it read, unserialised, so the one that read the older token
+    /// could install it last, and a revoked token stayed valid. The first reload reads v1
+    /// and is held; the file becomes v2 and a second reload runs; then the first goes on.
+    #[test]
+    fn concurrent_token_reloads_never_install_the_older_file() {
+        let dir = std::env::temp_dir().join(format!("mg-token-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "old-token\n").unwrap();
+        let config = crate::config::AdminConfig {
+            token_file: Some(file.clone()),
+            ..Default::default()
+        };
+        let token = Arc::new(AdminToken::new(config.load_token().unwrap()));
+        let (t, c) = (token.clone(), config.clone());
+        crate::reload_race::two_reloads(
+            &token.after_read,
+            move || t.reload(&c).map(|_| ()),
+            || std::fs::write(&file, "new-token\n").unwrap(),
+        );
+        assert_eq!(
+            token.token.read().unwrap().as_deref(),
+            Some("new-token"),
+            "an older read of the token file was installed over a newer one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -31,7 +31,7 @@ use crate::{
 
 pub use config_check::ConfigSource;
 pub(crate) use config_check::ConfigStatus;
-pub use reload::{wait_for_signal, ShutdownSignals};
+pub use reload::{wait_for_signal, EarlyStop, ShutdownSignals};
 
 /// How long shutdown waits for sessions after killing them, and for the admin listener and
 /// the audit writer, before it ends anyway.

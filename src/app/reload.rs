@@ -378,6 +378,57 @@ impl ShutdownSignals {
     }
 }
 
+/// SIGTERM and SIGINT caught before the Tokio runtime exists (`main` installs this right
+/// after parsing its arguments; the runtime's build starts every worker thread: milliseconds,
+/// more on a loaded machine, and `systemctl stop` or `docker stop` right after the start
+/// lands there). Without a handler
+/// such a signal took its default action, and as PID 1 in a container the kernel drops it, so
+/// the stop waited for the supervisor's SIGKILL. A handler of `signal_hook::flag` only sets a
+/// flag (async-signal-safe); [`EarlyStop::requested`] reads it once [`ShutdownSignals`] is
+/// installed, which catches every later signal. SIGHUP is caught too (its default action
+/// kills; the start reads everything a reload would).
+#[derive(Debug)]
+pub struct EarlyStop {
+    #[cfg(unix)]
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EarlyStop {
+    /// Installs the handlers (replacing the default actions for the whole process). Needs no
+    /// runtime. A handler that cannot be installed is said on standard error (nothing else
+    /// exists yet), and the start goes on as before.
+    pub fn install() -> EarlyStop {
+        #[cfg(unix)]
+        {
+            use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let hup = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for (sig, flag) in [(SIGTERM, &stop), (SIGINT, &stop), (SIGHUP, &hup)] {
+                if let Err(e) = signal_hook::flag::register(sig, flag.clone()) {
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "mongoguard: cannot install the handler of signal {sig}: {e}"
+                    );
+                }
+            }
+            EarlyStop { stop }
+        }
+        #[cfg(not(unix))]
+        EarlyStop {}
+    }
+
+    /// Whether a SIGTERM or SIGINT has arrived since [`EarlyStop::install`].
+    pub fn requested(&self) -> bool {
+        #[cfg(unix)]
+        {
+            self.stop.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        #[cfg(not(unix))]
+        false
+    }
+}
+
 /// Waits for SIGTERM or SIGINT (handlers installed now).
 pub async fn wait_for_signal() -> std::io::Result<()> {
     ShutdownSignals::install()?.recv().await;

@@ -317,7 +317,8 @@ fn reloads_and_log(
         encoder,
         "mongoguard_log_lines_dropped",
         "Log lines dropped because the queue to standard error was full (a slow or \
-         unread standard error); requests never wait for the log",
+         unread standard error) or writing them failed (a full disk); requests never wait \
+         for the log",
         crate::logging::dropped_lines(),
     )?;
     let lost = s.audit_lost;

@@ -48,6 +48,11 @@ pub(crate) struct Pooled {
     /// [`strategy::PooledSide`]'s `recheck_user`).
     users_generation: std::sync::atomic::AtomicU64,
     users_file: Option<std::path::PathBuf>,
+    /// Held by a users file reload from reading the file to installing it: SIGHUP and
+    /// `ProxyHandle::hangup` / `reload_users` at once must never leave the older file in force.
+    users_reloading: std::sync::Mutex<()>,
+    #[cfg(test)]
+    users_after_read: crate::reload_race::AfterRead,
     pub(crate) identities: Identities,
     pub topology: Arc<Topology>,
     pub pool: Pool<MongoConnector>,
@@ -114,6 +119,9 @@ impl Pooled {
             users: std::sync::RwLock::new(users),
             users_generation: std::sync::atomic::AtomicU64::new(0),
             users_file: config.auth.users_file.clone(),
+            users_reloading: std::sync::Mutex::new(()),
+            #[cfg(test)]
+            users_after_read: Default::default(),
             identities,
             topology,
             pool,
@@ -168,11 +176,19 @@ impl Pooled {
     /// as a user the new file no longer holds is refused from its next request on (as mongod
     /// drops a removed user from its connections); one whose user now maps to another
     /// identity runs as that one from its next request on. Returns the number of users.
+    /// Reloads run one at a time: the last to start reads the file last and its users are
+    /// the ones in force.
     pub(crate) fn reload_users(&self) -> Result<usize, String> {
         let Some(path) = &self.users_file else {
             return Err("no auth.users_file configured".into());
         };
+        let _one_at_a_time = self
+            .users_reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let users = load_users(path, &self.identities)?;
+        #[cfg(test)]
+        self.users_after_read.run();
         let n = users.len();
         let mut slot = self.users.write().unwrap_or_else(PoisonError::into_inner);
         *slot = Some(Arc::new(users));
@@ -248,5 +264,47 @@ async fn maintain(pooled: Arc<Pooled>) {
             debug!("closing a load-balanced connection whose cursors went unused");
             conn.discard();
         }
+    }
+}
+
+#[cfg(test)]
+mod users_reload_tests {
+
+    /// SIGHUP and `ProxyHandle::hangup` (or `reload_users`) at once: each users file reload
+    /// read the file and then installed what it read, unserialised, so the one that read the
+    /// older file could install it last (a removed user kept logging in, an added one was
+    /// refused). The first reload reads v1 and is held; the file becomes v2 and a second
+    /// reload runs; then the first goes on. v2 must be in force.
+    #[tokio::test]
+    async fn concurrent_users_reloads_never_install_the_older_file() {
+        let dir = std::env::temp_dir().join(format!("mg-users-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("users.toml");
+        crate::auth::users::add(&file, "alice", "pw-alice", "admin").unwrap();
+        let config = crate::config::Config::from_toml_str(
+            &format!(
+                "[proxy]\nmode = \"pooled\"\n[upstream]\nuri = \"mongodb://127.0.0.1:27899\"\n\
+                 [auth]\nusers_file = \"{}\"\n",
+                file.display()
+            ),
+            "t",
+        )
+        .unwrap();
+        let pooled = super::Pooled::start(&config, None).unwrap();
+        assert_eq!(pooled.users().unwrap().len(), 1);
+        let p = pooled.clone();
+        let f = file.clone();
+        crate::reload_race::two_reloads(
+            &pooled.users_after_read,
+            move || p.reload_users().map(|_| ()),
+            move || crate::auth::users::add(&f, "bob", "pw-bob", "admin").unwrap(),
+        );
+        assert_eq!(
+            pooled.users().unwrap().len(),
+            2,
+            "an older read of the users file was installed over a newer one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
