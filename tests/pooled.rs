@@ -1141,11 +1141,17 @@ async fn get_last_error_never_reports_another_clients_write() {
     proxy.shutdown().await;
 }
 
-/// A legacy write's getLastError runs on the connection the write ran on (mongod 5.0, which
-/// still serves the legacy opcodes), and reports it; another client's getLastError never
-/// gets that connection's report.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_legacy_writes_get_last_error_reports_that_write_only() {
+/// Two unauthenticated legacy clients of a pooled mongoguard with one upstream connection,
+/// in front of a mongod 5.0 stand-in (the last to serve the legacy opcodes); `checkout`:
+/// the pool's checkout timeout, when the test needs it set.
+async fn legacy_clients_on_one_connection(
+    checkout: Option<Duration>,
+) -> (
+    StandIn,
+    ProxyHandle,
+    support::guard::WireConn,
+    support::guard::WireConn,
+) {
     use support::guard::WireConn;
     let standin = StandIn::start(StandInConfig {
         users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
@@ -1154,17 +1160,26 @@ async fn a_legacy_writes_get_last_error_reports_that_write_only() {
     })
     .await
     .unwrap();
-    let proxy = proxy(
-        &standin,
-        Setup {
-            pool_size: 1,
-            unauthenticated: true,
-            ..Setup::default()
-        },
-    )
-    .await;
-    let (mut a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
-    let (mut b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let mut setup = Setup {
+        pool_size: 1,
+        unauthenticated: true,
+        ..Setup::default()
+    };
+    if let Some(t) = checkout {
+        setup.checkout_timeout = t;
+    }
+    let proxy = proxy(&standin, setup).await;
+    let (a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    let (b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    (standin, proxy, a, b)
+}
+
+/// A legacy write's getLastError runs on the connection the write ran on (mongod 5.0, which
+/// still serves the legacy opcodes), and reports it; another client's getLastError never
+/// gets that connection's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_writes_get_last_error_reports_that_write_only() {
+    let (_standin, proxy, mut a, mut b) = legacy_clients_on_one_connection(None).await;
     let doc = bson::rawdoc! {"_id": "victim@example.com"};
     a.legacy_insert("pooled.legacy", &[&doc]).await;
     let r = a.get_last_error("pooled").await;
@@ -1191,27 +1206,9 @@ async fn a_legacy_writes_get_last_error_reports_that_write_only() {
 /// is unknown (never "no error").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_legacy_writer_does_not_hold_the_pool() {
-    use support::guard::WireConn;
-    let standin = StandIn::start(StandInConfig {
-        users: vec![(UPSTREAM_USER.0.into(), UPSTREAM_USER.1.into())],
-        wire_version: 13,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let proxy = proxy(
-        &standin,
-        Setup {
-            pool_size: 1,
-            // Far longer than the kept connection's wait: B's find must not need it.
-            checkout_timeout: Duration::from_secs(20),
-            unauthenticated: true,
-            ..Setup::default()
-        },
-    )
-    .await;
-    let (mut a, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
-    let (mut b, _) = WireConn::connect_hello(proxy.local_addr(), &[]).await;
+    // Far longer than the kept connection's wait: B's find must not need it.
+    let (_standin, proxy, mut a, mut b) =
+        legacy_clients_on_one_connection(Some(Duration::from_secs(20))).await;
     a.legacy_insert("pooled.idle", &[&bson::rawdoc! {"x": 1}])
         .await;
     // A holds the only connection once its write went out; B's find waits for it to go
