@@ -435,6 +435,26 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
     rs.shutdown().await;
 }
 
+/// Two stand-ins with both upstream identities' users (two mongos in front of one cluster),
+/// and a pooled mongoguard in front of both (`tag`: its users file's name), checking their
+/// health every 200 ms.
+async fn two_servers_two_identities(tag: &str) -> (StandIn, StandIn, ProxyHandle) {
+    let users = support::identities::upstream_users();
+    let start = || {
+        StandIn::start(StandInConfig {
+            users: users.clone(),
+            ..StandInConfig::default()
+        })
+    };
+    let (a, b) = (start().await.unwrap(), start().await.unwrap());
+    let mut cfg =
+        support::identities::pooled_config(&format!("{},{}", a.addr(), b.addr()), "", tag, 4);
+    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    (a, b, proxy)
+}
+
 /// A transaction's server pin (several upstream servers: mongoguard remembers which one a
 /// transaction started on) is kept per session id *and* identity. mongod keys a session by
 /// its id and its user's digest (`makeLogicalSessionId`,
@@ -445,23 +465,7 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
 /// the two sessions apart too: see `end_sessions_of_one_identity_leave_another_identitys_session`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
-    let users = support::identities::upstream_users();
-    let start = || {
-        StandIn::start(StandInConfig {
-            users: users.clone(),
-            ..StandInConfig::default()
-        })
-    };
-    let (a, b) = (start().await.unwrap(), start().await.unwrap());
-    let mut cfg = support::identities::pooled_config(
-        &format!("{},{}", a.addr(), b.addr()),
-        "",
-        "pin-identity",
-        4,
-    );
-    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
-    cfg.validate().unwrap();
-    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (_a, _b, proxy) = two_servers_two_identities("pin-identity").await;
     let addr = proxy.local_addr();
     let (mut alice, mut mallory) = support::identities::connect_both(addr).await;
     let lsid = support::identities::lsid(9);
@@ -510,23 +514,7 @@ async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
 /// on another server). A refused killCursors (or getMore) leaves the pin alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_cannot_unpin_a_cursor() {
-    let users = support::identities::upstream_users();
-    let start = || {
-        StandIn::start(StandInConfig {
-            users: users.clone(),
-            ..StandInConfig::default()
-        })
-    };
-    let (a, b) = (start().await.unwrap(), start().await.unwrap());
-    let mut cfg = support::identities::pooled_config(
-        &format!("{},{}", a.addr(), b.addr()),
-        "",
-        "cursor-identity",
-        4,
-    );
-    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
-    cfg.validate().unwrap();
-    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (a, b, proxy) = two_servers_two_identities("cursor-identity").await;
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
     // The same data on both servers (two mongos in front of one cluster): the find goes
     // to either.
