@@ -298,6 +298,7 @@ fn settings() -> Settings {
         auth: None,
         docs_1k: 0,
         compress: None,
+        discover: false,
     }
 }
 
@@ -433,6 +434,39 @@ async fn serverless_speculative_against_standin() {
         0,
         "speculative: no saslStart"
     );
+    standin.shutdown().await;
+}
+
+/// --discover: every operation opens a monitoring connection (hello, no authentication)
+/// before its application connection, as a driver's server discovery does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_discover_opens_a_monitor_connection_per_operation() {
+    let standin = standin_with_user().await;
+    let addr = standin.addr().to_string();
+    let s = Settings {
+        discover: true,
+        ..serverless(auth("apppw", true, true))
+    };
+    let r = workload::run(
+        &Endpoint::plain(&addr),
+        Op::Ping,
+        1,
+        &s,
+        Arc::new(AtomicI64::new(0)),
+        None,
+    )
+    .await
+    .expect("run");
+    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let ops = r.completed;
+    assert!(ops > 0);
+    let stats = standin.stats();
+    // No warmup and no errors: every operation started was completed, each with two
+    // connections and two hellos, one of them authenticated.
+    assert_eq!(stats.connections_accepted(), 2 * ops);
+    assert_eq!(stats.command_count("hello"), 2 * ops);
+    assert_eq!(stats.authentications(), ops);
+    assert_eq!(stats.command_count("ping"), ops);
     standin.shutdown().await;
 }
 

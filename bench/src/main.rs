@@ -189,6 +189,12 @@ struct Cli {
     #[arg(long, value_enum, default_value = "steady")]
     scenario: Scenario,
 
+    /// Serverless: connect as drivers do (server discovery and monitoring): first a
+    /// monitoring connection whose hello must be answered (TLS when the target has it, no
+    /// authentication), then the application connection; both close after the command.
+    #[arg(long)]
+    discover: bool,
+
     /// Authenticate every connection with SCRAM-SHA-256 as this user (needs --password).
     #[arg(long, requires = "password")]
     user: Option<String>,
@@ -337,6 +343,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             0
         },
         compress: cli.compress.map(CompressArg::compressor),
+        discover: cli.discover,
     };
     if let Some(op) = cli.op.iter().find(|o| o.needs_1k() > cli.docs_1k) {
         anyhow::bail!(
@@ -408,10 +415,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         let r = workload::run(&endpoints[ti], op, c, &settings, next_id.clone(), cpu_pid)
             .await
             .with_context(|| format!("target {} ({})", t.name, t.shown()))?;
-        let label = match settings.compress {
+        let mut label = match settings.compress {
             Some(z) => format!("{}+{}", op.name(), z.name()),
             None => op.name().to_string(),
         };
+        if settings.discover && settings.scenario == Scenario::Serverless {
+            label.push_str(" (monitor first)");
+        }
         let row = Row::new(
             &t.name,
             &t.shown(),

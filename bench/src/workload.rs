@@ -139,6 +139,13 @@ pub struct Settings {
     pub docs_1k: i64,
     /// Negotiate this compressor in hello and send every later request compressed.
     pub compress: Option<Compressor>,
+    /// Serverless only: connect as a driver does. The server discovery and monitoring
+    /// specification has a new client's monitor connect and answer hello before any
+    /// operation may select the server; the application connection opens after that. So
+    /// every operation first opens a monitoring connection (TLS when the target has it,
+    /// hello, no authentication) and waits for its reply, then the application connection
+    /// as without it; both close after the command.
+    pub discover: bool,
 }
 
 /// Outcome of one (target, op, concurrency) run.
@@ -794,6 +801,7 @@ async fn run_serverless(
                 measure_from,
                 end,
             },
+            s.discover,
         )));
     }
     let mut total = RunResult {
@@ -842,11 +850,20 @@ async fn serverless_op(
     reqs: &mut Requests,
     op: Op,
     st: &mut ConnStats,
+    discover: bool,
 ) -> Result<(auth::HandshakeInfo, u64), WireError> {
+    // The monitor's hello: no authentication, no compression (drivers' monitors do not
+    // authenticate; what it costs is its connection and one round trip, before the rest).
+    let monitor = if discover {
+        Some(auth::handshake(ep, CONNECT_TIMEOUT, None, None).await?.0)
+    } else {
+        None
+    };
     let (mut conn, info) = auth::handshake(ep, CONNECT_TIMEOUT, auth, compress).await?;
     let trips = reqs.execute(&mut conn, op).await;
     st.count_replies(&conn);
     drop(conn); // close: a serverless invocation keeps nothing
+    drop(monitor);
     Ok((info, trips?))
 }
 
@@ -857,6 +874,7 @@ async fn serverless_loop(
     mut reqs: Requests,
     op: Op,
     w: Window,
+    discover: bool,
 ) -> ServerlessStats {
     let Window {
         start,
@@ -874,7 +892,15 @@ async fn serverless_loop(
         let sent = Instant::now();
         let outcome = match tokio::time::timeout_at(
             end + GRACE,
-            serverless_op(&ep, auth.as_ref(), compress, &mut reqs, op, &mut st.conn),
+            serverless_op(
+                &ep,
+                auth.as_ref(),
+                compress,
+                &mut reqs,
+                op,
+                &mut st.conn,
+                discover,
+            ),
         )
         .await
         {
