@@ -155,6 +155,49 @@ async fn slow_reader_is_closed_after_client_write_timeout_pooled() {
     slow_reader_is_closed(Mode::Pooled).await;
 }
 
+/// A client that does not read its reply must not keep the pooled connection that reply came
+/// on: with one pooled connection, a bystander's find is answered while the slow reader sits
+/// on its blocked replies (client_write_timeout far away). Before the last reply was written
+/// after the connection went back, the bystander got the checkout timeout (error 50001)
+/// instead: the connection was held for as long as the slow reader's write could block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_reader_does_not_hold_the_pooled_connection() {
+    let standin = standin().await;
+    fill_large_collection(&standin).await;
+    let proxy = proxy(
+        &standin,
+        Mode::Pooled,
+        "client_write_timeout = \"120s\"\n[pool]\npool_size = 1\ncheckout_timeout = \"3s\"",
+    )
+    .await;
+    let stats = proxy.stats();
+    let mut stuck = stuck_reader(&proxy, &standin).await;
+    let mut bystander = RawClient::connect(proxy.local_addr()).await;
+    let reply = bystander
+        .command(
+            doc! {"find": "big", "$db": "slow", "filter": {"_id": 1}, "projection": {"pad": 0}},
+            REPLY,
+        )
+        .await
+        .expect("the bystander's find");
+    assert_eq!(num(&reply, "ok"), Some(1), "{reply}");
+    let batch = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .map(Vec::len)
+        .ok();
+    assert_eq!(batch, Some(1), "{reply}");
+    // The slow reader is still there, its reply still blocked (nothing was cut short to
+    // serve the bystander).
+    assert_eq!(stats.active.get(), 2);
+    stuck.stream.shutdown().await.ok();
+    drop(stuck);
+    drop(bystander);
+    tokio::time::timeout(SHUTDOWN_BOUND * 4, proxy.shutdown())
+        .await
+        .expect("shutdown");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slowloris.
 

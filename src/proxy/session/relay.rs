@@ -47,6 +47,20 @@ struct Stream<E> {
     permit: Option<BudgetPermit>,
 }
 
+/// What `relay` leaves to its caller.
+enum Relayed {
+    /// Everything was relayed (an exhaust stream's end, or a client that left).
+    Done,
+    /// The last reply, read whole and checked but not yet written to the client: the
+    /// connection goes back first, so that it is not held while the client is written to.
+    Last {
+        out: bytes::Bytes,
+        /// The memory budget a large reply holds, until it is written.
+        permit: Option<BudgetPermit>,
+    },
+    NotPrimary(Frame, Host),
+}
+
 /// How a round trip ended.
 pub(super) enum Trip {
     /// The reply was relayed (or the request expects none).
@@ -85,22 +99,41 @@ impl<S: Strategy> Session<S> {
             self.strategy.finished(link, Outcome::Sent, route);
             return Ok(Trip::Done);
         }
-        match self.relay(&mut link, request, route).await {
-            Ok(trip) => {
+        let relayed = self.relay(&mut link, request, route).await;
+        // The exchange on the connection is complete, or failed: it goes back (or is
+        // discarded) before the last reply is written to the client.
+        let last = match relayed {
+            Ok(Relayed::Done) => None,
+            Ok(Relayed::Last { out, permit }) => Some((out, permit)),
+            Ok(Relayed::NotPrimary(reply, host)) => {
                 self.strategy.finished(link, Outcome::Replied, route);
                 if self.client.gone {
                     return Err(SessionError::ClientGone);
                 }
-                if matches!(trip, Trip::Done) {
-                    self.obs.forwarded(sent.elapsed());
-                }
-                Ok(trip)
+                return Ok(Trip::NotPrimary(reply, host));
             }
             Err(e) => {
                 self.strategy.finished(link, Outcome::Broken, route);
-                Err(e)
+                return Err(e);
             }
+        };
+        self.strategy.finished(link, Outcome::Replied, route);
+        if let Some((out, permit)) = last {
+            let gone = self.client.gone;
+            let c = &mut self.client;
+            match send_to_client(&mut c.out, &out, c.limits.write, &c.stop).await {
+                // See `relay`: a client that left cannot take its reply; one that only
+                // half-closed does.
+                Err(_) if gone => {}
+                sent => sent?,
+            }
+            drop(permit);
         }
+        if self.client.gone {
+            return Err(SessionError::ClientGone);
+        }
+        self.obs.forwarded(sent.elapsed());
+        Ok(Trip::Done)
     }
 
     /// Reads the replies to `request` on `link` and relays them to the client, until the
@@ -111,7 +144,7 @@ impl<S: Strategy> Session<S> {
         link: &mut S::Link,
         request: &Request,
         route: &S::Route,
-    ) -> Result<Trip, SessionError> {
+    ) -> Result<Relayed, SessionError> {
         let mut stream = Stream {
             expected: request.request_id,
             first: true,
@@ -134,7 +167,7 @@ impl<S: Strategy> Session<S> {
             }
             let Some(more) = self.take_reply(&reply, link.host(), request, route, &mut stream)?
             else {
-                return Ok(Trip::NotPrimary(reply, link.host().clone()));
+                return Ok(Relayed::NotPrimary(reply, link.host().clone()));
             };
             let gone = self.client.gone;
             if gone && more {
@@ -155,6 +188,13 @@ impl<S: Strategy> Session<S> {
                 Some(c) => compress_reply(out, c).await?,
                 None => out,
             };
+            if !more {
+                // Written by `round_trip`, once the connection is back.
+                return Ok(Relayed::Last {
+                    out,
+                    permit: stream.permit.take(),
+                });
+            }
             let c = &mut self.client;
             let sent = send_to_client(&mut c.out, &out, c.limits.write, &c.stop).await;
             match sent {
@@ -162,13 +202,10 @@ impl<S: Strategy> Session<S> {
                 // write side (a half-close) still reads, and mongod answers it: it gets its
                 // reply. One that left cannot take it; the upstream exchange is complete all
                 // the same.
-                Err(_) if gone => return Ok(Trip::Done),
+                Err(_) if gone => return Ok(Relayed::Done),
                 sent => sent?,
             }
             stream.permit = None;
-            if !more {
-                return Ok(Trip::Done);
-            }
         }
     }
 
