@@ -3,7 +3,10 @@
 # (up.sh, seeded): for each op in OPS [find], a pooled mongoguard (:27330, pool_size
 # POOL_SIZE [20], unauthenticated clients, TOKIO_WORKER_THREADS TW [2]) then a passthrough one
 # (:27301, proxy.threads PT [2]), each measured by cpu.sh at CONC [64] clients for DUR [4] s.
-# Stop up.sh's mongoguard on :27301 first.
+# Stop up.sh's mongoguard on :27301 first. ROUNDS [1] repeats the whole sequence; each line
+# ends with the share of the machine's CPU time left idle during the run (/proc/stat): near
+# 0 means CPU, not the pool, limits throughput. BIN_OLD: a second mongoguard binary measured
+# as "pooled-old" (:27331) before "pooled" in each round, for before/after comparisons.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 B="${BIN_DIR:-$ROOT/target/release}"
@@ -13,9 +16,15 @@ printf '[proxy]\nlisten = "127.0.0.1:27330"\nmode = "pooled"\nmax_client_connect
     "${POOL_SIZE:-20}" > "$P/pooled.toml"
 printf '[proxy]\nlisten = "127.0.0.1:27301"\nthreads = %s\n[upstream]\nuri = "mongodb://127.0.0.1:27300"\n' \
     "${PT:-2}" > "$P/pass.toml"
+sed 's/27330/27331/' "$P/pooled.toml" > "$P/pooled-old.toml"
+idle() { awk '/^cpu /{print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+for round in $(seq "${ROUNDS:-1}"); do
 for op in ${OPS:-find}; do
-    for mode in pooled pass; do
-        if [ "$mode" = pooled ]; then
+    for mode in ${BIN_OLD:+pooled-old} pooled pass; do
+        if [ "$mode" = pooled-old ]; then
+            TOKIO_WORKER_THREADS=${TW:-2} "$BIN_OLD" --admin-listen off --config "$P/pooled-old.toml" > "$P/pooled-old.log" 2>&1 &
+            port=27331
+        elif [ "$mode" = pooled ]; then
             TOKIO_WORKER_THREADS=${TW:-2} "$B/mongoguard" --admin-listen off --config "$P/pooled.toml" > "$P/pooled.log" 2>&1 &
             port=27330
         else
@@ -24,8 +33,12 @@ for op in ${OPS:-find}; do
         fi
         echo $! > "$P/$mode.pid"
         sleep 0.5
-        bash "$ROOT/bench/prof/cpu.sh" "$mode" "$port" "$op" "${CONC:-64}" "${DUR:-4}"
+        read -r i0 t0 < <(idle)
+        line=$(bash "$ROOT/bench/prof/cpu.sh" "$mode" "$port" "$op" "${CONC:-64}" "${DUR:-4}")
+        read -r i1 t1 < <(idle)
+        echo "round $round: $line idle=$(awk -v a="$i0" -v b="$i1" -v c="$t0" -v d="$t1" 'BEGIN { printf "%.0f%%", 100 * (b - a) / (d - c) }')"
         kill "$(cat "$P/$mode.pid")"
         sleep 0.3
     done
+done
 done
