@@ -273,9 +273,10 @@ struct Inner {
 /// SipHash over them again was most of what a lookup cost (two per request). A keyed
 /// folded multiply spreads them over the table instead: clients choose shapes, so the key
 /// is mixed with a per-process random seed, and a shard holds at most its capacity anyway
-/// (a full shard is already scanned whole to evict).
+/// (a full shard is already scanned whole to evict). The plan guard's verdicts, keyed by
+/// the same kind of hash, use it too.
 #[derive(Clone, Copy, Debug)]
-struct KeyHasher {
+pub(crate) struct KeyHasher {
     seed: u64,
 }
 
@@ -299,7 +300,7 @@ impl std::hash::BuildHasher for KeyHasher {
 }
 
 /// See [`KeyHasher`]; `u64` keys only (any other input is folded in byte by byte).
-struct KeyHash {
+pub(crate) struct KeyHash {
     seed: u64,
     hash: u64,
 }

@@ -37,6 +37,7 @@ pub use verdict::{PlanFacts, Verdict};
 use crate::{
     command::CommandView,
     config::{Config, Mode, PlanConfig, PlanEnabled},
+    metrics::shapes::KeyHasher,
     upstream::{
         topology::{ReadPref, Topology},
         Identity, UpstreamConn,
@@ -123,7 +124,9 @@ pub struct PlanGuard {
     on: bool,
     ttl: Duration,
     max_shapes: usize,
-    verdicts: DashMap<u64, Slot>,
+    /// By plan key, an FNV-1a hash of the shape: hashed again only to spread it (one
+    /// lookup per request).
+    verdicts: DashMap<u64, Slot, KeyHasher>,
     tx: Option<mpsc::Sender<Job>>,
     /// Index counts by `db.coll`, with when they were read (`None`: being fetched).
     index_counts: DashMap<String, (Option<usize>, Instant)>,
@@ -156,7 +159,7 @@ impl PlanGuard {
             on,
             ttl: cfg.ttl,
             max_shapes: cfg.max_shapes,
-            verdicts: DashMap::new(),
+            verdicts: DashMap::with_hasher(KeyHasher::default()),
             tx,
             index_counts: DashMap::new(),
             any_shard_key: std::sync::atomic::AtomicBool::new(!declared.is_empty()),
