@@ -549,7 +549,11 @@ async fn steady_authenticates_each_connection_once() {
     .await
     .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
-    assert!(r.completed > 3, "{} operations on 3 connections", r.completed);
+    assert!(
+        r.completed > 3,
+        "{} operations on 3 connections",
+        r.completed
+    );
     assert!(r.client_scram.is_none());
     let stats = standin.stats();
     // setup's connection + one per worker.
