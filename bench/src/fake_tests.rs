@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::wire::{parse_op_msg_body, Body, Endpoint, OP_MSG};
-use crate::workload::{self, Op, Scenario, Settings, BULK, DRAIN_BATCH, DRAIN_DOCS};
+use crate::workload::{self, Op, RunResult, Scenario, Settings, BULK, DRAIN_BATCH, DRAIN_DOCS};
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -403,22 +403,29 @@ fn serverless(auth: Option<AuthOptions>) -> Settings {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serverless_speculative_against_standin() {
-    let standin = standin_with_user().await;
-    let addr = standin.addr().to_string();
-    let s = serverless(auth("apppw", true, true));
+/// A run against the plain endpoint `addr` that must have no error; inserts start at
+/// `first_id`.
+async fn run_ok(addr: &str, op: Op, concurrency: usize, s: &Settings, first_id: i64) -> RunResult {
     let r = workload::run(
-        &Endpoint::plain(&addr),
-        Op::Ping,
-        2,
-        &s,
-        Arc::new(AtomicI64::new(0)),
+        &Endpoint::plain(addr),
+        op,
+        concurrency,
+        s,
+        Arc::new(AtomicI64::new(first_id)),
         None,
     )
     .await
     .expect("run");
     assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serverless_speculative_against_standin() {
+    let standin = standin_with_user().await;
+    let addr = standin.addr().to_string();
+    let s = serverless(auth("apppw", true, true));
+    let r = run_ok(&addr, Op::Ping, 2, &s, 0).await;
     let ops = r.hist.len();
     assert!(ops > 0);
     let scram = r.client_scram.as_ref().expect("client SCRAM timings");
@@ -447,17 +454,7 @@ async fn serverless_discover_opens_a_monitor_connection_per_operation() {
         discover: true,
         ..serverless(auth("apppw", true, true))
     };
-    let r = workload::run(
-        &Endpoint::plain(&addr),
-        Op::Ping,
-        1,
-        &s,
-        Arc::new(AtomicI64::new(0)),
-        None,
-    )
-    .await
-    .expect("run");
-    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let r = run_ok(&addr, Op::Ping, 1, &s, 0).await;
     let ops = r.completed;
     assert!(ops > 0);
     let stats = standin.stats();
@@ -478,17 +475,7 @@ async fn serverless_sasl_start_with_empty_exchange() {
     workload::setup(&Endpoint::plain(&addr), &s)
         .await
         .expect("setup with auth");
-    let r = workload::run(
-        &Endpoint::plain(&addr),
-        Op::Find,
-        2,
-        &s,
-        Arc::new(AtomicI64::new(100)),
-        None,
-    )
-    .await
-    .expect("run");
-    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let r = run_ok(&addr, Op::Find, 2, &s, 100).await;
     assert!(!r.hist.is_empty());
     assert_eq!(r.speculative, 0);
     let stats = standin.stats();
@@ -538,17 +525,7 @@ async fn steady_authenticates_each_connection_once() {
     workload::setup(&Endpoint::plain(&addr), &s)
         .await
         .expect("setup with auth");
-    let r = workload::run(
-        &Endpoint::plain(&addr),
-        Op::Mix,
-        3,
-        &s,
-        Arc::new(AtomicI64::new(100)),
-        None,
-    )
-    .await
-    .expect("run");
-    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let r = run_ok(&addr, Op::Mix, 3, &s, 100).await;
     assert!(
         r.completed > 3,
         "{} operations on 3 connections",
@@ -615,17 +592,7 @@ async fn insertmany_sends_1000_unique_documents_as_a_sequence() {
 async fn update1000_sends_1000_filtered_statements_as_a_sequence() {
     let (addr, seen) = serve(Mode::Healthy).await;
     let s = settings();
-    let r = workload::run(
-        &Endpoint::plain(&addr),
-        Op::Update1000,
-        2,
-        &s,
-        Arc::new(AtomicI64::new(0)),
-        None,
-    )
-    .await
-    .expect("run");
-    assert_eq!(r.errors, 0, "{:?}", r.first_error);
+    let r = run_ok(&addr, Op::Update1000, 2, &s, 0).await;
     assert!(!r.hist.is_empty());
     let seen = seen.lock().expect("lock");
     let updates = seen.commands.get("update").copied().unwrap_or(0);
