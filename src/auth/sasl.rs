@@ -22,6 +22,8 @@ pub const AUTHENTICATION_FAILED: i32 = 18;
 pub const MECHANISM_UNAVAILABLE: i32 = 334;
 /// mongod's ProtocolError code (saslContinue without a conversation).
 pub const PROTOCOL_ERROR: i32 = 17;
+/// mongod's IDL error for a required field left out (here: saslContinue's conversationId).
+pub const MISSING_REQUIRED_FIELD: i32 = 40414;
 
 /// Who a connection authenticated as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +75,15 @@ impl std::fmt::Debug for SaslSession {
 /// True when `reply` (a document this module returned) reports a failure (`ok: 0`).
 pub fn is_failure(reply: &RawDocument) -> bool {
     matches!(reply.get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 0.0)
+}
+
+/// The reply to a saslContinue without conversationId, mongod's.
+pub fn missing_conversation_id() -> RawDocumentBuf {
+    error_document(
+        MISSING_REQUIRED_FIELD,
+        "Location40414",
+        "BSON field 'saslContinue.conversationId' is missing but a required field",
+    )
 }
 
 /// The reply to any failed authentication step.
@@ -170,7 +181,12 @@ impl SaslSession {
             Pending::ClientFinal { id, .. } | Pending::EmptyExchange { id, .. } => *id,
         };
         match cmd.get("conversationId") {
-            Ok(None) => {}
+            // mongod's IDL requires it (sasl_commands.idl) and refuses the command before
+            // any SASL step; the conversation ends here as well.
+            Ok(None) => {
+                self.pending = None;
+                return Err(missing_conversation_id());
+            }
             Ok(Some(v)) if as_i64(v) == Some(i64::from(id)) => {}
             _ => return Err(self.fail("conversationId mismatch")),
         }

@@ -11,7 +11,7 @@
 //! | 0 | SCRAM-SHA-1 instead of SCRAM-SHA-256 |
 //! | 1 | `options: {skipEmptyExchange: true}` |
 //! | 2 | payloads as strings instead of BinData |
-//! | 3 | `conversationId` left out of `saslContinue` |
+//! | 3 | `conversationId` left out of `saslContinue` (refused with mongod's 40414) |
 //! | 4 | through hello's `speculativeAuthenticate` instead of `saslStart` |
 //!
 //! Text mode (bits 6 and 7 clear): the rest is split at NUL bytes into client-first,
@@ -25,9 +25,9 @@
 //! - in control mode, the real client authenticates exactly when the proof is left intact
 //!   (so the check above can see a success), as `alice` in `admin`;
 //! - every reply is either a step (`conversationId`, `done`, BinData `payload`, `ok: 1`) or
-//!   one of the three fixed failures (18 AuthenticationFailed, 334 MechanismUnavailable, 17
-//!   ProtocolError), which carry nothing else: an unknown user and a wrong password look the
-//!   same.
+//!   one of the fixed failures (18 AuthenticationFailed, 334 MechanismUnavailable, 17
+//!   ProtocolError, 40414 for a saslContinue without conversationId), which carry nothing
+//!   else: an unknown user and a wrong password look the same.
 
 use std::{path::Path, sync::OnceLock};
 
@@ -35,7 +35,10 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine};
 use bson::{spec::BinarySubtype, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use crate::auth::{
-    sasl::{SaslSession, AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE, PROTOCOL_ERROR},
+    sasl::{
+        SaslSession, AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE, MISSING_REQUIRED_FIELD,
+        PROTOCOL_ERROR,
+    },
     scram::{ClientConversation, Mechanism, StoredCredential},
     users::Users,
 };
@@ -262,6 +265,14 @@ fn control(users: &Users, sw: Switches, rest: &[u8]) {
     let tampered = tamper(&client_final, index, xor);
     let reply = session.sasl_continue(&continue_cmd(sw, Some(id), &tampered));
     check_reply(&reply);
+    if sw.no_conversation_id {
+        // Refused whatever the proof (mongod's IDL requires the field), and over.
+        assert!(
+            session.authenticated().is_none() && !session.in_progress(),
+            "a saslContinue without conversationId was taken: {reply:?}"
+        );
+        return;
+    }
     if tampered != client_final {
         assert!(
             session.authenticated().is_none() && crate::auth::sasl::is_failure(&reply),
@@ -382,7 +393,13 @@ fn check_reply(reply: &RawDocument) {
         _ => -1,
     };
     assert!(
-        [AUTHENTICATION_FAILED, MECHANISM_UNAVAILABLE, PROTOCOL_ERROR].contains(&code),
+        [
+            AUTHENTICATION_FAILED,
+            MECHANISM_UNAVAILABLE,
+            PROTOCOL_ERROR,
+            MISSING_REQUIRED_FIELD
+        ]
+        .contains(&code),
         "unexpected failure code {code}: {reply:?}"
     );
     let want = match code {
@@ -397,6 +414,7 @@ fn check_reply(reply: &RawDocument) {
             "ProtocolError",
             "No SASL session state found",
         ),
+        MISSING_REQUIRED_FIELD => crate::auth::sasl::missing_conversation_id(),
         _ => return,
     };
     assert_eq!(

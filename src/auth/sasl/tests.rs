@@ -180,6 +180,24 @@ fn protocol_errors() {
     assert_eq!(code(&cont), Some(AUTHENTICATION_FAILED));
     assert!(!s.in_progress());
 
+    // Started fine, then a saslContinue without conversationId: mongod's IDL
+    // (src/mongo/db/auth/sasl_commands.idl: saslContinue's conversationId is a required
+    // int, the command strict) refuses it with 40414 before any SASL step. Refused here
+    // too, and the conversation is gone.
+    let client = ClientConversation::new(Mechanism::ScramSha1, "alice", "s3cret").unwrap();
+    let start = s.sasl_start(
+        users(),
+        &rawdoc! {"saslStart": 1, "mechanism": "SCRAM-SHA-1", "payload": bin(client.client_first()), "$db": "admin"},
+    );
+    assert_eq!(start.get_f64("ok").unwrap(), 1.0);
+    let cont = s.sasl_continue(&rawdoc! {"saslContinue": 1, "payload": bin(vec![])});
+    assert_eq!(code(&cont), Some(40414), "{cont:?}");
+    assert!(cont
+        .get_str("errmsg")
+        .unwrap()
+        .contains("saslContinue.conversationId"));
+    assert!(!s.in_progress());
+
     // alice lives in admin, not in test.
     let client = ClientConversation::new(Mechanism::ScramSha1, "alice", "s3cret").unwrap();
     let other_db = rawdoc! {"saslStart": 1, "mechanism": "SCRAM-SHA-1", "payload": bin(client.client_first()), "$db": "test"};
