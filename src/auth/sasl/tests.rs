@@ -183,15 +183,18 @@ fn protocol_errors() {
     // Started fine, then a saslContinue without conversationId: mongod's IDL
     // (src/mongo/db/auth/sasl_commands.idl: saslContinue's conversationId is a required
     // int, the command strict) refuses it with 40414 before any SASL step. Refused here
-    // too, and the conversation is gone.
-    let client = ClientConversation::new(Mechanism::ScramSha1, "alice", "s3cret").unwrap();
+    // too, and the conversation is gone: even with the right proof (which the old code took
+    // and authenticated), nobody is authenticated.
+    let mut client = ClientConversation::new(Mechanism::ScramSha1, "alice", "s3cret").unwrap();
     let start = s.sasl_start(
         users(),
         &rawdoc! {"saslStart": 1, "mechanism": "SCRAM-SHA-1", "payload": bin(client.client_first()), "$db": "admin"},
     );
     assert_eq!(start.get_f64("ok").unwrap(), 1.0);
-    let cont = s.sasl_continue(&rawdoc! {"saslContinue": 1, "payload": bin(vec![])});
+    let client_final = client.handle_server_first(&payload_of(&start)).unwrap();
+    let cont = s.sasl_continue(&rawdoc! {"saslContinue": 1, "payload": bin(client_final)});
     assert_eq!(code(&cont), Some(40414), "{cont:?}");
+    assert!(s.authenticated().is_none());
     assert!(cont
         .get_str("errmsg")
         .unwrap()
