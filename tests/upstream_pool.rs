@@ -183,6 +183,29 @@ async fn checkout_beyond_pool_size_waits_for_a_release() {
     assert!(stats(&pool).max_wait > Duration::ZERO);
 }
 
+/// `release` says whether a waiting checkout got the connection: the session that released
+/// it then lets that waiter send its request before writing its own reply to its client
+/// (src/proxy/session/relay.rs), so that the upstream connection does not sit idle behind a
+/// client write. With nobody waiting it idles and `release` says so.
+#[tokio::test]
+async fn release_reports_whether_a_waiter_got_the_connection() {
+    let (pool, _control) = pool(config(1));
+    let held = pool.checkout(&key("app")).await.unwrap();
+    assert!(!held.release(), "nobody waits: the connection idles");
+    assert_eq!(stats(&pool).idle, 1);
+
+    let held = pool.checkout(&key("app")).await.unwrap();
+    let waiter = waiter(&pool);
+    until("the second checkout to wait", || stats(&pool).waiting == 1).await;
+    assert!(held.release(), "the waiter is served with it");
+    tokio::time::timeout(BOUND, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(stats(&pool).idle, 1);
+}
+
 #[tokio::test]
 async fn waiters_are_served_in_arrival_order() {
     let (pool, _control) = pool(config(1));
@@ -748,7 +771,9 @@ async fn concurrent_churn_keeps_counts_consistent() {
                 match (task + round) % 5 {
                     0 => conn.discard(),
                     1 => drop(conn),
-                    _ => conn.release(),
+                    _ => {
+                        conn.release();
+                    }
                 }
             }
         }));
@@ -890,7 +915,9 @@ async fn churn_with_timeouts_cancellations_and_a_close_keeps_counts_consistent()
                                 control.kill_all();
                                 conn.release();
                             }
-                            _ => conn.release(),
+                            _ => {
+                                conn.release();
+                            }
                         }
                     }
                 }

@@ -158,6 +158,12 @@ pub(crate) trait Strategy: Send {
     /// The round trip on `link` is over.
     fn finished(&mut self, link: Self::Link, outcome: Outcome, route: &Self::Route);
 
+    /// The last [`Strategy::finished`] handed its connection to another session waiting for
+    /// one (pooled mode); reading it clears it.
+    fn handed_over(&mut self) -> bool {
+        false
+    }
+
     /// Mongoguard's own abortTransaction ran on `link` (`ok`: its reply came back).
     fn aborted(&mut self, link: Self::Link, ok: bool, route: &Self::Route);
 

@@ -102,6 +102,8 @@ pub(crate) struct PooledSide {
     closed_cursor: Option<i64>,
     /// The session's checkouts (apart, so that a checkout borrows the identity in place).
     checkouts: Checkouts,
+    /// The last round trip's connection went straight to a session waiting for one.
+    handed_over: bool,
 }
 
 /// A session's checkouts.
@@ -216,6 +218,7 @@ impl PooledSide {
             balanced_slot: None,
             closed_cursor: None,
             checkouts: Checkouts::default(),
+            handed_over: false,
             pooled,
             ctx,
         }
@@ -729,7 +732,8 @@ impl Strategy for PooledSide {
                 return;
             };
             if !matches!(outcome, Outcome::Sent) || route.class() != Class::LegacyWrite {
-                return link.release();
+                self.handed_over = link.release();
+                return;
             }
             // A legacy write's connection waits for its getLastError as usual.
             if let Some(old) = self.sticky.hold(link, &self.pooled.pins.counts) {
@@ -748,7 +752,9 @@ impl Strategy for PooledSide {
                     old.release();
                 }
             }
-            Outcome::Sent => link.release(),
+            Outcome::Sent => {
+                link.release();
+            }
             Outcome::Replied => {
                 let pins = &self.pooled.pins;
                 // (A killCursors's pin ends in observe_reply, when the server accepted it.)
@@ -757,9 +763,13 @@ impl Strategy for PooledSide {
                         pins.unpin_txn(&self.pin_key(t));
                     }
                 }
-                link.release();
+                self.handed_over = link.release();
             }
         }
+    }
+
+    fn handed_over(&mut self) -> bool {
+        std::mem::take(&mut self.handed_over)
     }
 
     fn aborted(&mut self, link: Conn, ok: bool, route: &Routing) {

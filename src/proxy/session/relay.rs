@@ -118,6 +118,14 @@ impl<S: Strategy> Session<S> {
             }
         };
         self.strategy.finished(link, Outcome::Replied, route);
+        if last.is_some() && self.strategy.handed_over() {
+            // The connection went to a session waiting for one (pooled mode, more clients
+            // than connections): that session runs next and sends its request before this
+            // one writes its reply, so the upstream connection does not sit idle behind a
+            // client write. Measured: the upstream's context switches per request fell from
+            // ~0.13 to ~0.11 at 64 clients on 20 connections (docs/performance.md).
+            tokio::task::yield_now().await;
+        }
         if let Some((out, permit)) = last {
             let gone = self.client.gone;
             let c = &mut self.client;

@@ -487,10 +487,10 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     /// Ends a checkout whose connection was released in good health: it goes to the oldest
-    /// waiter with the slot, or idles. `Err` gives it back, untouched, when it must close
-    /// instead (see [`KeyPool::rejects`]): the caller closes it, then ends the checkout with
-    /// [`KeyPool::end_discarded`].
-    fn end_released(&self, conn: Box<T>, created: Instant) -> Result<(), (Box<T>, Closed)> {
+    /// waiter with the slot (`Ok(true)`), or idles (`Ok(false)`). `Err` gives it back,
+    /// untouched, when it must close instead (see [`KeyPool::rejects`]): the caller closes
+    /// it, then ends the checkout with [`KeyPool::end_discarded`].
+    fn end_released(&self, conn: Box<T>, created: Instant) -> Result<bool, (Box<T>, Closed)> {
         let now = Instant::now();
         if let Some(why) = self.rejects(created, now) {
             return Err((conn, why));
@@ -505,8 +505,9 @@ impl<T: PooledConn> KeyPool<T> {
         let woken = self.put_back(&mut state, conn, created, now);
         self.publish(&state);
         drop(state);
+        let handed = woken.is_some();
         wake(woken);
-        Ok(())
+        Ok(handed)
     }
 
     /// Ends a checkout whose connection was closed: uncounted, and the slot alone goes to the

@@ -83,18 +83,23 @@ impl<T: PooledConn> Checkout<T> {
     }
 
     /// Returns the connection to the pool, unless it is past `max_lifetime` (then it is
-    /// closed). Only call this after a complete exchange.
-    pub fn release(self) {
+    /// closed). Only call this after a complete exchange. True when a waiting checkout got
+    /// it (and was woken); false when it idles or closed.
+    pub fn release(self) -> bool {
         let Checkout {
             conn,
             created,
             mut slot,
         } = self;
         slot.released = true;
-        if let Err((conn, why)) = slot.pool.end_released(conn, created) {
-            // Closed before its slot is passed on.
-            drop(conn);
-            slot.pool.end_discarded(why);
+        match slot.pool.end_released(conn, created) {
+            Ok(handed) => handed,
+            Err((conn, why)) => {
+                // Closed before its slot is passed on.
+                drop(conn);
+                slot.pool.end_discarded(why);
+                false
+            }
         }
     }
 
