@@ -24,7 +24,9 @@
 #
 # Environment: PGO_OUT [target/pgo/mongoguard]; PGO_SECONDS [2] per training point;
 # PGO_PORT_BASE [27400] (five ports from it; busy ones are skipped); PGO_CARGO_PROFILE [dist]
-# (the test suite runs the whole pipeline with `release`, quicker to build).
+# (the test suite checks the whole pipeline with `pgo-check`, an opt-level 1 profile much
+# quicker to build); PGO_TOOLS_PROFILE [release], the cargo profile the stand-in and loadgen
+# are built with (the test suite uses `dev`, which its own tests have already built).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -50,10 +52,14 @@ if [[ ! -x "$PROFDATA" ]]; then
 fi
 [[ -x "$PROFDATA" ]] || die "no llvm-profdata at $PROFDATA"
 
-log "building the training tools (stand-in, loadgen)"
-cargo build --release --locked -p mongoguard-standin -p mongoguard-bench \
+TOOLS_PROFILE="${PGO_TOOLS_PROFILE:-release}"
+log "building the training tools (stand-in, loadgen; profile $TOOLS_PROFILE)"
+cargo build --profile "$TOOLS_PROFILE" --locked -p mongoguard-standin -p mongoguard-bench \
     --bin mongoguard-standin --bin loadgen
-TOOLS="$TARGET_ROOT/release"
+case "$TOOLS_PROFILE" in
+    dev | test) TOOLS="$TARGET_ROOT/debug" ;;
+    *) TOOLS="$TARGET_ROOT/$TOOLS_PROFILE" ;;
+esac
 
 log "building the instrumented mongoguard"
 RUSTFLAGS="-Cprofile-generate=$DATA" CARGO_TARGET_DIR="$GEN_DIR" \
