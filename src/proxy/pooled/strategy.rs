@@ -238,8 +238,8 @@ impl PooledSide {
             return Err(Some((e.code, e.code_name, e.message.clone())));
         }
         let p = &self.pooled;
-        let now = Instant::now();
         if p.topology.is_multi_server() {
+            let now = Instant::now();
             if let Some(h) = routing.cursor.and_then(|id| p.pins.cursor_server(id, now)) {
                 return Ok(h);
             }
@@ -272,7 +272,7 @@ impl PooledSide {
             })?,
         };
         if let (Some(t), true) = (&routing.txn, routing.starts_txn) {
-            p.pins.pin_txn(&self.pin_key(t), &host, now);
+            p.pins.pin_txn(&self.pin_key(t), &host, Instant::now());
         }
         Ok(host)
     }
