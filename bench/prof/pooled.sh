@@ -3,10 +3,11 @@
 # (up.sh, seeded): for each op in OPS [find], a pooled mongoguard (:27330, pool_size
 # POOL_SIZE [20], unauthenticated clients, TOKIO_WORKER_THREADS TW [2]) then a passthrough one
 # (:27301, proxy.threads PT [2]), each measured by cpu.sh at CONC [64] clients for DUR [4] s.
-# Stop up.sh's mongoguard on :27301 first. ROUNDS [1] repeats the whole sequence; each line
+# Stop up.sh's mongoguard on :27301 first. ROUNDS [1] repeats the whole sequence (even
+# rounds in reverse order); each line
 # ends with the share of the machine's CPU time left idle during the run (/proc/stat): near
 # 0 means CPU, not the pool, limits throughput. BIN_OLD: a second mongoguard binary measured
-# as "pooled-old" (:27331) before "pooled" in each round, for before/after comparisons.
+# as "pooled-old" (:27331) beside "pooled" in each round, for before/after comparisons.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 B="${BIN_DIR:-$ROOT/target/release}"
@@ -20,7 +21,15 @@ sed 's/27330/27331/' "$P/pooled.toml" > "$P/pooled-old.toml"
 idle() { awk '/^cpu /{print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 for round in $(seq "${ROUNDS:-1}"); do
 for op in ${OPS:-find}; do
-    for mode in ${BIN_OLD:+pooled-old} pooled pass; do
+    # Odd rounds in one order, even rounds reversed: this machine's slow and fast phases
+    # last several runs, and a fixed order would charge them to one mode.
+    modes=(${BIN_OLD:+pooled-old} pooled pass)
+    if (( round % 2 == 0 )); then
+        for ((i = 0, j = ${#modes[@]} - 1; i < j; i++, j--)); do
+            t=${modes[i]}; modes[i]=${modes[j]}; modes[j]=$t
+        done
+    fi
+    for mode in "${modes[@]}"; do
         if [ "$mode" = pooled-old ]; then
             TOKIO_WORKER_THREADS=${TW:-2} "$BIN_OLD" --admin-listen off --config "$P/pooled-old.toml" > "$P/pooled-old.log" 2>&1 &
             port=27331
