@@ -727,6 +727,8 @@ impl Strategy for PooledSide {
     /// The connection goes back to the pool only after a complete exchange; a legacy write's
     /// connection is kept for its getLastError; a broken one is discarded.
     fn finished(&mut self, link: Conn, outcome: Outcome, route: &Routing) {
+        // Set again below when this release hands the connection over.
+        self.handed_over = false;
         if self.pooled.topology.load_balanced() {
             let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
                 return;
