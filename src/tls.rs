@@ -315,7 +315,7 @@ impl UpstreamTls {
 
     /// Runs the client handshake toward `host` over `tcp`.
     pub async fn connect(&self, host: &Host, tcp: TcpStream) -> std::io::Result<UpstreamStream> {
-        let name = ServerName::try_from(host.name.clone()).map_err(|e| {
+        let name = ServerName::try_from(host.name.to_string()).map_err(|e| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host}: {e}"))
         })?;
         let connector = self

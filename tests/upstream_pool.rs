@@ -705,7 +705,7 @@ async fn tcp_pool_opens_one_upstream_connection_and_skips_closed_ones() {
     let addr = standin.addr();
     let key = PoolKey::new(
         Host {
-            name: addr.ip().to_string(),
+            name: addr.ip().to_string().into(),
             port: addr.port(),
         },
         "app",

@@ -367,7 +367,7 @@ pub(super) fn drain(ctx: &Context, path: &str) -> (StatusCode, String) {
     let host = text.rsplit_once(':').and_then(|(name, port)| {
         let name = name.trim_start_matches('[').trim_end_matches(']');
         Some(crate::config::Host {
-            name: name.to_owned(),
+            name: name.into(),
             port: port.parse().ok()?,
         })
     });

@@ -15,7 +15,7 @@ use super::ConfigError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     /// Name or address (IPv6 without brackets).
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     /// Port (27017 when omitted).
     pub port: u16,
 }
@@ -312,7 +312,7 @@ fn parse_host(text: &str) -> Result<Host, ConfigError> {
         None => 27017,
     };
     Ok(Host {
-        name: name.to_owned(),
+        name: name.into(),
         port,
     })
 }
@@ -491,7 +491,7 @@ mod tests {
             .unwrap();
         assert_eq!(u.hosts.len(), 3);
         assert_eq!(u.hosts[0].port, 27017);
-        assert_eq!(u.hosts[2].name, "::1");
+        assert_eq!(&*u.hosts[2].name, "::1");
         assert_eq!(u.option("replicaset"), Some("rs0"));
         let u: UpstreamUri = "mongodb://us%40r:p%3Ass@h/admin?authSource=admin"
             .parse()

@@ -215,7 +215,7 @@ mod tests {
 
     fn host(port: u16) -> Host {
         Host {
-            name: format!("h{port}"),
+            name: format!("h{port}").into(),
             port,
         }
     }

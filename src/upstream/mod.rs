@@ -120,7 +120,7 @@ pub async fn connect_tcp(host: &Host, timeout: Duration) -> Result<TcpStream, Co
         // An SRV target known to `upstream.dns_server` is resolved there (srv.rs).
         match srv::target_addrs(host).await {
             Some(addrs) => TcpStream::connect(&addrs?[..]).await,
-            None => TcpStream::connect((host.name.as_str(), host.port)).await,
+            None => TcpStream::connect((&*host.name, host.port)).await,
         }
     };
     let stream = match tokio::time::timeout(timeout, connecting).await {

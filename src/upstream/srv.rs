@@ -108,7 +108,7 @@ pub async fn lookup_srv(
         if let RData::SRV(srv) = &record.data {
             let target = srv.target.to_ascii();
             targets.push(Host {
-                name: target.trim_end_matches('.').to_ascii_lowercase(),
+                name: target.trim_end_matches('.').to_ascii_lowercase().into(),
                 port: srv.port,
             });
             min_ttl = Some(min_ttl.map_or(record.ttl, |t| t.min(record.ttl)));
