@@ -8,6 +8,9 @@
 # ends with the share of the machine's CPU time left idle during the run (/proc/stat): near
 # 0 means CPU, not the pool, limits throughput. BIN_OLD: a second mongoguard binary measured
 # as "pooled-old" (:27331) beside "pooled" in each round, for before/after comparisons.
+# WS=1 adds "pass-ws": passthrough on the work-stealing runtime (`proxy.work_stealing`,
+# TOKIO_WORKER_THREADS TW), the runtime pooled sessions run on (docs/performance.md, "Tenth
+# pass": its idle share).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 B="${BIN_DIR:-$ROOT/target/release}"
@@ -18,12 +21,15 @@ printf '[proxy]\nlisten = "127.0.0.1:27330"\nmode = "pooled"\nmax_client_connect
 printf '[proxy]\nlisten = "127.0.0.1:27301"\nthreads = %s\n[upstream]\nuri = "mongodb://127.0.0.1:27300"\n' \
     "${PT:-2}" > "$P/pass.toml"
 sed 's/27330/27331/' "$P/pooled.toml" > "$P/pooled-old.toml"
+printf '[proxy]\nlisten = "127.0.0.1:27301"\nwork_stealing = true\n[upstream]\nuri = "mongodb://127.0.0.1:27300"\n' \
+    > "$P/pass-ws.toml"
 idle() { awk '/^cpu /{print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 for round in $(seq "${ROUNDS:-1}"); do
 for op in ${OPS:-find}; do
     # Odd rounds in one order, even rounds reversed: this machine's slow and fast phases
     # last several runs, and a fixed order would charge them to one mode.
     modes=(${BIN_OLD:+pooled-old} pooled pass)
+    [[ "${WS:-0}" != 1 ]] || modes+=(pass-ws)
     if (( round % 2 == 0 )); then
         for ((i = 0, j = ${#modes[@]} - 1; i < j; i++, j--)); do
             t=${modes[i]}; modes[i]=${modes[j]}; modes[j]=$t
@@ -36,6 +42,9 @@ for op in ${OPS:-find}; do
         elif [ "$mode" = pooled ]; then
             TOKIO_WORKER_THREADS=${TW:-2} "$B/mongoguard" --admin-listen off --config "$P/pooled.toml" > "$P/pooled.log" 2>&1 &
             port=27330
+        elif [ "$mode" = pass-ws ]; then
+            TOKIO_WORKER_THREADS=${TW:-2} "$B/mongoguard" --admin-listen off --config "$P/pass-ws.toml" > "$P/pass-ws.log" 2>&1 &
+            port=27301
         else
             "$B/mongoguard" --admin-listen off --config "$P/pass.toml" > "$P/pass.log" 2>&1 &
             port=27301
