@@ -451,6 +451,32 @@ async fn max_lifetime_closes_connections_in_use_and_idle() {
     assert_eq!(stats(&pool).expired, 2);
 }
 
+/// With both limits set, an idle connection expires at whichever comes first (the pool
+/// works the deadline out once, when the connection goes idle).
+#[tokio::test]
+async fn an_idle_connection_expires_at_the_sooner_of_its_two_limits() {
+    let short = Duration::from_millis(40);
+    for (idle_timeout, max_lifetime) in [(short, BOUND), (BOUND, short)] {
+        let mut cfg = config(2);
+        cfg.idle_timeout = Some(idle_timeout);
+        cfg.max_lifetime = Some(max_lifetime);
+        let (pool, control) = pool(cfg);
+        pool.checkout(&key("app")).await.unwrap().release();
+        let again = pool.checkout(&key("app")).await.unwrap();
+        assert_eq!(again.id, 1, "reused at once");
+        again.release();
+        // Outliving the shorter limit is the behaviour under test.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(
+            pool.checkout(&key("app")).await.unwrap().id,
+            2,
+            "idle_timeout {idle_timeout:?}, max_lifetime {max_lifetime:?}: expired"
+        );
+        assert_eq!(control.connects(), 2);
+        assert_eq!(stats(&pool).expired, 1);
+    }
+}
+
 #[tokio::test]
 async fn maintain_prefills_min_idle_per_known_key() {
     let mut cfg = config(5);

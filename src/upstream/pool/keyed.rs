@@ -73,15 +73,32 @@ enum Cell<T> {
 /// A connection handed from a checkout that ended to the waiter taking its slot.
 struct Handed<T> {
     conn: Box<T>,
-    created: Instant,
+    life: Life,
 }
 
 struct Idle<T> {
     /// Boxed: a connection (a TLS stream's state included) is large, and a checkout is
     /// moved through several futures per request; a box moves as one pointer.
     conn: Box<T>,
-    created: Instant,
-    idle_since: Instant,
+    life: Life,
+    /// When it expires if still idle: `idle_timeout` after it was released, or the end of
+    /// its life if sooner (`None`: never). Computed once, when it goes idle, so that a
+    /// checkout compares one instant instead of working out two durations.
+    expires: Option<Instant>,
+}
+
+/// When a connection was opened and when `max_lifetime` ends it, computed once when it is
+/// opened (a release compares an instant rather than working out the connection's age).
+#[derive(Clone, Copy)]
+pub(super) struct Life {
+    pub(super) created: Instant,
+    dies: Option<Instant>,
+}
+
+impl Life {
+    fn over(&self, now: Instant) -> bool {
+        self.dies.is_some_and(|d| now >= d)
+    }
 }
 
 /// Why a counted connection stopped being counted.
@@ -183,7 +200,7 @@ impl<T: PooledConn> KeyPool<T> {
         let mut conn = handed.conn;
         if conn.is_usable() {
             // Counted in use when it was taken from the queue.
-            return Ok(Checkout::new(conn, handed.created, self.clone()));
+            return Ok(Checkout::new(conn, handed.life, self.clone()));
         }
         drop(conn);
         // Still holding the slot: an idle connection or a new one.
@@ -241,7 +258,7 @@ impl<T: PooledConn> KeyPool<T> {
                 continue;
             }
             slot.keep();
-            return Ok(Checkout::new(entry.conn, entry.created, self.clone()));
+            return Ok(Checkout::new(entry.conn, entry.life, self.clone()));
         }
     }
 
@@ -257,7 +274,7 @@ impl<T: PooledConn> KeyPool<T> {
         state.in_use += 1;
         self.publish(&state);
         drop(state);
-        Ok(Checkout::new(conn, Instant::now(), self.clone()))
+        Ok(Checkout::new(conn, self.life(Instant::now()), self.clone()))
     }
 
     /// Connects for a slot counted in `total`; uncounts it if the connect fails or is
@@ -379,13 +396,14 @@ impl<T: PooledConn> KeyPool<T> {
             let mut state = self.lock();
             // Drained or closed while it connected (checked under the lock both set): the
             // connection closes rather than idle where no idle connection may stay.
-            if let Some(why) = self.rejects(now, now) {
+            let life = self.life(now);
+            if let Some(why) = self.rejects(life, now) {
                 drop(state);
                 drop(conn);
                 self.close_slot(why, false);
                 return Ok(());
             }
-            let woken = self.put_back(&mut state, conn, now, now);
+            let woken = self.put_back(&mut state, conn, life, now);
             self.publish(&state);
             drop(state);
             wake(woken);
@@ -430,14 +448,19 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     fn expired(&self, entry: &Idle<T>, now: Instant) -> bool {
-        let idle_for = now.saturating_duration_since(entry.idle_since);
-        self.config.idle_timeout.is_some_and(|t| idle_for >= t)
-            || self.past_lifetime(entry.created, now)
+        entry.expires.is_some_and(|t| now >= t)
     }
 
-    fn past_lifetime(&self, created: Instant, now: Instant) -> bool {
-        let age = now.saturating_duration_since(created);
-        self.config.max_lifetime.is_some_and(|t| age >= t)
+    /// The life of a connection opened at `created`.
+    fn life(&self, created: Instant) -> Life {
+        Life {
+            created,
+            // Too far to represent: never.
+            dies: self
+                .config
+                .max_lifetime
+                .and_then(|t| created.checked_add(t)),
+        }
     }
 
     /// One counted connection is gone; its slot stays held by the caller.
@@ -466,8 +489,8 @@ impl<T: PooledConn> KeyPool<T> {
 
     /// Whether a connection released now (or handed back) is closed instead of kept: the
     /// pool is closed or its server drained, or the connection is past `max_lifetime`.
-    fn rejects(&self, created: Instant, now: Instant) -> Option<Closed> {
-        if self.past_lifetime(created, now) {
+    fn rejects(&self, life: Life, now: Instant) -> Option<Closed> {
+        if life.over(now) {
             Some(Closed::Expired)
         } else if self.is_closed() || self.drained.load(Ordering::Relaxed) {
             Some(Closed::Discarded)
@@ -490,19 +513,19 @@ impl<T: PooledConn> KeyPool<T> {
     /// waiter with the slot (`Ok(true)`), or idles (`Ok(false)`). `Err` gives it back,
     /// untouched, when it must close instead (see [`KeyPool::rejects`]): the caller closes
     /// it, then ends the checkout with [`KeyPool::end_discarded`].
-    fn end_released(&self, conn: Box<T>, created: Instant) -> Result<bool, (Box<T>, Closed)> {
+    fn end_released(&self, conn: Box<T>, life: Life) -> Result<bool, (Box<T>, Closed)> {
         let now = Instant::now();
-        if let Some(why) = self.rejects(created, now) {
+        if let Some(why) = self.rejects(life, now) {
             return Err((conn, why));
         }
         let mut state = self.lock();
-        if let Some(why) = self.rejects(created, now) {
+        if let Some(why) = self.rejects(life, now) {
             // Closed or drained since the check above (both are set before their lock is
             // taken, so either this sees them or they see the connection idle and close it).
             return Err((conn, why));
         }
         state.in_use -= 1;
-        let woken = self.put_back(&mut state, conn, created, now);
+        let woken = self.put_back(&mut state, conn, life, now);
         self.publish(&state);
         drop(state);
         let handed = woken.is_some();
@@ -533,23 +556,22 @@ impl<T: PooledConn> KeyPool<T> {
 
     /// A slot holder's connection, released in good health: to the oldest waiter with the
     /// slot, else idle (the slot freed).
-    fn put_back(
-        &self,
-        state: &mut State<T>,
-        conn: Box<T>,
-        created: Instant,
-        now: Instant,
-    ) -> Woken {
-        let handed = Handed { conn, created };
+    fn put_back(&self, state: &mut State<T>, conn: Box<T>, life: Life, now: Instant) -> Woken {
+        let handed = Handed { conn, life };
         match Self::serve_next(state, Some(handed)) {
             Ok(waker) => Some(waker),
             Err(handed) => {
                 state.held -= 1;
-                if let Some(Handed { conn, created }) = handed {
+                if let Some(Handed { conn, life }) = handed {
+                    let idle_end = self.config.idle_timeout.and_then(|t| now.checked_add(t));
+                    let expires = match (idle_end, life.dies) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                     state.idle.push(Idle {
                         conn,
-                        created,
-                        idle_since: now,
+                        life,
+                        expires,
                     });
                 }
                 None
@@ -734,9 +756,9 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
             // Served but not taken: what it was handed goes on as a release would.
             Cell::Granted(Some(handed)) => {
                 let now = Instant::now();
-                match pool.rejects(handed.created, now) {
+                match pool.rejects(handed.life, now) {
                     None => (
-                        pool.put_back(&mut state, handed.conn, handed.created, now),
+                        pool.put_back(&mut state, handed.conn, handed.life, now),
                         None,
                     ),
                     Some(why) => (None, Some((handed.conn, why))),

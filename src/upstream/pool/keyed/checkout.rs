@@ -5,9 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
-use super::{Closed, KeyPool};
+use super::{Closed, KeyPool, Life};
 use crate::upstream::pool::{PoolKey, PooledConn};
 
 /// A slot counted in `total` for a connect in progress: uncounted on drop unless opened.
@@ -64,17 +62,17 @@ pub struct Checkout<T: PooledConn> {
     // Declared before `slot`: the connection is closed before the slot is freed. Boxed (see
     // `Idle::conn`): a checkout moves as a few words.
     conn: Box<T>,
-    created: Instant,
+    life: Life,
     slot: Slot<T>,
 }
 
 impl<T: PooledConn> Checkout<T> {
     /// A checkout of `conn` in a slot its caller holds, already counted in the pool's
     /// `in_use` (under the lock that gave it the connection) until the checkout ends.
-    pub(super) fn new(conn: Box<T>, created: Instant, pool: Arc<KeyPool<T>>) -> Self {
+    pub(super) fn new(conn: Box<T>, life: Life, pool: Arc<KeyPool<T>>) -> Self {
         Checkout {
             conn,
-            created,
+            life,
             slot: Slot {
                 pool,
                 released: false,
@@ -88,11 +86,11 @@ impl<T: PooledConn> Checkout<T> {
     pub fn release(self) -> bool {
         let Checkout {
             conn,
-            created,
+            life,
             mut slot,
         } = self;
         slot.released = true;
-        match slot.pool.end_released(conn, created) {
+        match slot.pool.end_released(conn, life) {
             Ok(handed) => handed,
             Err((conn, why)) => {
                 // Closed before its slot is passed on.
@@ -115,7 +113,7 @@ impl<T: PooledConn> Checkout<T> {
 
     /// How long ago the connection was opened.
     pub fn age(&self) -> std::time::Duration {
-        self.created.elapsed()
+        self.life.created.elapsed()
     }
 }
 
