@@ -532,3 +532,66 @@ async fn another_identity_with_the_same_lsid_does_not_take_over_a_transaction() 
     assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
     proxy.shutdown().await;
 }
+
+/// A killCursors naming cursors parked on different upstream connections (pymongo batches
+/// the kills of a namespace's abandoned cursors into one command, and to the client
+/// mongoguard is one server) reaches each of them: the forwarded command kills the first
+/// cursor on its connection, and mongoguard kills the others on theirs, so no parked
+/// connection is left holding a cursor its client has given up (a parked connection counts
+/// against `pool_size` for up to 11 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let target = Arc::new(AtomicUsize::new(0));
+    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let proxy = start_lazy(relay).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for backend in 0..2 {
+        // The second find's new connection reaches B: its cursor lives there.
+        target.store(backend, Ordering::SeqCst);
+        let found = raw
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+            .await;
+        let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(id, 0, "{found}");
+        ids.push(id);
+    }
+    assert_eq!(
+        proxy.pool_stats().unwrap().0.in_use,
+        2,
+        "two parked connections"
+    );
+    let killed = raw
+        .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "lb"})
+        .await;
+    assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
+    // Each mongos got a killCursors on the cursor's own connection.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b.stats().command_count("killCursors") == 0 || proxy.pool_stats().unwrap().0.in_use > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B's cursor was never killed, or a connection stayed parked: B killCursors {}, \
+             pool {:?}",
+            b.stats().command_count("killCursors"),
+            proxy.pool_stats().unwrap().0
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.stats().command_count("killCursors"), 1);
+    // Neither cursor is open anywhere mongoguard reaches.
+    for id in ids {
+        let more = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
+            .await;
+        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
+    }
+    assert_eq!(
+        a.stats().command_count("getMore") + b.stats().command_count("getMore"),
+        0
+    );
+    proxy.shutdown().await;
+}

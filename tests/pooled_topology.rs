@@ -666,3 +666,91 @@ async fn a_remapped_user_runs_as_his_new_identity_after_a_reload() {
     proxy.shutdown().await;
     standin.shutdown().await;
 }
+
+/// A killCursors naming cursors open on different servers (to its client pooled mode is one
+/// server, so a driver may batch them; pymongo does for abandoned cursors) goes to the first
+/// cursor's server, and mongoguard kills the others on theirs: without it they stayed open
+/// there until the server's cursor timeout, pinned. mongod's killCursors of a cursor it does
+/// not hold reports it in `cursorsNotFound` and kills nothing
+/// (src/mongo/db/commands/killcursors_common.h).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
+    let a = StandIn::start(StandInConfig::default()).await.unwrap();
+    let b = StandIn::start(StandInConfig::default()).await.unwrap();
+    for s in [&a, &b] {
+        let direct = Client::with_uri_str(s.uri()).await.unwrap();
+        direct
+            .database("kc")
+            .collection::<Document>("c")
+            .insert_many((0..20).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+    }
+    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    // Open cursors until one lives on each server (selection spreads finds over both).
+    let (mut on_a, mut on_b) = (None, None);
+    for _ in 0..200 {
+        if on_a.is_some() && on_b.is_some() {
+            break;
+        }
+        let before = a.stats().command_count("find");
+        let r = raw
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "kc"})
+            .await;
+        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+        let slot = if a.stats().command_count("find") > before {
+            &mut on_a
+        } else {
+            &mut on_b
+        };
+        match slot {
+            None => *slot = Some(id),
+            Some(_) => {
+                let r = raw
+                    .command(doc! {"killCursors": "c", "cursors": [id], "$db": "kc"})
+                    .await;
+                assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+            }
+        }
+    }
+    let ids = [on_a.expect("a cursor on A"), on_b.expect("a cursor on B")];
+    let (ka, kb) = (
+        a.stats().command_count("killCursors"),
+        b.stats().command_count("killCursors"),
+    );
+    let r = raw
+        .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "kc"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.stats().command_count("killCursors") == ka
+        || b.stats().command_count("killCursors") == kb
+        || pinned(&proxy) > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a cursor was not killed on its server: A {} -> {}, B {} -> {}, pinned {}",
+            ka,
+            a.stats().command_count("killCursors"),
+            kb,
+            b.stats().command_count("killCursors"),
+            pinned(&proxy)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in ids {
+        let r = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "kc"})
+            .await;
+        assert_eq!(
+            r.get_i32("code").ok(),
+            Some(43),
+            "cursor {id} still open: {r}"
+        );
+    }
+    proxy.shutdown().await;
+}

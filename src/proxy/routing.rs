@@ -68,6 +68,9 @@ pub(crate) struct Routing {
     pub cursor: Option<i64>,
     /// killCursors / OP_KILL_CURSORS: the cursor's pin ends with the reply.
     pub kills_cursor: bool,
+    /// A killCursors command naming more cursors than `cursor`: the rest, killed where they
+    /// live once the command succeeded (`pooled::killer`).
+    pub kill_rest: Option<Box<KillRest>>,
     /// Whether the reply may open a cursor worth remembering (find, aggregate, list*...).
     pub may_open_cursor: bool,
     /// `lsid` is present but its `id` is not a UUID (binary subtype 4, 16 bytes): mongod
@@ -76,6 +79,15 @@ pub(crate) struct Routing {
     /// What this command reaches beyond the client's own requests: every session or
     /// operation of the upstream user it runs as (see [`identity_wide`]), or `None`.
     pub identity_wide: Option<&'static str>,
+}
+
+/// The cursors of a killCursors after its first (at most `killer::MAX_IDS`), and its
+/// namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KillRest {
+    pub db: String,
+    pub coll: String,
+    pub ids: Vec<i64>,
 }
 
 impl Routing {
@@ -174,12 +186,28 @@ fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
             r.cursor = id;
         }
         "killCursors" => {
-            let first = match body.get("cursors") {
-                Ok(Some(RawBsonRef::Array(a))) => a.into_iter().flatten().find_map(int64),
+            let mut ids = match body.get("cursors") {
+                Ok(Some(RawBsonRef::Array(a))) => Some(a.into_iter().flatten().filter_map(int64)),
                 _ => None,
             };
+            let first = ids.as_mut().and_then(Iterator::next);
             r.kills_cursor = true;
             r.cursor = first;
+            let rest: Vec<i64> = ids
+                .into_iter()
+                .flatten()
+                .filter(|id| Some(*id) != first)
+                .take(crate::proxy::pooled::killer::MAX_IDS)
+                .collect();
+            if let (false, Ok(Some(RawBsonRef::String(coll))), Ok(Some(RawBsonRef::String(db)))) =
+                (rest.is_empty(), body.get("killCursors"), body.get("$db"))
+            {
+                r.kill_rest = Some(Box::new(KillRest {
+                    db: db.to_owned(),
+                    coll: coll.to_owned(),
+                    ids: rest,
+                }));
+            }
         }
         "find" | "aggregate" | "listCollections" | "listIndexes" | "listSearchIndexes"
         | "changeStream" => r.may_open_cursor = true,
@@ -460,6 +488,29 @@ mod tests {
         assert_eq!(r.cursor, Some(99));
         let r = route(rawdoc! {"killCursors": "c", "cursors": [5i64], "$db": "d"});
         assert_eq!(r.cursor, Some(5));
+        assert!(r.kill_rest.is_none(), "one cursor: nothing to follow up");
+    }
+
+    /// A killCursors of several cursors: the first routes it, the others (repeats of the
+    /// first dropped, at most `killer::MAX_IDS`) are followed up in its namespace.
+    #[test]
+    fn kill_cursors_of_several_cursors_keeps_the_rest() {
+        let r =
+            route(rawdoc! {"killCursors": "c", "cursors": [5i64, 6i64, 5i64, 7i64], "$db": "d"});
+        assert_eq!(r.cursor, Some(5));
+        let rest = r.kill_rest.expect("the rest");
+        assert_eq!((rest.db.as_str(), rest.coll.as_str()), ("d", "c"));
+        assert_eq!(rest.ids, [6, 7]);
+        let mut many = bson::RawArrayBuf::new();
+        (1..=5_000i64).for_each(|id| many.push(id));
+        let r = route(rawdoc! {"killCursors": "c", "cursors": many, "$db": "d"});
+        assert_eq!(
+            r.kill_rest.unwrap().ids.len(),
+            crate::proxy::pooled::killer::MAX_IDS
+        );
+        // No namespace to kill them in (mongod refuses such a command anyway).
+        let r = route(rawdoc! {"killCursors": 1, "cursors": [5i64, 6i64], "$db": "d"});
+        assert!(r.kill_rest.is_none());
     }
 
     #[test]

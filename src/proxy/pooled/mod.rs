@@ -11,6 +11,7 @@
 
 mod balanced;
 mod ender;
+pub(crate) mod killer;
 mod local;
 pub(crate) mod strategy;
 
@@ -68,6 +69,8 @@ pub(crate) struct Pooled {
     server_selection_timeout: Duration,
     reply_timeout: Duration,
     cancel: CancellationToken,
+    /// Permits for [`killer::follow_up`]'s background kills.
+    stray_kills: Arc<tokio::sync::Semaphore>,
 }
 
 impl Pooled {
@@ -133,6 +136,7 @@ impl Pooled {
             server_selection_timeout: config.upstream.server_selection_timeout,
             reply_timeout: config.upstream.reply_timeout,
             cancel,
+            stray_kills: Arc::new(tokio::sync::Semaphore::new(killer::CONCURRENT)),
         });
         tokio::spawn(maintain(pooled.clone()));
         Ok(pooled)

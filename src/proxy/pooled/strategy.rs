@@ -660,6 +660,13 @@ impl Strategy for PooledSide {
     /// answered, a finished one forgotten. Behind a load balancer: the cursor and the
     /// transaction are recorded on the connection's slot before the reply is relayed.
     fn observe_reply(&mut self, host: &Host, route: &Routing, facts: &ReplyFacts) {
+        if let (true, false, Some(rest)) = (route.kills_cursor, facts.error, &route.kill_rest) {
+            let identity = match &self.identity {
+                Some(i) => i.name.as_str(),
+                None => self.pooled.identities.default_identity().name.as_str(),
+            };
+            super::killer::follow_up(&self.pooled, identity, host, rest);
+        }
         if self.pooled.topology.load_balanced() {
             // Any reply that opens a cursor, not only those of the commands may_open_cursor
             // lists: `acquire` refuses a getMore of a cursor recorded nowhere.

@@ -1,0 +1,182 @@
+//! A killCursors naming cursors that live in different places upstream.
+//!
+//! To its clients pooled mode is one server, so a driver may name in one killCursors cursors
+//! that mongoguard opened on different servers (a replica set's members, several mongos) or,
+//! behind a load balancer, on different parked connections: pymongo, for one, batches the
+//! kills of a namespace's abandoned cursors per server address. The command itself goes
+//! where its first cursor lives (`PooledSide::choose_server`, the parked connection), and
+//! reaches only the cursors there. Once it succeeded, the others are killed here, in the
+//! background, each where it lives: mongod's killCursors of a cursor it does not hold reports
+//! it in `cursorsNotFound` and does nothing, so without this such cursors stayed open until
+//! the server's cursor timeout (10 minutes) and, behind a load balancer, kept their parked
+//! connection out of the pool for [`super::balanced::PARKED_TTL`].
+//!
+//! The client's reply is the forwarded command's, as before (drivers do not read it: the
+//! driver specifications tell them to ignore killCursors' outcome). The work is bounded: at
+//! most [`MAX_IDS`] cursors per command, [`CONCURRENT`] such commands being followed up at
+//! once (a further one is left to the timeouts, as before), and each within the reply
+//! timeout. A kill that fails leaves the cursor's pin, so the client's next getMore of it
+//! still goes where it lives.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{RawArrayBuf, RawBsonRef, RawDocumentBuf};
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::balanced::{Settle, Take, TxnChange};
+use super::Pooled;
+use crate::proxy::routing::KillRest;
+use crate::upstream::{pool::PoolKey, Host};
+
+/// The most cursors after the first one killCursors is followed up for.
+pub(crate) const MAX_IDS: usize = 1_000;
+/// Follow-ups running at once.
+pub(crate) const CONCURRENT: usize = 16;
+/// The longest one follow-up may take when `upstream.reply_timeout` is 0 (no limit).
+const DEFAULT_BOUND: Duration = Duration::from_secs(30);
+
+/// After a killCursors that succeeded on `reached` (as `identity`): kills `rest`'s cursors
+/// where they live, in the background. With several servers, cursors pinned to `reached`
+/// were killed by the command itself: only their pins end here.
+pub(crate) fn follow_up(pooled: &Arc<Pooled>, identity: &str, reached: &Host, rest: &KillRest) {
+    let balanced = pooled.topology.load_balanced();
+    let mut elsewhere: Vec<(Host, Vec<i64>)> = Vec::new();
+    if !balanced {
+        let now = Instant::now();
+        for &id in &rest.ids {
+            match pooled.pins.cursor_server(id, now) {
+                None => {}
+                Some(h) if &h == reached => pooled.pins.unpin_cursor(id),
+                Some(h) => match elsewhere.iter_mut().find(|(x, _)| *x == h) {
+                    Some((_, ids)) => ids.push(id),
+                    None => elsewhere.push((h, vec![id])),
+                },
+            }
+        }
+        if elsewhere.is_empty() {
+            return;
+        }
+    }
+    let Ok(permit) = pooled.stray_kills.clone().try_acquire_owned() else {
+        debug!(
+            cursors = rest.ids.len(),
+            "killCursors follow-ups all busy: the other cursors are left to the server's timeout"
+        );
+        return;
+    };
+    let pooled = pooled.clone();
+    let identity = identity.to_owned();
+    let rest = rest.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let bound = match pooled.reply_timeout {
+            d if d.is_zero() => DEFAULT_BOUND,
+            d => d,
+        };
+        let work = async {
+            if balanced {
+                for &id in &rest.ids {
+                    kill_parked(&pooled, &identity, &rest, id).await;
+                }
+            } else {
+                for (host, ids) in &elsewhere {
+                    kill_on(&pooled, &identity, host, &rest, ids).await;
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = pooled.cancel.cancelled() => {}
+            r = tokio::time::timeout(bound, work) => if r.is_err() {
+                debug!(?bound, "killCursors follow-up timed out; the rest is left to the server");
+            },
+        }
+    });
+}
+
+/// `{killCursors: coll, cursors: [ids], $db: db}`.
+fn command(rest: &KillRest, ids: &[i64]) -> RawDocumentBuf {
+    let mut cursors = RawArrayBuf::new();
+    for &id in ids {
+        cursors.push(id);
+    }
+    bson::rawdoc! {
+        "killCursors": rest.coll.as_str(),
+        "cursors": cursors,
+        "$db": rest.db.as_str(),
+    }
+}
+
+fn accepted(reply: &RawDocumentBuf) -> bool {
+    matches!(
+        reply.get("ok"),
+        Ok(Some(
+            RawBsonRef::Double(1.0) | RawBsonRef::Int32(1) | RawBsonRef::Int64(1)
+        ))
+    )
+}
+
+/// Kills `ids` on a pooled connection to `host`, then ends their pins.
+async fn kill_on(pooled: &Pooled, identity: &str, host: &Host, rest: &KillRest, ids: &[i64]) {
+    let key = PoolKey::new(host.clone(), identity);
+    let mut conn = match pooled.pool.checkout(&key).await {
+        Ok(c) => c,
+        Err(e) => {
+            debug!(error = %e, "killCursors follow-up: no connection");
+            return;
+        }
+    };
+    // An error leaves the connection unreleased: dropped, it is closed.
+    match conn.command(&command(rest, ids)).await {
+        Ok(reply) => {
+            conn.release();
+            if accepted(&reply) {
+                for &id in ids {
+                    pooled.pins.unpin_cursor(id);
+                }
+            } else {
+                debug!(?reply, "killCursors follow-up refused");
+            }
+        }
+        Err(e) => debug!(error = %e, "killCursors follow-up failed"),
+    }
+}
+
+/// Kills cursor `id` on the parked connection it lives on (waiting while that connection
+/// is busy), and settles the connection: back to the pool once nothing lives on it.
+async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) {
+    let parked = &pooled.balanced;
+    loop {
+        let changed = parked.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        match parked.take(Some(id), None, |c| c.key().identity == identity) {
+            Take::Unknown => return,
+            Take::Busy => changed.await,
+            Take::Got(slot, mut conn) => {
+                match conn.command(&command(rest, &[id])).await {
+                    Ok(reply) => {
+                        // Refused (another user's cursor): it stays where it is.
+                        let closed = accepted(&reply).then_some(id);
+                        let settle = Settle {
+                            opened: None,
+                            closed,
+                            txn: TxnChange::None,
+                        };
+                        if let Some(c) = parked.settle(Some(slot), conn, settle, Instant::now()) {
+                            c.release();
+                        }
+                    }
+                    Err(e) => {
+                        // The connection broke: mongos ended what lived on it.
+                        debug!(error = %e, "killCursors follow-up failed");
+                        parked.forget(slot);
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
