@@ -8,6 +8,8 @@
 # ends with the share of the machine's CPU time left idle during the run (/proc/stat): near
 # 0 means CPU, not the pool, limits throughput. BIN_OLD: a second mongoguard binary measured
 # as "pooled-old" (:27331) beside "pooled" in each round, for before/after comparisons.
+# At the end, bench/prof/pooled_summary.py prints each mode's ratios against passthrough and
+# their medians (ops/s, mongoguard's CPU per request, the three processes' CPU per request).
 # WS=1 adds "pass-ws": passthrough on the work-stealing runtime (`proxy.work_stealing`,
 # TOKIO_WORKER_THREADS TW), the runtime pooled sessions run on (docs/performance.md, "Tenth
 # pass": its idle share).
@@ -23,6 +25,7 @@ printf '[proxy]\nlisten = "127.0.0.1:27301"\nthreads = %s\n[upstream]\nuri = "mo
 sed 's/27330/27331/' "$P/pooled.toml" > "$P/pooled-old.toml"
 printf '[proxy]\nlisten = "127.0.0.1:27301"\nwork_stealing = true\n[upstream]\nuri = "mongodb://127.0.0.1:27300"\n' \
     > "$P/pass-ws.toml"
+: > "$P/pooled.lines"
 idle() { awk '/^cpu /{print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 for round in $(seq "${ROUNDS:-1}"); do
 for op in ${OPS:-find}; do
@@ -54,9 +57,11 @@ for op in ${OPS:-find}; do
         read -r i0 t0 < <(idle)
         line=$(bash "$ROOT/bench/prof/cpu.sh" "$mode" "$port" "$op" "${CONC:-64}" "${DUR:-4}")
         read -r i1 t1 < <(idle)
-        echo "round $round: $line idle=$(awk -v a="$i0" -v b="$i1" -v c="$t0" -v d="$t1" 'BEGIN { printf "%.0f%%", 100 * (b - a) / (d - c) }')"
+        echo "round $round: $line idle=$(awk -v a="$i0" -v b="$i1" -v c="$t0" -v d="$t1" 'BEGIN { printf "%.0f%%", 100 * (b - a) / (d - c) }')" | tee -a "$P/pooled.lines"
         kill "$(cat "$P/$mode.pid")"
         sleep 0.3
     done
 done
 done
+# Ratios against passthrough per round, and their medians (bench/prof/pooled_summary.py).
+python3 "$ROOT/bench/prof/pooled_summary.py" "$P/pooled.lines"
