@@ -595,3 +595,74 @@ async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
     );
     proxy.shutdown().await;
 }
+
+/// A killCursors follow-up whose killCursors mongos does not answer within its bound
+/// (`reply_timeout`) gives up: its connection is dropped (closed: mongos ends what lived on
+/// it). The connection's slot must not stay "busy" forever: a later getMore of the cursor
+/// must get CursorNotFound, not wait out the checkout timeout for a connection that will
+/// never come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_cursors_follow_up_that_times_out_leaves_no_busy_slot() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let target = Arc::new(AtomicUsize::new(0));
+    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let mut cfg = Config::for_upstream(&format!("mongodb://{relay}/?loadBalanced=true")).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 6;
+    cfg.pool.min_idle = 0;
+    cfg.pool.checkout_timeout = Duration::from_secs(2);
+    cfg.upstream.reply_timeout = Duration::from_secs(1);
+    cfg.auth.allow_unauthenticated = true;
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for backend in 0..2 {
+        target.store(backend, Ordering::SeqCst);
+        let found = raw
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+            .await;
+        let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(id, 0, "{found}");
+        ids.push(id);
+    }
+    // B holds its next killCursors well past the follow-up's bound.
+    let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", b.addr()))
+        .await
+        .unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": 1},
+            "data": {"failCommands": ["killCursors"], "blockConnection": true, "blockTimeMS": 4000},
+        })
+        .await
+        .unwrap();
+    let killed = raw
+        .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "lb"})
+        .await;
+    assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
+    // The follow-up reaches B, then gives up after 1 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b.stats().command_count("killCursors") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no follow-up reached B");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = tokio::time::Instant::now();
+    let more = raw
+        .command(doc! {"getMore": ids[1], "collection": "c", "$db": "lb"})
+        .await;
+    assert_eq!(
+        more.get_i32("code").unwrap_or(0),
+        43,
+        "after {:?}: {more}",
+        started.elapsed()
+    );
+    direct.shutdown().await;
+    proxy.shutdown().await;
+}

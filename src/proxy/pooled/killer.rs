@@ -156,6 +156,12 @@ async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) 
             Take::Unknown => return,
             Take::Busy => changed.await,
             Take::Got(slot, mut conn) => {
+                // Dropped here (the follow-up timed out or was cancelled mid-command), the
+                // connection closes: the guard forgets its slot, or it stayed busy forever.
+                let mut taken = Taken {
+                    parked,
+                    slot: Some(slot),
+                };
                 match conn.command(&command(rest, &[id])).await {
                     Ok(reply) => {
                         // Refused (another user's cursor): it stays where it is.
@@ -165,6 +171,7 @@ async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) 
                             closed,
                             txn: TxnChange::None,
                         };
+                        taken.slot = None;
                         if let Some(c) = parked.settle(Some(slot), conn, settle, Instant::now()) {
                             c.release();
                         }
@@ -172,11 +179,29 @@ async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) 
                     Err(e) => {
                         // The connection broke: mongos ended what lived on it.
                         debug!(error = %e, "killCursors follow-up failed");
-                        parked.forget(slot);
+                        // (`taken` forgets the slot.)
                     }
                 }
                 return;
             }
+        }
+    }
+}
+
+/// A parked connection's slot a follow-up took: forgotten when the follow-up ends without
+/// settling it — its connection broke, or the follow-up was dropped mid-command (its bound
+/// passed, or shutdown) and the connection, dropped with it, is closed. Either way mongos
+/// ended what lived on it; left in place the slot would stay busy for good (a busy slot
+/// never expires), and every getMore of its cursors would wait out the checkout timeout.
+struct Taken<'a, C> {
+    parked: &'a super::balanced::Parked<C>,
+    slot: Option<u64>,
+}
+
+impl<C> Drop for Taken<'_, C> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.parked.forget(slot);
         }
     }
 }
