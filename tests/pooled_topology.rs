@@ -754,3 +754,75 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
     }
     proxy.shutdown().await;
 }
+
+/// A killCursors naming the client's own cursor first and another identity's cursor, open
+/// on the other server, after it: the follow-up runs as the client's identity, the server
+/// refuses it (Unauthorized), and the owner's cursor stays open and pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() {
+    let (a, b, proxy) = two_servers_two_identities("kill-follow-identity").await;
+    let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    for s in [&a, &b] {
+        let uri = format!("mongodb://app:apppw@{}/?authSource=admin", s.addr());
+        let direct = Client::with_uri_str(uri).await.unwrap();
+        direct
+            .database("pin")
+            .collection::<Document>("c")
+            .insert_many((0..10).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+    }
+    let on_a = |a: &StandIn, before: u64| a.stats().command_count("find") > before;
+    // Alice's cursor, and Mallory's on the other server.
+    let before = a.stats().command_count("find");
+    let r = alice
+        .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
+        .await;
+    let alice_id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let alice_on_a = on_a(&a, before);
+    let mut mallory_id = None;
+    for _ in 0..200 {
+        let before = a.stats().command_count("find");
+        let r = mallory
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+        if on_a(&a, before) != alice_on_a {
+            mallory_id = Some(id);
+            break;
+        }
+        mallory
+            .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+            .await;
+    }
+    let mallory_id = mallory_id.expect("a cursor of Mallory's on the other server");
+    let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
+    assert_eq!(pinned(&proxy), 2);
+    let (ka, kb) = (
+        a.stats().command_count("killCursors"),
+        b.stats().command_count("killCursors"),
+    );
+    let r = mallory
+        .command(doc! {"killCursors": "c", "cursors": [mallory_id, alice_id], "$db": "pin"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    // The follow-up reaches Alice's server (and is refused there).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.stats().command_count("killCursors") + b.stats().command_count("killCursors")
+        < ka + kb + 2
+    {
+        assert!(tokio::time::Instant::now() < deadline, "no follow-up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(pinned(&proxy), 1, "Alice's pin must stay");
+    for _ in 0..4 {
+        let r = alice
+            .command(doc! {"getMore": alice_id, "collection": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    proxy.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
