@@ -435,6 +435,25 @@ mod tests {
     }
 
     /// The metrics-only lookup answers what the full facts say, for every `ok` form.
+    /// Odd killCursors shapes: no follow-up where there is nothing (or nowhere) to kill.
+    #[test]
+    fn kill_cursors_odd_shapes() {
+        let r = route(rawdoc! {"killCursors": "c", "cursors": 5i64, "$db": "d"});
+        assert!(r.kill_rest.is_none() && r.cursor.is_none() && r.kills_cursor);
+        let r = route(rawdoc! {"killCursors": "c", "cursors": {"0": 5i64, "1": 6i64}, "$db": "d"});
+        assert!(r.kill_rest.is_none() && r.cursor.is_none());
+        let r = route(rawdoc! {"killCursors": "c", "cursors": [], "$db": "d"});
+        assert!(r.kill_rest.is_none() && r.cursor.is_none());
+        let r = route(rawdoc! {"killCursors": "c", "cursors": [5i64, 6i64]});
+        assert!(r.kill_rest.is_none(), "no $db");
+        let r = route(rawdoc! {"killCursors": "c", "cursors": [5i64, 6i64], "$db": 1});
+        assert!(r.kill_rest.is_none());
+        // Non-integers are skipped (mongod refuses the command: its reply is an error).
+        let r = route(rawdoc! {"killCursors": "c", "cursors": ["x", 5i64, 6.5, 7i32, 0i64, -3i64, 7i64], "$db": "d"});
+        assert_eq!(r.cursor, Some(5));
+        assert_eq!(r.kill_rest.unwrap().ids, [7, 0, -3, 7]);
+    }
+
     #[test]
     fn error_of_agrees_with_the_full_facts() {
         let bodies = [
