@@ -666,3 +666,82 @@ async fn a_kill_cursors_follow_up_that_times_out_leaves_no_busy_slot() {
     direct.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// The 16 follow-up permits are shared by every client, and a follow-up waits for a busy
+/// parked connection for up to its whole bound (`reply_timeout`, 300 s by default). One
+/// client that keeps one of its own cursors' connections busy (here a getMore held by a fail
+/// point; in the field any slow getMore, e.g. an awaitData one) and names that cursor in 16
+/// killCursors holds every permit: another client's killCursors of cursors on two
+/// connections is then not followed up, and its second connection stays parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "design: follow-up permits are global and a Busy wait lasts the whole bound"]
+async fn one_client_cannot_hold_every_kill_follow_up_permit() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let target = Arc::new(AtomicUsize::new(0));
+    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let mut cfg = Config::for_upstream(&format!("mongodb://{relay}/?loadBalanced=true")).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 8;
+    cfg.pool.min_idle = 0;
+    cfg.auth.allow_unauthenticated = true;
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let connect = || support::raw::RawConn::connect(proxy.local_addr());
+    let (mut hog, mut victim) = (connect().await.unwrap(), connect().await.unwrap());
+    // The hog's cursor, its connection held busy by a slow getMore.
+    let found = hog
+        .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+        .await;
+    let slow = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", a.addr()))
+        .await
+        .unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": 1},
+            "data": {"failCommands": ["getMore"], "blockConnection": true, "blockTimeMS": 20000},
+        })
+        .await
+        .unwrap();
+    let mut held = connect().await.unwrap();
+    let _held = tokio::spawn(async move {
+        held.command(doc! {"getMore": slow, "collection": "c", "$db": "lb"})
+            .await
+    });
+    while a.stats().command_count("getMore") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 16 killCursors of an unknown cursor and the busy one: 16 follow-ups wait.
+    for bogus in 1..=16i64 {
+        let r = hog
+            .command(doc! {"killCursors": "c", "cursors": [bogus, slow], "$db": "lb"})
+            .await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    // The victim's cursors, one on each connection (the second reaches B).
+    let mut ids = Vec::new();
+    for backend in 0..2 {
+        target.store(backend, Ordering::SeqCst);
+        let found = victim
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+            .await;
+        ids.push(found.get_document("cursor").unwrap().get_i64("id").unwrap());
+    }
+    let r = victim
+        .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "lb"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while b.stats().command_count("killCursors") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the victim's second cursor was never killed: every follow-up permit is held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    direct.shutdown().await;
+    proxy.shutdown().await;
+}
