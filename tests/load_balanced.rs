@@ -745,3 +745,48 @@ async fn one_client_cannot_hold_every_kill_follow_up_permit() {
     direct.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// Shutdown with a killCursors follow-up waiting on a mongos that holds its reply: the
+/// follow-up is cancelled (its connection closed) and shutdown does not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_a_kill_follow_up_in_flight() {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let target = Arc::new(AtomicUsize::new(0));
+    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let proxy = start_lazy(relay).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for backend in 0..2 {
+        target.store(backend, Ordering::SeqCst);
+        let found = raw
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+            .await;
+        ids.push(found.get_document("cursor").unwrap().get_i64("id").unwrap());
+    }
+    // B reads and never answers from now on (the stand-in's handler sees the close).
+    b.set_fault(mongoguard_standin::Fault::Stall);
+    let r = raw
+        .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "lb"})
+        .await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    // The follow-up is on B's connection, waiting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(b.stats().connections_open(), 1);
+    drop(raw);
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), proxy.shutdown())
+        .await
+        .expect("shutdown waited for the follow-up");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while b.stats().connections_open() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follow-up's connection to B stayed open after shutdown ({:?})",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
