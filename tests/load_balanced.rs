@@ -649,7 +649,10 @@ async fn a_kill_cursors_follow_up_that_times_out_leaves_no_busy_slot() {
     // The follow-up reaches B, then gives up after 1 s.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while b.stats().command_count("killCursors") == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no follow-up reached B");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no follow-up reached B"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -449,7 +449,9 @@ mod tests {
         let r = route(rawdoc! {"killCursors": "c", "cursors": [5i64, 6i64], "$db": 1});
         assert!(r.kill_rest.is_none());
         // Non-integers are skipped (mongod refuses the command: its reply is an error).
-        let r = route(rawdoc! {"killCursors": "c", "cursors": ["x", 5i64, 6.5, 7i32, 0i64, -3i64, 7i64], "$db": "d"});
+        let r = route(
+            rawdoc! {"killCursors": "c", "cursors": ["x", 5i64, 6.5, 7i32, 0i64, -3i64, 7i64], "$db": "d"},
+        );
         assert_eq!(r.cursor, Some(5));
         assert_eq!(r.kill_rest.unwrap().ids, [7, 0, -3, 7]);
     }
