@@ -13,11 +13,14 @@
 //!
 //! The client's reply is the forwarded command's, as before (drivers do not read it: the
 //! driver specifications tell them to ignore killCursors' outcome). The work is bounded: at
-//! most [`MAX_IDS`] cursors per command, [`CONCURRENT`] such commands being followed up at
-//! once (a further one is left to the timeouts, as before), and each within the reply
-//! timeout. A kill that fails leaves the cursor's pin, so the client's next getMore of it
-//! still goes where it lives.
+//! most [`MAX_IDS`] cursors per command; one follow-up at a time per client connection and
+//! [`CONCURRENT`] in all (a further one is left to the timeouts, as before this existed); a
+//! wait for a parked connection another request is using at most `checkout_timeout` (as a
+//! session's own wait); and each follow-up at most `reply_timeout`, and never more than
+//! [`MAX_BOUND`]. A kill that fails leaves the cursor's pin, so the client's next getMore of
+//! it still goes where it lives.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,15 +35,26 @@ use crate::upstream::{pool::PoolKey, Host};
 
 /// The most cursors after the first one killCursors is followed up for.
 pub(crate) const MAX_IDS: usize = 1_000;
-/// Follow-ups running at once.
-pub(crate) const CONCURRENT: usize = 16;
-/// The longest one follow-up may take when `upstream.reply_timeout` is 0 (no limit).
-const DEFAULT_BOUND: Duration = Duration::from_secs(30);
+/// Follow-ups running at once, over every client.
+pub(crate) const CONCURRENT: usize = 64;
+/// The longest one follow-up may take (less when `upstream.reply_timeout` is shorter): a
+/// killCursors is answered at once; one that is not is left to the server's timeout.
+const MAX_BOUND: Duration = Duration::from_secs(30);
 
 /// After a killCursors that succeeded on `reached` (as `identity`): kills `rest`'s cursors
 /// where they live, in the background. With several servers, cursors pinned to `reached`
 /// were killed by the command itself: only their pins end here.
-pub(crate) fn follow_up(pooled: &Arc<Pooled>, identity: &str, reached: &Host, rest: &KillRest) {
+///
+/// `in_flight` is the session's: set while its follow-up runs; a session whose previous one
+/// still runs (its cursors' connections busy) gets none, so that one client cannot take every
+/// permit.
+pub(crate) fn follow_up(
+    pooled: &Arc<Pooled>,
+    identity: &str,
+    reached: &Host,
+    rest: &KillRest,
+    in_flight: &Arc<AtomicBool>,
+) {
     let balanced = pooled.topology.load_balanced();
     let mut elsewhere: Vec<(Host, Vec<i64>)> = Vec::new();
     if !balanced {
@@ -59,6 +73,15 @@ pub(crate) fn follow_up(pooled: &Arc<Pooled>, identity: &str, reached: &Host, re
             return;
         }
     }
+    if in_flight.swap(true, Ordering::AcqRel) {
+        debug!(
+            cursors = rest.ids.len(),
+            "this client's previous killCursors follow-up still runs: the other cursors are \
+             left to the server's timeout"
+        );
+        return;
+    }
+    let running = Running(in_flight.clone());
     let Ok(permit) = pooled.stray_kills.clone().try_acquire_owned() else {
         debug!(
             cursors = rest.ids.len(),
@@ -71,9 +94,10 @@ pub(crate) fn follow_up(pooled: &Arc<Pooled>, identity: &str, reached: &Host, re
     let rest = rest.clone();
     tokio::spawn(async move {
         let _permit = permit;
+        let _running = running;
         let bound = match pooled.reply_timeout {
-            d if d.is_zero() => DEFAULT_BOUND,
-            d => d,
+            d if d.is_zero() => MAX_BOUND,
+            d => d.min(MAX_BOUND),
         };
         let work = async {
             if balanced {
@@ -94,6 +118,15 @@ pub(crate) fn follow_up(pooled: &Arc<Pooled>, identity: &str, reached: &Host, re
             },
         }
     });
+}
+
+/// Clears a session's in-flight flag when its follow-up ends (or is never spawned).
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// `{killCursors: coll, cursors: [ids], $db: db}`.
@@ -148,13 +181,22 @@ async fn kill_on(pooled: &Pooled, identity: &str, host: &Host, rest: &KillRest, 
 /// is busy), and settles the connection: back to the pool once nothing lives on it.
 async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) {
     let parked = &pooled.balanced;
+    // As long as a session waits for its cursor's busy connection (`take_parked`).
+    let give_up = tokio::time::sleep(pooled.pool.config().checkout_timeout);
+    tokio::pin!(give_up);
     loop {
         let changed = parked.changed();
         tokio::pin!(changed);
         changed.as_mut().enable();
         match parked.take(Some(id), None, |c| c.key().identity == identity) {
             Take::Unknown => return,
-            Take::Busy => changed.await,
+            Take::Busy => tokio::select! {
+                () = &mut give_up => {
+                    debug!(cursor = id, "killCursors follow-up: the cursor's connection stayed busy");
+                    return;
+                }
+                () = changed => {}
+            },
             Take::Got(slot, mut conn) => {
                 // Dropped here (the follow-up timed out or was cancelled mid-command), the
                 // connection closes: the guard forgets its slot, or it stayed busy forever.

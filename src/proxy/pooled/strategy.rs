@@ -104,6 +104,9 @@ pub(crate) struct PooledSide {
     checkouts: Checkouts,
     /// The last round trip's connection went straight to a session waiting for one.
     handed_over: bool,
+    /// This session's killCursors follow-up is running (one at a time per session: see
+    /// [`super::killer`]).
+    kill_follow_up: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A session's checkouts.
@@ -219,6 +222,7 @@ impl PooledSide {
             closed_cursor: None,
             checkouts: Checkouts::default(),
             handed_over: false,
+            kill_follow_up: Arc::default(),
             pooled,
             ctx,
         }
@@ -665,7 +669,7 @@ impl Strategy for PooledSide {
                 Some(i) => i.name.as_str(),
                 None => self.pooled.identities.default_identity().name.as_str(),
             };
-            super::killer::follow_up(&self.pooled, identity, host, rest);
+            super::killer::follow_up(&self.pooled, identity, host, rest, &self.kill_follow_up);
         }
         if self.pooled.topology.load_balanced() {
             // Any reply that opens a cursor, not only those of the commands may_open_cursor
