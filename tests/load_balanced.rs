@@ -286,14 +286,70 @@ async fn switch_relay(backends: Vec<SocketAddr>, target: Arc<AtomicUsize>) -> So
 /// Pooled mode in front of `relay` with no idle connections opened ahead (every upstream
 /// connection is opened for a request, where the relay's target says).
 async fn start_lazy(relay: SocketAddr) -> ProxyHandle {
+    start_lazy_with(relay, |_| {}).await
+}
+
+/// [`start_lazy`] with `tweak` applied to the configuration.
+async fn start_lazy_with(relay: SocketAddr, tweak: impl FnOnce(&mut Config)) -> ProxyHandle {
     let mut cfg = Config::for_upstream(&format!("mongodb://{relay}/?loadBalanced=true")).unwrap();
     cfg.proxy.mode = Mode::Pooled;
     cfg.pool.pool_size = 6;
     cfg.pool.min_idle = 0;
     cfg.auth.allow_unauthenticated = true;
     cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    tweak(&mut cfg);
     cfg.validate().unwrap();
     Proxy::start(Arc::new(cfg)).await.unwrap()
+}
+
+/// Two seeded "mongos" behind a relay whose target (0: A, 1: B) the test switches.
+async fn switched_pair() -> (StandIn, StandIn, Arc<AtomicUsize>, SocketAddr) {
+    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    seed(&[&a, &b]).await;
+    let target = Arc::new(AtomicUsize::new(0));
+    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    (a, b, target, relay)
+}
+
+/// Opens a cursor (batch of 2) on A's connection, then one on B's, over `conn`.
+async fn cursor_on_each(conn: &mut support::raw::RawConn, target: &AtomicUsize) -> [i64; 2] {
+    let mut ids = [0; 2];
+    for (backend, id) in ids.iter_mut().enumerate() {
+        // A find's new connection reaches the relay's target: its cursor lives there.
+        target.store(backend, Ordering::SeqCst);
+        let found = conn
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+            .await;
+        *id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(*id, 0, "{found}");
+    }
+    ids
+}
+
+/// Makes `backend` hold its next `command` for `ms` milliseconds (a fail point); the
+/// returned client is closed by the caller.
+async fn hold_next(backend: &StandIn, command: &str, ms: i32) -> Client {
+    let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", backend.addr()))
+        .await
+        .unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": 1},
+            "data": {"failCommands": [command], "blockConnection": true, "blockTimeMS": ms},
+        })
+        .await
+        .unwrap();
+    direct
+}
+
+/// Waits (bounded) until `backend` has seen a killCursors; `what` names the wait.
+async fn until_killed_on(backend: &StandIn, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while backend.stats().command_count("killCursors") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn batch_ids(reply: &Document, batch: &str) -> Vec<i32> {
@@ -541,25 +597,12 @@ async fn another_identity_with_the_same_lsid_does_not_take_over_a_transaction() 
 /// against `pool_size` for up to 11 minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
-    let (a, b) = (balanced_standin().await, balanced_standin().await);
-    seed(&[&a, &b]).await;
-    let target = Arc::new(AtomicUsize::new(0));
-    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let (a, b, target, relay) = switched_pair().await;
     let proxy = start_lazy(relay).await;
     let mut raw = support::raw::RawConn::connect(proxy.local_addr())
         .await
         .unwrap();
-    let mut ids = Vec::new();
-    for backend in 0..2 {
-        // The second find's new connection reaches B: its cursor lives there.
-        target.store(backend, Ordering::SeqCst);
-        let found = raw
-            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
-            .await;
-        let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
-        assert_ne!(id, 0, "{found}");
-        ids.push(id);
-    }
+    let ids = cursor_on_each(&mut raw, &target).await;
     assert_eq!(
         proxy.pool_stats().unwrap().0.in_use,
         2,
@@ -570,13 +613,12 @@ async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
         .await;
     assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
     // Each mongos got a killCursors on the cursor's own connection.
+    until_killed_on(&b, "B's cursor was never killed").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while b.stats().command_count("killCursors") == 0 || proxy.pool_stats().unwrap().0.in_use > 0 {
+    while proxy.pool_stats().unwrap().0.in_use > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "B's cursor was never killed, or a connection stayed parked: B killCursors {}, \
-             pool {:?}",
-            b.stats().command_count("killCursors"),
+            "a connection stayed parked: {:?}",
             proxy.pool_stats().unwrap().0
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -603,58 +645,24 @@ async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
 /// never come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_cursors_follow_up_that_times_out_leaves_no_busy_slot() {
-    let (a, b) = (balanced_standin().await, balanced_standin().await);
-    seed(&[&a, &b]).await;
-    let target = Arc::new(AtomicUsize::new(0));
-    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
-    let mut cfg = Config::for_upstream(&format!("mongodb://{relay}/?loadBalanced=true")).unwrap();
-    cfg.proxy.mode = Mode::Pooled;
-    cfg.pool.pool_size = 6;
-    cfg.pool.min_idle = 0;
-    cfg.pool.checkout_timeout = Duration::from_secs(2);
-    cfg.upstream.reply_timeout = Duration::from_secs(1);
-    cfg.auth.allow_unauthenticated = true;
-    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
-    cfg.validate().unwrap();
-    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (_a, b, target, relay) = switched_pair().await;
+    let proxy = start_lazy_with(relay, |cfg| {
+        cfg.pool.checkout_timeout = Duration::from_secs(2);
+        cfg.upstream.reply_timeout = Duration::from_secs(1);
+    })
+    .await;
     let mut raw = support::raw::RawConn::connect(proxy.local_addr())
         .await
         .unwrap();
-    let mut ids = Vec::new();
-    for backend in 0..2 {
-        target.store(backend, Ordering::SeqCst);
-        let found = raw
-            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
-            .await;
-        let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
-        assert_ne!(id, 0, "{found}");
-        ids.push(id);
-    }
+    let ids = cursor_on_each(&mut raw, &target).await;
     // B holds its next killCursors well past the follow-up's bound.
-    let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", b.addr()))
-        .await
-        .unwrap();
-    direct
-        .database("admin")
-        .run_command(doc! {
-            "configureFailPoint": "failCommand", "mode": {"times": 1},
-            "data": {"failCommands": ["killCursors"], "blockConnection": true, "blockTimeMS": 4000},
-        })
-        .await
-        .unwrap();
+    let direct = hold_next(&b, "killCursors", 4000).await;
     let killed = raw
         .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "lb"})
         .await;
     assert_eq!(killed.get_f64("ok").ok(), Some(1.0), "{killed}");
     // The follow-up reaches B, then gives up after 1 s.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while b.stats().command_count("killCursors") == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no follow-up reached B"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_killed_on(&b, "no follow-up reached B").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let started = tokio::time::Instant::now();
     let more = raw
@@ -680,18 +688,8 @@ async fn a_kill_cursors_follow_up_that_times_out_leaves_no_busy_slot() {
 /// bound, this test failed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_cannot_hold_every_kill_follow_up_permit() {
-    let (a, b) = (balanced_standin().await, balanced_standin().await);
-    seed(&[&a, &b]).await;
-    let target = Arc::new(AtomicUsize::new(0));
-    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
-    let mut cfg = Config::for_upstream(&format!("mongodb://{relay}/?loadBalanced=true")).unwrap();
-    cfg.proxy.mode = Mode::Pooled;
-    cfg.pool.pool_size = 8;
-    cfg.pool.min_idle = 0;
-    cfg.auth.allow_unauthenticated = true;
-    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
-    cfg.validate().unwrap();
-    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let (a, b, target, relay) = switched_pair().await;
+    let proxy = start_lazy_with(relay, |cfg| cfg.pool.pool_size = 8).await;
     let connect = || support::raw::RawConn::connect(proxy.local_addr());
     let (mut hog, mut victim) = (connect().await.unwrap(), connect().await.unwrap());
     // The hog's cursor, its connection held busy by a slow getMore.
@@ -699,17 +697,7 @@ async fn one_client_cannot_hold_every_kill_follow_up_permit() {
         .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
         .await;
     let slow = found.get_document("cursor").unwrap().get_i64("id").unwrap();
-    let direct = Client::with_uri_str(format!("mongodb://{}/?loadBalanced=true", a.addr()))
-        .await
-        .unwrap();
-    direct
-        .database("admin")
-        .run_command(doc! {
-            "configureFailPoint": "failCommand", "mode": {"times": 1},
-            "data": {"failCommands": ["getMore"], "blockConnection": true, "blockTimeMS": 20000},
-        })
-        .await
-        .unwrap();
+    let direct = hold_next(&a, "getMore", 20_000).await;
     let mut held = connect().await.unwrap();
     let _held = tokio::spawn(async move {
         held.command(doc! {"getMore": slow, "collection": "c", "$db": "lb"})
@@ -726,27 +714,17 @@ async fn one_client_cannot_hold_every_kill_follow_up_permit() {
             .await;
         assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
     }
-    // The victim's cursors, one on each connection (the second reaches B).
-    let mut ids = Vec::new();
-    for backend in 0..2 {
-        target.store(backend, Ordering::SeqCst);
-        let found = victim
-            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
-            .await;
-        ids.push(found.get_document("cursor").unwrap().get_i64("id").unwrap());
-    }
+    // The victim's cursors, one on each connection.
+    let ids = cursor_on_each(&mut victim, &target).await;
     let r = victim
         .command(doc! {"killCursors": "c", "cursors": [ids[0], ids[1]], "$db": "lb"})
         .await;
     assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while b.stats().command_count("killCursors") == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the victim's second cursor was never killed: every follow-up permit is held"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_killed_on(
+        &b,
+        "the victim's second cursor was never killed: every follow-up permit is held",
+    )
+    .await;
     direct.shutdown().await;
     proxy.shutdown().await;
 }
@@ -755,22 +733,12 @@ async fn one_client_cannot_hold_every_kill_follow_up_permit() {
 /// follow-up is cancelled (its connection closed) and shutdown does not wait for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cancels_a_kill_follow_up_in_flight() {
-    let (a, b) = (balanced_standin().await, balanced_standin().await);
-    seed(&[&a, &b]).await;
-    let target = Arc::new(AtomicUsize::new(0));
-    let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
+    let (_a, b, target, relay) = switched_pair().await;
     let proxy = start_lazy(relay).await;
     let mut raw = support::raw::RawConn::connect(proxy.local_addr())
         .await
         .unwrap();
-    let mut ids = Vec::new();
-    for backend in 0..2 {
-        target.store(backend, Ordering::SeqCst);
-        let found = raw
-            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
-            .await;
-        ids.push(found.get_document("cursor").unwrap().get_i64("id").unwrap());
-    }
+    let ids = cursor_on_each(&mut raw, &target).await;
     // B reads and never answers from now on (the stand-in's handler sees the close).
     b.set_fault(mongoguard_standin::Fault::Stall);
     let r = raw

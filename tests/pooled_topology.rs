@@ -507,6 +507,21 @@ async fn another_identity_with_the_same_lsid_keeps_its_own_transaction_pin() {
     proxy.shutdown().await;
 }
 
+/// The same `n` documents `{i}` in `db.c` on every server of `servers` (several mongos in
+/// front of one cluster), written directly as `user:password@` (or no one, when empty).
+async fn seed_each(servers: &[&StandIn], db: &str, n: i32, credentials: &str) {
+    for s in servers {
+        let uri = format!("mongodb://{credentials}{}/?authSource=admin", s.addr());
+        let direct = Client::with_uri_str(uri).await.unwrap();
+        direct
+            .database(db)
+            .collection::<Document>("c")
+            .insert_many((0..n).map(|i| doc! {"i": i}))
+            .await
+            .unwrap();
+    }
+}
+
 /// With several servers a cursor is pinned by its id alone, and a killCursors unpinned it
 /// whatever the server answered: another identity's killCursors of the id — refused by the
 /// server (the cursor is another user's: Unauthorized, killcursors_cmd.cpp) — dropped the
@@ -518,16 +533,7 @@ async fn another_identity_cannot_unpin_a_cursor() {
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
     // The same data on both servers (two mongos in front of one cluster): the find goes
     // to either.
-    for s in [&a, &b] {
-        let uri = format!("mongodb://app:apppw@{}/?authSource=admin", s.addr());
-        let direct = Client::with_uri_str(uri).await.unwrap();
-        direct
-            .database("pin")
-            .collection::<Document>("c")
-            .insert_many((0..10).map(|i| doc! {"i": i}))
-            .await
-            .unwrap();
-    }
+    seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
     let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
     let r = alice
         .command(doc! {"find": "c", "filter": {}, "batchSize": 2, "$db": "pin"})
@@ -677,15 +683,7 @@ async fn a_remapped_user_runs_as_his_new_identity_after_a_reload() {
 async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
     let a = StandIn::start(StandInConfig::default()).await.unwrap();
     let b = StandIn::start(StandInConfig::default()).await.unwrap();
-    for s in [&a, &b] {
-        let direct = Client::with_uri_str(s.uri()).await.unwrap();
-        direct
-            .database("kc")
-            .collection::<Document>("c")
-            .insert_many((0..20).map(|i| doc! {"i": i}))
-            .await
-            .unwrap();
-    }
+    seed_each(&[&a, &b], "kc", 20, "").await;
     let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
     let mut raw = support::raw::RawConn::connect(proxy.local_addr())
         .await
@@ -762,16 +760,7 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
 async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() {
     let (a, b, proxy) = two_servers_two_identities("kill-follow-identity").await;
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
-    for s in [&a, &b] {
-        let uri = format!("mongodb://app:apppw@{}/?authSource=admin", s.addr());
-        let direct = Client::with_uri_str(uri).await.unwrap();
-        direct
-            .database("pin")
-            .collection::<Document>("c")
-            .insert_many((0..10).map(|i| doc! {"i": i}))
-            .await
-            .unwrap();
-    }
+    seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
     let on_a = |a: &StandIn, before: u64| a.stats().command_count("find") > before;
     // Alice's cursor, and Mallory's on the other server.
     let before = a.stats().command_count("find");
