@@ -71,6 +71,18 @@ fn int(doc: &RawDocument, key: &str) -> Option<i32> {
     }
 }
 
+/// Whether a reply to one of mongoguard's own commands says `ok: 1` (as a double, an integer
+/// or `true`, the forms servers send).
+pub(crate) fn reply_ok(doc: &RawDocument) -> bool {
+    match doc.get("ok") {
+        Ok(Some(RawBsonRef::Double(d))) => d == 1.0,
+        Ok(Some(RawBsonRef::Int32(i))) => i == 1,
+        Ok(Some(RawBsonRef::Int64(i))) => i == 1,
+        Ok(Some(RawBsonRef::Boolean(b))) => b,
+        _ => false,
+    }
+}
+
 fn flag(doc: &RawDocument, key: &str) -> bool {
     matches!(doc.get(key), Ok(Some(RawBsonRef::Boolean(true))))
 }
@@ -78,14 +90,7 @@ fn flag(doc: &RawDocument, key: &str) -> bool {
 impl HelloFacts {
     /// Reads a hello reply; `None` if it is not a successful hello.
     pub fn from_reply(doc: &RawDocument) -> Option<HelloFacts> {
-        let ok = match doc.get("ok") {
-            Ok(Some(RawBsonRef::Double(d))) => d == 1.0,
-            Ok(Some(RawBsonRef::Int32(i))) => i == 1,
-            Ok(Some(RawBsonRef::Int64(i))) => i == 1,
-            Ok(Some(RawBsonRef::Boolean(b))) => b,
-            _ => false,
-        };
-        if !ok {
+        if !reply_ok(doc) {
             return None;
         }
         let set_name = match doc.get("setName") {

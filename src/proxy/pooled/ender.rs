@@ -294,9 +294,10 @@ async fn end_upstream(
         // An error leaves the connection unreleased: dropped, it is closed.
         let reply = conn.command(&command).await.map_err(|e| e.to_string())?;
         conn.release();
-        match reply.get("ok") {
-            Ok(Some(RawBsonRef::Double(1.0) | RawBsonRef::Int32(1))) => Ok(()),
-            _ => Err(format!("the upstream refused endSessions: {reply:?}")),
+        if crate::upstream::reply_ok(&reply) {
+            Ok(())
+        } else {
+            Err(format!("the upstream refused endSessions: {reply:?}"))
         }
     };
     tokio::time::timeout(bound, work)

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{RawArrayBuf, RawBsonRef, RawDocumentBuf};
+use bson::{RawArrayBuf, RawDocumentBuf};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -142,15 +142,6 @@ fn command(rest: &KillRest, ids: &[i64]) -> RawDocumentBuf {
     }
 }
 
-fn accepted(reply: &RawDocumentBuf) -> bool {
-    matches!(
-        reply.get("ok"),
-        Ok(Some(
-            RawBsonRef::Double(1.0) | RawBsonRef::Int32(1) | RawBsonRef::Int64(1)
-        ))
-    )
-}
-
 /// Kills `ids` on a pooled connection to `host`, then ends their pins.
 async fn kill_on(pooled: &Pooled, identity: &str, host: &Host, rest: &KillRest, ids: &[i64]) {
     let key = PoolKey::new(host.clone(), identity);
@@ -165,7 +156,7 @@ async fn kill_on(pooled: &Pooled, identity: &str, host: &Host, rest: &KillRest, 
     match conn.command(&command(rest, ids)).await {
         Ok(reply) => {
             conn.release();
-            if accepted(&reply) {
+            if crate::upstream::reply_ok(&reply) {
                 for &id in ids {
                     pooled.pins.unpin_cursor(id);
                 }
@@ -207,7 +198,7 @@ async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) 
                 match conn.command(&command(rest, &[id])).await {
                     Ok(reply) => {
                         // Refused (another user's cursor): it stays where it is.
-                        let closed = accepted(&reply).then_some(id);
+                        let closed = crate::upstream::reply_ok(&reply).then_some(id);
                         let settle = Settle {
                             opened: None,
                             closed,
