@@ -890,3 +890,58 @@ async fn sasl_commands_are_strict() {
     );
     s.shutdown().await;
 }
+
+/// Cursor ids are BSON longs only, as mongod's IDL parses them: `getMore`'s command parameter
+/// is `type: long` (src/mongo/db/query/getmore_command.idl) and killCursors' `cursors` is
+/// `array<cursorId>`, `cursorId` being `bson_serialization_type: long`
+/// (src/mongo/db/query/kill_cursors.idl); `long` takes no int or double
+/// (src/mongo/idl/basic_types.idl, unlike `safeInt64`). An int or a double id is refused
+/// with 14 TypeMismatch before any cursor is looked up, and the cursor stays open.
+#[tokio::test]
+async fn cursor_ids_are_longs() {
+    let s = standin().await;
+    let client = Client::with_uri_str(format!("mongodb://{}/?directConnection=true", s.addr()))
+        .await
+        .unwrap();
+    let db = client.database("d");
+    db.collection::<Document>("c")
+        .insert_many((0..5).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let r = db
+        .run_command(doc! {"find": "c", "batchSize": 1})
+        .await
+        .unwrap();
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let wrong = [
+        Bson::Int32(i32::try_from(id).unwrap_or(1)),
+        Bson::Double(id as f64),
+    ];
+    for w in &wrong {
+        for cmd in [
+            doc! {"getMore": w.clone(), "collection": "c", "batchSize": 1},
+            doc! {"killCursors": "c", "cursors": [w.clone()]},
+            doc! {"killCursors": "c", "cursors": [id, w.clone()]},
+        ] {
+            let err = db.run_command(cmd.clone()).await.unwrap_err();
+            match *err.kind {
+                mongodb::error::ErrorKind::Command(ref e) => {
+                    assert_eq!(
+                        (e.code, e.code_name.as_str()),
+                        (14, "TypeMismatch"),
+                        "{cmd}"
+                    );
+                    assert!(e.message.contains("expected type 'long'"), "{}", e.message);
+                }
+                ref other => panic!("{cmd}: unexpected error {other:?}"),
+            }
+        }
+    }
+    // Nothing was killed: the cursor still serves a long id.
+    let r = db
+        .run_command(doc! {"getMore": id, "collection": "c", "batchSize": 1})
+        .await
+        .unwrap();
+    assert_eq!(r.get_document("cursor").unwrap().get_i64("id").unwrap(), id);
+    s.shutdown().await;
+}

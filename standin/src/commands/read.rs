@@ -6,7 +6,7 @@ use std::collections::{HashSet, VecDeque};
 use bson::{doc, Bson, Document};
 
 use super::{coll_name, cursor_reply, opt_count, opt_doc, CmdError, CmdResult, Ctx};
-use crate::bsonutil::{as_i64, id_key, truthy};
+use crate::bsonutil::{id_key, truthy, type_name};
 use crate::cursor::{take_batch, DEFAULT_FIRST_BATCH};
 use crate::projection::{Projection, Sort};
 use crate::query::{collect_doc, Filter};
@@ -105,10 +105,7 @@ pub(crate) fn find(ctx: &Ctx, cmd: &Document) -> CmdResult {
 }
 
 pub(crate) fn get_more(ctx: &Ctx, cmd: &Document) -> CmdResult {
-    let id = cmd
-        .get("getMore")
-        .and_then(as_i64)
-        .ok_or_else(|| CmdError::type_mismatch("getMore must be a cursor id (long)"))?;
+    let id = cursor_id(cmd.get("getMore"), "getMore.getMore")?;
     let coll = match cmd.get("collection") {
         Some(Bson::String(s)) => s.clone(),
         _ => {
@@ -200,6 +197,20 @@ fn check_get_more(
     }
 }
 
+/// A cursor id: a BSON long and nothing else, as mongod's IDL reads one (`getMore` is
+/// `type: long` in src/mongo/db/query/getmore_command.idl, killCursors' `cursors` an
+/// `array<cursorId>` of `bson_serialization_type: long` in src/mongo/db/query/kill_cursors.idl;
+/// unlike `safeInt64`, `long` takes no int or double: src/mongo/idl/basic_types.idl).
+fn cursor_id(v: Option<&Bson>, field: &str) -> Result<i64, CmdError> {
+    match v {
+        Some(Bson::Int64(id)) => Ok(*id),
+        other => Err(CmdError::type_mismatch(format!(
+            "BSON field '{field}' is the wrong type '{}', expected type 'long'",
+            other.map_or("missing", type_name)
+        ))),
+    }
+}
+
 pub(crate) fn kill_cursors(ctx: &Ctx, cmd: &Document) -> CmdResult {
     coll_name(cmd)?;
     let Some(Bson::Array(ids)) = cmd.get("cursors") else {
@@ -208,10 +219,8 @@ pub(crate) fn kill_cursors(ctx: &Ctx, cmd: &Document) -> CmdResult {
         ));
     };
     let mut wanted = Vec::with_capacity(ids.len());
-    for v in ids {
-        let Some(id) = as_i64(v) else {
-            return Err(CmdError::type_mismatch("cursor ids must be longs"));
-        };
+    for (i, v) in ids.iter().enumerate() {
+        let id = cursor_id(Some(v), &format!("killCursors.cursors.{i}"))?;
         // As mongod (killcursors_cmd.cpp doCheckAuthorization, auth::checkAuthForKillCursors in
         // src/mongo/db/auth/authorization_checks.cpp): another user's cursor fails the whole
         // command, before anything is killed; an unknown one is reported as not found.
