@@ -739,6 +739,17 @@ async fn shutdown_cancels_a_kill_follow_up_in_flight() {
         .await
         .unwrap();
     let ids = cursor_on_each(&mut raw, &target).await;
+    // mongoguard's connection to B is the only one left once the stand-in has seen the
+    // seeding client's connections close (under load that can take a while).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b.stats().connections_open() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B holds {} connections, not mongoguard's one",
+            b.stats().connections_open()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // B reads and never answers from now on (the stand-in's handler sees the close).
     b.set_fault(mongoguard_standin::Fault::Stall);
     let r = raw
