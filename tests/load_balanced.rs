@@ -50,8 +50,14 @@ async fn round_robin_relay(backends: Vec<SocketAddr>) -> SocketAddr {
 }
 
 async fn balanced_standin() -> StandIn {
+    balanced_standin_at(StandInConfig::default().wire_version).await
+}
+
+/// [`balanced_standin`] at `wire_version` (13, MongoDB 5.0: the last with legacy opcodes).
+async fn balanced_standin_at(wire_version: i32) -> StandIn {
     StandIn::start(StandInConfig {
         load_balanced: true,
+        wire_version,
         ..StandInConfig::default()
     })
     .await
@@ -304,7 +310,15 @@ async fn start_lazy_with(relay: SocketAddr, tweak: impl FnOnce(&mut Config)) -> 
 
 /// Two seeded "mongos" behind a relay whose target (0: A, 1: B) the test switches.
 async fn switched_pair() -> (StandIn, StandIn, Arc<AtomicUsize>, SocketAddr) {
-    let (a, b) = (balanced_standin().await, balanced_standin().await);
+    switched_pair_at(StandInConfig::default().wire_version).await
+}
+
+/// [`switched_pair`], the "mongos" at `wire_version`.
+async fn switched_pair_at(wire_version: i32) -> (StandIn, StandIn, Arc<AtomicUsize>, SocketAddr) {
+    let (a, b) = (
+        balanced_standin_at(wire_version).await,
+        balanced_standin_at(wire_version).await,
+    );
     seed(&[&a, &b]).await;
     let target = Arc::new(AtomicUsize::new(0));
     let relay = switch_relay(vec![a.addr(), b.addr()], target.clone()).await;
@@ -635,6 +649,41 @@ async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
         a.stats().command_count("getMore") + b.stats().command_count("getMore"),
         0
     );
+    proxy.shutdown().await;
+}
+
+/// The same with a legacy OP_KILL_CURSORS (no namespace, no reply): the message goes on the
+/// first cursor's connection, and mongoguard sends an OP_KILL_CURSORS on the other's; both
+/// parked connections go back to the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_kill_cursors_of_cursors_on_several_connections_reaches_each() {
+    let (a, b, target, relay) = switched_pair_at(13).await;
+    let proxy = start_lazy(relay).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each(&mut raw, &target).await;
+    assert_eq!(proxy.pool_stats().unwrap().0.in_use, 2);
+    let message = mongoguard::wire::builder::encode_kill_cursors(4244, &ids);
+    raw.stream_mut().write_all(&message).await.unwrap();
+    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while kills(&a) == 0 || kills(&b) == 0 || proxy.pool_stats().unwrap().0.in_use > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a cursor was not killed on its connection: A {}, B {}, {:?}",
+            kills(&a),
+            kills(&b),
+            proxy.pool_stats().unwrap().0
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in ids {
+        let more = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
+            .await;
+        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
+    }
     proxy.shutdown().await;
 }
 

@@ -11,6 +11,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
+use tokio::io::AsyncWriteExt;
 
 use bson::{doc, Document};
 use futures::TryStreamExt;
@@ -439,10 +440,19 @@ async fn read_preference_tags_and_max_staleness_pick_the_member() {
 /// and a pooled mongoguard in front of both (`tag`: its users file's name), checking their
 /// health every 200 ms.
 async fn two_servers_two_identities(tag: &str) -> (StandIn, StandIn, ProxyHandle) {
+    two_servers_two_identities_at(tag, StandInConfig::default().wire_version).await
+}
+
+/// [`two_servers_two_identities`], the servers at `wire_version`.
+async fn two_servers_two_identities_at(
+    tag: &str,
+    wire_version: i32,
+) -> (StandIn, StandIn, ProxyHandle) {
     let users = support::identities::upstream_users();
     let start = || {
         StandIn::start(StandInConfig {
             users: users.clone(),
+            wire_version,
             ..StandInConfig::default()
         })
     };
@@ -673,22 +683,9 @@ async fn a_remapped_user_runs_as_his_new_identity_after_a_reload() {
     standin.shutdown().await;
 }
 
-/// A killCursors naming cursors open on different servers (to its client pooled mode is one
-/// server, so a driver may batch them; pymongo does for abandoned cursors) goes to the first
-/// cursor's server, and mongoguard kills the others on theirs: without it they stayed open
-/// there until the server's cursor timeout, pinned. mongod's killCursors of a cursor it does
-/// not hold reports it in `cursorsNotFound` and kills nothing
-/// (src/mongo/db/commands/killcursors_common.h).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
-    let a = StandIn::start(StandInConfig::default()).await.unwrap();
-    let b = StandIn::start(StandInConfig::default()).await.unwrap();
-    seed_each(&[&a, &b], "kc", 20, "").await;
-    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
-    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
-        .await
-        .unwrap();
-    // Open cursors until one lives on each server (selection spreads finds over both).
+/// Opens cursors of `kc.c` through `raw` (a pooled mongoguard over A and another server)
+/// until one lives on A and one on the other (selection spreads finds over both): their ids.
+async fn cursor_on_each_server(raw: &mut support::raw::RawConn, a: &StandIn) -> [i64; 2] {
     let (mut on_a, mut on_b) = (None, None);
     for _ in 0..200 {
         if on_a.is_some() && on_b.is_some() {
@@ -714,7 +711,25 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
             }
         }
     }
-    let ids = [on_a.expect("a cursor on A"), on_b.expect("a cursor on B")];
+    [on_a.expect("a cursor on A"), on_b.expect("a cursor on B")]
+}
+
+/// A killCursors naming cursors open on different servers (to its client pooled mode is one
+/// server, so a driver may batch them; pymongo does for abandoned cursors) goes to the first
+/// cursor's server, and mongoguard kills the others on theirs: without it they stayed open
+/// there until the server's cursor timeout, pinned. mongod's killCursors of a cursor it does
+/// not hold reports it in `cursorsNotFound` and kills nothing
+/// (src/mongo/db/commands/killcursors_common.h).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
+    let a = StandIn::start(StandInConfig::default()).await.unwrap();
+    let b = StandIn::start(StandInConfig::default()).await.unwrap();
+    seed_each(&[&a, &b], "kc", 20, "").await;
+    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each_server(&mut raw, &a).await;
     let (ka, kb) = (
         a.stats().command_count("killCursors"),
         b.stats().command_count("killCursors"),
@@ -737,6 +752,55 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
             kb,
             b.stats().command_count("killCursors"),
             pinned(&proxy)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for id in ids {
+        let r = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "kc"})
+            .await;
+        assert_eq!(
+            r.get_i32("code").ok(),
+            Some(43),
+            "cursor {id} still open: {r}"
+        );
+    }
+    proxy.shutdown().await;
+}
+
+/// The same with a legacy OP_KILL_CURSORS (an old driver batches its kills the same way; to
+/// it pooled mode is one server): the message goes where its first cursor lives, and
+/// mongoguard sends each other server an OP_KILL_CURSORS of its cursors there. The opcode has
+/// no reply (mongod skips, silently, a cursor the user may not kill: OP_KILL_CURSORS in
+/// src/mongo/db/service_entry_point_common.cpp of 5.0), so nothing says a cursor died: the
+/// pins stay until their TTL, and a getMore of a killed cursor still reaches its server,
+/// which reports it gone. The stand-ins speak wire version 13 (5.0), the last with the
+/// legacy opcodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_kill_cursors_of_cursors_on_several_servers_reaches_each() {
+    let legacy = || StandInConfig {
+        wire_version: 13,
+        ..StandInConfig::default()
+    };
+    let a = StandIn::start(legacy()).await.unwrap();
+    let b = StandIn::start(legacy()).await.unwrap();
+    seed_each(&[&a, &b], "kc", 20, "").await;
+    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each_server(&mut raw, &a).await;
+    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let (ka, kb) = (kills(&a), kills(&b));
+    let message = mongoguard::wire::builder::encode_kill_cursors(4242, &ids);
+    raw.stream_mut().write_all(&message).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while kills(&a) == ka || kills(&b) == kb {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an OP_KILL_CURSORS did not reach its server: A {ka} -> {}, B {kb} -> {}",
+            kills(&a),
+            kills(&b)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -805,6 +869,66 @@ async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() 
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pinned(&proxy), 1, "Alice's pin must stay");
+    for _ in 0..4 {
+        let r = alice
+            .command(doc! {"getMore": alice_id, "collection": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+    proxy.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// The same with a legacy OP_KILL_CURSORS: the follow-up (an OP_KILL_CURSORS as Mallory's
+/// identity) reaches Alice's server, which skips a cursor the user may not kill
+/// (`killCursorIfAuthorized`, src/mongo/db/run_op_kill_cursors.cpp): Alice's cursor stays
+/// open, and pinned (a legacy kill has no reply, so no pin ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_identitys_cursor_on_another_server_survives_a_legacy_kill_follow_up() {
+    let (a, b, proxy) = two_servers_two_identities_at("legacy-kill-identity", 13).await;
+    let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
+    seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
+    let on_a = |a: &StandIn, before: u64| a.stats().command_count("find") > before;
+    let before = a.stats().command_count("find");
+    let r = alice
+        .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
+        .await;
+    let alice_id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let alice_on_a = on_a(&a, before);
+    let mut mallory_id = None;
+    for _ in 0..200 {
+        let before = a.stats().command_count("find");
+        let r = mallory
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+        if on_a(&a, before) != alice_on_a {
+            mallory_id = Some(id);
+            break;
+        }
+        mallory
+            .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+            .await;
+    }
+    let mallory_id = mallory_id.expect("a cursor of Mallory's on the other server");
+    let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
+    assert_eq!(pinned(&proxy), 2);
+    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let (ka, kb) = (kills(&a), kills(&b));
+    let message = mongoguard::wire::builder::encode_kill_cursors(4243, &[mallory_id, alice_id]);
+    mallory.stream_mut().write_all(&message).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while kills(&a) == ka || kills(&b) == kb {
+        assert!(tokio::time::Instant::now() < deadline, "no follow-up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(pinned(&proxy), 2, "a legacy kill ends no pin");
+    // Mallory's own cursor is gone; Alice's is not.
+    let r = mallory
+        .command(doc! {"getMore": mallory_id, "collection": "c", "$db": "pin"})
+        .await;
+    assert_eq!(r.get_i32("code").ok(), Some(43), "{r}");
     for _ in 0..4 {
         let r = alice
             .command(doc! {"getMore": alice_id, "collection": "c", "batchSize": 2, "$db": "pin"})

@@ -85,9 +85,17 @@ pub(crate) struct Routing {
 /// namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KillRest {
-    pub db: String,
-    pub coll: String,
+    /// The command's database and collection; `None` for a legacy OP_KILL_CURSORS, which
+    /// names none (its follow-ups are OP_KILL_CURSORS too).
+    pub ns: Option<(String, String)>,
     pub ids: Vec<i64>,
+}
+
+/// The ids after the first (`first`'s repeats dropped), at most `killer::MAX_IDS`.
+fn kill_rest_ids(ids: impl Iterator<Item = i64>, first: Option<i64>) -> Vec<i64> {
+    ids.filter(|id| Some(*id) != first)
+        .take(crate::proxy::pooled::killer::MAX_IDS)
+        .collect()
 }
 
 impl Routing {
@@ -193,18 +201,12 @@ fn of_command(body: &Index<'_>, outer: Option<&RawDocument>) -> Routing {
             let first = ids.as_mut().and_then(Iterator::next);
             r.kills_cursor = true;
             r.cursor = first;
-            let rest: Vec<i64> = ids
-                .into_iter()
-                .flatten()
-                .filter(|id| Some(*id) != first)
-                .take(crate::proxy::pooled::killer::MAX_IDS)
-                .collect();
+            let rest = kill_rest_ids(ids.into_iter().flatten(), first);
             if let (false, Ok(Some(RawBsonRef::String(coll))), Ok(Some(RawBsonRef::String(db)))) =
                 (rest.is_empty(), body.get("killCursors"), body.get("$db"))
             {
                 r.kill_rest = Some(Box::new(KillRest {
-                    db: db.to_owned(),
-                    coll: coll.to_owned(),
+                    ns: Some((db.to_owned(), coll.to_owned())),
                     ids: rest,
                 }));
             }
@@ -313,12 +315,22 @@ pub(crate) fn of_message(msg: &Message<'_>, index: Option<&Index<'_>>) -> Routin
             cursor: Some(g.cursor_id),
             ..Routing::default()
         },
-        Message::KillCursors(k) => Routing {
-            class: Some(Class::Other),
-            cursor: k.cursor_ids().next(),
-            kills_cursor: true,
-            ..Routing::default()
-        },
+        Message::KillCursors(k) => {
+            let first = k.cursor_ids().next();
+            let rest = kill_rest_ids(k.cursor_ids().skip(1), first);
+            Routing {
+                class: Some(Class::Other),
+                cursor: first,
+                kills_cursor: true,
+                kill_rest: (!rest.is_empty()).then(|| {
+                    Box::new(KillRest {
+                        ns: None,
+                        ids: rest,
+                    })
+                }),
+                ..Routing::default()
+            }
+        }
         _ => Routing::default(),
     }
 }
@@ -520,7 +532,7 @@ mod tests {
             route(rawdoc! {"killCursors": "c", "cursors": [5i64, 6i64, 5i64, 7i64], "$db": "d"});
         assert_eq!(r.cursor, Some(5));
         let rest = r.kill_rest.expect("the rest");
-        assert_eq!((rest.db.as_str(), rest.coll.as_str()), ("d", "c"));
+        assert_eq!(rest.ns, Some(("d".into(), "c".into())));
         assert_eq!(rest.ids, [6, 7]);
         let mut many = bson::RawArrayBuf::new();
         (1..=5_000i64).for_each(|id| many.push(id));
@@ -532,6 +544,27 @@ mod tests {
         // No namespace to kill them in (mongod refuses such a command anyway).
         let r = route(rawdoc! {"killCursors": 1, "cursors": [5i64, 6i64], "$db": "d"});
         assert!(r.kill_rest.is_none());
+    }
+
+    /// A legacy OP_KILL_CURSORS: the first id routes it, the others (no namespace) are
+    /// followed up as OP_KILL_CURSORS.
+    #[test]
+    fn legacy_kill_cursors_keeps_the_rest() {
+        let route = |ids: &[i64]| {
+            let bytes = crate::wire::builder::encode_kill_cursors(1, ids);
+            of_message(&Message::parse(&bytes, 1 << 20).unwrap(), None)
+        };
+        let r = route(&[5, 6, 5, 7]);
+        assert_eq!((r.cursor, r.kills_cursor), (Some(5), true));
+        let rest = r.kill_rest.expect("the rest");
+        assert_eq!((rest.ns, rest.ids), (None, vec![6, 7]));
+        let r = route(&[5, 5]);
+        assert!(r.kill_rest.is_none(), "one cursor: nothing to follow up");
+        let many: Vec<i64> = (1..=5_000).collect();
+        assert_eq!(
+            route(&many).kill_rest.unwrap().ids.len(),
+            crate::proxy::pooled::killer::MAX_IDS
+        );
     }
 
     #[test]

@@ -568,7 +568,7 @@ fn poll_idle(stream: &mut crate::net::UpstreamStream) -> bool {
 
 /// Request ids of mongoguard's own upstream messages: a separate range from clients' (any
 /// value works, a connection carries one request at a time).
-fn next_own_request_id() -> i32 {
+pub(crate) fn next_own_request_id() -> i32 {
     use std::sync::atomic::{AtomicI32, Ordering};
     static NEXT: AtomicI32 = AtomicI32::new(0x4d47_0000);
     NEXT.fetch_add(1, Ordering::Relaxed) & i32::MAX

@@ -6,7 +6,7 @@ pub mod pool;
 pub mod srv;
 pub mod topology;
 
-pub(crate) use conn::reply_ok;
+pub(crate) use conn::{next_own_request_id, reply_ok};
 pub use conn::{HelloFacts, Role, UpstreamConn};
 pub use identity::{Credentials, Identities, Identity, DEFAULT_IDENTITY};
 // The URI is a settings type (`config::uri`); these names stay for the code that reached

@@ -266,8 +266,16 @@ impl Conn {
                         "OP_KILL_CURSORS is no longer supported"
                     );
                 } else if self.authorized() {
+                    // As mongod's runOpKillCursors (src/mongo/db/run_op_kill_cursors.cpp):
+                    // each cursor the user may kill is killed, another user's is skipped,
+                    // silently (the opcode has no reply).
                     for id in ids {
-                        self.shared.cursors.kill(id);
+                        match self.shared.cursors.owner(id) {
+                            Some((_, owner)) if owner != self.state.user => {}
+                            _ => {
+                                self.shared.cursors.kill(id);
+                            }
+                        }
                     }
                 }
                 Ok(())

@@ -19,6 +19,14 @@
 //! session's own wait); and each follow-up at most `reply_timeout`, and never more than
 //! [`MAX_BOUND`]. A kill that fails leaves the cursor's pin, so the client's next getMore of
 //! it still goes where it lives.
+//!
+//! A legacy OP_KILL_CURSORS (old drivers batch their kills the same way) names no namespace
+//! and has no reply: its follow-up starts once it was sent, and sends each other server (or
+//! parked connection) an OP_KILL_CURSORS of the cursors there. Nothing says whether a cursor
+//! died (mongod skips another user's silently), so with several servers no pin ends: a
+//! getMore of a killed cursor still reaches its server, which answers that it is gone, and
+//! the pin expires with its TTL. Behind a load balancer the cursor's parked connection is
+//! its identity's, whose cursor it may kill: the connection is settled as for a command.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,7 +39,8 @@ use tracing::debug;
 use super::balanced::{Settle, Take, TxnChange};
 use super::Pooled;
 use crate::proxy::routing::KillRest;
-use crate::upstream::{pool::PoolKey, Host};
+use crate::upstream::{pool::PoolKey, ConnectError, Host, UpstreamConn};
+use crate::wire::builder::encode_kill_cursors;
 
 /// The most cursors after the first one killCursors is followed up for.
 pub(crate) const MAX_IDS: usize = 1_000;
@@ -62,7 +71,9 @@ pub(crate) fn follow_up(
         for &id in &rest.ids {
             match pooled.pins.cursor_server(id, now) {
                 None => {}
-                Some(h) if &h == reached => pooled.pins.unpin_cursor(id),
+                Some(h) if &h == reached && rest.ns.is_some() => pooled.pins.unpin_cursor(id),
+                // A legacy kill has no reply: the pins of the cursors it reached stay.
+                Some(h) if &h == reached => {}
                 Some(h) => match elsewhere.iter_mut().find(|(x, _)| *x == h) {
                     Some((_, ids)) => ids.push(id),
                     None => elsewhere.push((h, vec![id])),
@@ -130,15 +141,46 @@ impl Drop for Running {
 }
 
 /// `{killCursors: coll, cursors: [ids], $db: db}`.
-fn command(rest: &KillRest, ids: &[i64]) -> RawDocumentBuf {
+fn command(db: &str, coll: &str, ids: &[i64]) -> RawDocumentBuf {
     let mut cursors = RawArrayBuf::new();
     for &id in ids {
         cursors.push(id);
     }
     bson::rawdoc! {
-        "killCursors": rest.coll.as_str(),
+        "killCursors": coll,
         "cursors": cursors,
-        "$db": rest.db.as_str(),
+        "$db": db,
+    }
+}
+
+/// Kills `ids` over `conn` as the client asked: a killCursors command in `rest`'s namespace,
+/// or a legacy OP_KILL_CURSORS. `Ok(true)`: the server accepted the command; `Ok(false)`:
+/// it refused it (another user's cursor: nothing was killed); `Ok(None)`: the legacy
+/// message was sent, which has no reply (mongod kills the cursors the user may kill and
+/// skips the others silently: `runOpKillCursors`, src/mongo/db/run_op_kill_cursors.cpp).
+/// `Err`: the connection failed (drop it).
+async fn kill(
+    conn: &mut UpstreamConn,
+    rest: &KillRest,
+    ids: &[i64],
+) -> Result<Option<bool>, ConnectError> {
+    match &rest.ns {
+        Some((db, coll)) => {
+            let reply = conn.command(&command(db, coll, ids)).await?;
+            let ok = crate::upstream::reply_ok(&reply);
+            if !ok {
+                debug!(?reply, "killCursors follow-up refused");
+            }
+            Ok(Some(ok))
+        }
+        None => {
+            let message = encode_kill_cursors(crate::upstream::next_own_request_id(), ids);
+            let host = conn.host().to_string();
+            conn.send(&message)
+                .await
+                .map_err(|source| ConnectError::Io { host, source })?;
+            Ok(None)
+        }
     }
 }
 
@@ -153,15 +195,15 @@ async fn kill_on(pooled: &Pooled, identity: &str, host: &Host, rest: &KillRest, 
         }
     };
     // An error leaves the connection unreleased: dropped, it is closed.
-    match conn.command(&command(rest, ids)).await {
-        Ok(reply) => {
+    match kill(&mut conn, rest, ids).await {
+        Ok(accepted) => {
             conn.release();
-            if crate::upstream::reply_ok(&reply) {
+            // Refused (another user's cursor), or not known (legacy): the pins stay, so
+            // that a getMore of these ids still goes where they live (or lived).
+            if accepted == Some(true) {
                 for &id in ids {
                     pooled.pins.unpin_cursor(id);
                 }
-            } else {
-                debug!(?reply, "killCursors follow-up refused");
             }
         }
         Err(e) => debug!(error = %e, "killCursors follow-up failed"),
@@ -195,10 +237,12 @@ async fn kill_parked(pooled: &Pooled, identity: &str, rest: &KillRest, id: i64) 
                     parked,
                     slot: Some(slot),
                 };
-                match conn.command(&command(rest, &[id])).await {
-                    Ok(reply) => {
-                        // Refused (another user's cursor): it stays where it is.
-                        let closed = crate::upstream::reply_ok(&reply).then_some(id);
+                match kill(&mut conn, rest, &[id]).await {
+                    Ok(accepted) => {
+                        // Refused (another user's cursor): it stays where it is. A legacy
+                        // kill on the cursor's own connection, its identity's, is one the
+                        // user may make: the cursor is gone.
+                        let closed = (accepted != Some(false)).then_some(id);
                         let settle = Settle {
                             opened: None,
                             closed,

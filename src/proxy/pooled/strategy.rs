@@ -16,7 +16,7 @@ use crate::{
         inspect::Request,
         observe::SessionObs,
         pins::{ExhaustHeld, Sticky},
-        routing::{self, Class, CursorReply, ReplyFacts, Routing, TxnKey},
+        routing::{self, Class, CursorReply, KillRest, ReplyFacts, Routing, TxnKey},
         session::Client,
         stop::Stop,
         strategy::{Acquired, AfterNotPrimary, Link, Outcome, Strategy},
@@ -363,6 +363,23 @@ impl PooledSide {
     /// Transaction `t` as the shared pins know it: under the upstream identity the request
     /// runs as (`acquire`'s choice), since the same `lsid.id` sent by another user is another
     /// session upstream (see [`balanced::txn_key`]) and must not move or drop this pin.
+    /// The identity requests of this session run as (`acquire`'s choice).
+    fn identity_name(&self) -> &str {
+        match &self.identity {
+            Some(i) => i.name.as_str(),
+            None => self.pooled.identities.default_identity().name.as_str(),
+        }
+    }
+
+    /// A killCursors that `host` accepted (or, legacy, was sent) and that named cursors
+    /// living elsewhere: they are killed where they live ([`super::killer`]).
+    fn follow_up_kills(&self, host: &Host, route: &Routing) {
+        if let (true, Some(rest)) = (route.kills_cursor, &route.kill_rest) {
+            let identity = self.identity_name();
+            super::killer::follow_up(&self.pooled, identity, host, rest, &self.kill_follow_up);
+        }
+    }
+
     fn pin_key(&self, t: &TxnKey) -> TxnKey {
         let identity = match &self.identity {
             Some(i) => i.name.as_str(),
@@ -664,12 +681,8 @@ impl Strategy for PooledSide {
     /// answered, a finished one forgotten. Behind a load balancer: the cursor and the
     /// transaction are recorded on the connection's slot before the reply is relayed.
     fn observe_reply(&mut self, host: &Host, route: &Routing, facts: &ReplyFacts) {
-        if let (true, false, Some(rest)) = (route.kills_cursor, facts.error, &route.kill_rest) {
-            let identity = match &self.identity {
-                Some(i) => i.name.as_str(),
-                None => self.pooled.identities.default_identity().name.as_str(),
-            };
-            super::killer::follow_up(&self.pooled, identity, host, rest, &self.kill_follow_up);
+        if !facts.error {
+            self.follow_up_kills(host, route);
         }
         if self.pooled.topology.load_balanced() {
             // Any reply that opens a cursor, not only those of the commands may_open_cursor
@@ -689,10 +702,7 @@ impl Strategy for PooledSide {
             // reply, before this round trip is settled; it must find the slot (busy) and
             // wait for this connection, not take another.
             // Under the identity the request runs as (`acquire`'s choice).
-            let identity = match &self.identity {
-                Some(i) => i.name.as_str(),
-                None => self.pooled.identities.default_identity().name.as_str(),
-            };
+            let identity = self.identity_name();
             let txn = route
                 .txn
                 .as_ref()
@@ -740,6 +750,14 @@ impl Strategy for PooledSide {
     fn finished(&mut self, link: Conn, outcome: Outcome, route: &Routing) {
         // Set again below when this release hands the connection over.
         self.handed_over = false;
+        // A legacy OP_KILL_CURSORS has no reply: its follow-up starts once it was sent.
+        if let (Outcome::Sent, Some(KillRest { ns: None, .. })) =
+            (&outcome, route.kill_rest.as_deref())
+        {
+            if self.wants_reply_facts() {
+                self.follow_up_kills(&link.key().server, route);
+            }
+        }
         if self.pooled.topology.load_balanced() {
             let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
                 return;
