@@ -683,6 +683,20 @@ async fn a_remapped_user_runs_as_his_new_identity_after_a_reload() {
     standin.shutdown().await;
 }
 
+/// Each cursor of `kc.c` in `ids` is gone: a getMore through `raw` gets CursorNotFound.
+async fn assert_gone(raw: &mut support::raw::RawConn, ids: [i64; 2]) {
+    for id in ids {
+        let r = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "kc"})
+            .await;
+        assert_eq!(
+            r.get_i32("code").ok(),
+            Some(43),
+            "cursor {id} still open: {r}"
+        );
+    }
+}
+
 /// Opens cursors of `kc.c` through `raw` (a pooled mongoguard over A and another server)
 /// until one lives on A and one on the other (selection spreads finds over both): their ids.
 async fn cursor_on_each_server(raw: &mut support::raw::RawConn, a: &StandIn) -> [i64; 2] {
@@ -755,24 +769,15 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    for id in ids {
-        let r = raw
-            .command(doc! {"getMore": id, "collection": "c", "$db": "kc"})
-            .await;
-        assert_eq!(
-            r.get_i32("code").ok(),
-            Some(43),
-            "cursor {id} still open: {r}"
-        );
-    }
+    assert_gone(&mut raw, ids).await;
     proxy.shutdown().await;
 }
 
 /// The same with a legacy OP_KILL_CURSORS (an old driver batches its kills the same way; to
 /// it pooled mode is one server): the message goes where its first cursor lives, and
 /// mongoguard sends each other server an OP_KILL_CURSORS of its cursors there. The opcode has
-/// no reply (mongod skips, silently, a cursor the user may not kill: OP_KILL_CURSORS in
-/// src/mongo/db/service_entry_point_common.cpp of 5.0), so nothing says a cursor died: the
+/// no reply (mongod skips, silently, a cursor the user may not kill: runOpKillCursors in
+/// src/mongo/db/run_op_kill_cursors.cpp), so nothing says a cursor died: the
 /// pins stay until their TTL, and a getMore of a killed cursor still reaches its server,
 /// which reports it gone. The stand-ins speak wire version 13 (5.0), the last with the
 /// legacy opcodes.
@@ -804,17 +809,38 @@ async fn a_legacy_kill_cursors_of_cursors_on_several_servers_reaches_each() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    for id in ids {
-        let r = raw
-            .command(doc! {"getMore": id, "collection": "c", "$db": "kc"})
-            .await;
-        assert_eq!(
-            r.get_i32("code").ok(),
-            Some(43),
-            "cursor {id} still open: {r}"
-        );
-    }
+    assert_gone(&mut raw, ids).await;
     proxy.shutdown().await;
+}
+
+/// Alice's cursor of `pin.c` and one of Mallory's on the other server (of A and another,
+/// seeded): their ids.
+async fn alice_and_mallory_cursors(
+    a: &StandIn,
+    alice: &mut support::raw::RawConn,
+    mallory: &mut support::raw::RawConn,
+) -> (i64, i64) {
+    let on_a = |before: u64| a.stats().command_count("find") > before;
+    let before = a.stats().command_count("find");
+    let r = alice
+        .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
+        .await;
+    let alice_id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let alice_on_a = on_a(before);
+    for _ in 0..200 {
+        let before = a.stats().command_count("find");
+        let r = mallory
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+        if on_a(before) != alice_on_a {
+            return (alice_id, id);
+        }
+        mallory
+            .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
+            .await;
+    }
+    panic!("no cursor of Mallory's on the other server");
 }
 
 /// A killCursors naming the client's own cursor first and another identity's cursor, open
@@ -825,30 +851,7 @@ async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() 
     let (a, b, proxy) = two_servers_two_identities("kill-follow-identity").await;
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
     seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
-    let on_a = |a: &StandIn, before: u64| a.stats().command_count("find") > before;
-    // Alice's cursor, and Mallory's on the other server.
-    let before = a.stats().command_count("find");
-    let r = alice
-        .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
-        .await;
-    let alice_id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
-    let alice_on_a = on_a(&a, before);
-    let mut mallory_id = None;
-    for _ in 0..200 {
-        let before = a.stats().command_count("find");
-        let r = mallory
-            .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
-            .await;
-        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
-        if on_a(&a, before) != alice_on_a {
-            mallory_id = Some(id);
-            break;
-        }
-        mallory
-            .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
-            .await;
-    }
-    let mallory_id = mallory_id.expect("a cursor of Mallory's on the other server");
+    let (alice_id, mallory_id) = alice_and_mallory_cursors(&a, &mut alice, &mut mallory).await;
     let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
     assert_eq!(pinned(&proxy), 2);
     let (ka, kb) = (
@@ -889,29 +892,7 @@ async fn another_identitys_cursor_on_another_server_survives_a_legacy_kill_follo
     let (a, b, proxy) = two_servers_two_identities_at("legacy-kill-identity", 13).await;
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
     seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
-    let on_a = |a: &StandIn, before: u64| a.stats().command_count("find") > before;
-    let before = a.stats().command_count("find");
-    let r = alice
-        .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
-        .await;
-    let alice_id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
-    let alice_on_a = on_a(&a, before);
-    let mut mallory_id = None;
-    for _ in 0..200 {
-        let before = a.stats().command_count("find");
-        let r = mallory
-            .command(doc! {"find": "c", "batchSize": 2, "$db": "pin"})
-            .await;
-        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
-        if on_a(&a, before) != alice_on_a {
-            mallory_id = Some(id);
-            break;
-        }
-        mallory
-            .command(doc! {"killCursors": "c", "cursors": [id], "$db": "pin"})
-            .await;
-    }
-    let mallory_id = mallory_id.expect("a cursor of Mallory's on the other server");
+    let (alice_id, mallory_id) = alice_and_mallory_cursors(&a, &mut alice, &mut mallory).await;
     let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
     assert_eq!(pinned(&proxy), 2);
     let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");

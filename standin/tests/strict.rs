@@ -447,15 +447,7 @@ async fn get_more_checks_the_cursor_owner() {
         .await
         .unwrap();
     let db = alice.database("d");
-    db.collection::<Document>("c")
-        .insert_many((0..5).map(|i| doc! {"_id": i}))
-        .await
-        .unwrap();
-    let r = db
-        .run_command(doc! {"find": "c", "batchSize": 1})
-        .await
-        .unwrap();
-    let id = cursor_of(&r);
+    let id = open_cursor(&db).await;
     let err = bob
         .database("d")
         .run_command(doc! {"getMore": id, "collection": "c"})
@@ -711,6 +703,19 @@ async fn op_msg_section_rules() {
     s.shutdown().await;
 }
 
+/// Five documents in `db.c` and a cursor over them (batches of one): its id.
+async fn open_cursor(db: &mongodb::Database) -> i64 {
+    db.collection::<Document>("c")
+        .insert_many((0..5).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let r = db
+        .run_command(doc! {"find": "c", "batchSize": 1})
+        .await
+        .unwrap();
+    r.get_document("cursor").unwrap().get_i64("id").unwrap()
+}
+
 /// killCursors on another user's cursor fails the whole command with Unauthorized
 /// (src/mongo/db/auth/authorization_checks.cpp, checkAuthForKillCursors, called for every id
 /// by src/mongo/db/commands/killcursors_common.h before anything is killed).
@@ -730,15 +735,7 @@ async fn kill_cursors_checks_the_owner() {
         .await
         .unwrap();
     let db = alice.database("d");
-    db.collection::<Document>("c")
-        .insert_many((0..5).map(|i| doc! {"_id": i}))
-        .await
-        .unwrap();
-    let r = db
-        .run_command(doc! {"find": "c", "batchSize": 1})
-        .await
-        .unwrap();
-    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let id = open_cursor(&db).await;
     let err = bob
         .database("d")
         .run_command(doc! {"killCursors": "c", "cursors": [id, 12345i64]})
@@ -904,15 +901,7 @@ async fn cursor_ids_are_longs() {
         .await
         .unwrap();
     let db = client.database("d");
-    db.collection::<Document>("c")
-        .insert_many((0..5).map(|i| doc! {"_id": i}))
-        .await
-        .unwrap();
-    let r = db
-        .run_command(doc! {"find": "c", "batchSize": 1})
-        .await
-        .unwrap();
-    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    let id = open_cursor(&db).await;
     let wrong = [
         Bson::Int32(i32::try_from(id).unwrap_or(1)),
         Bson::Double(id as f64),
