@@ -823,3 +823,50 @@ async fn shutdown_cancels_a_kill_follow_up_in_flight() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A legacy OP_KILL_CURSORS whose first id mongoguard holds on no parked connection (a cursor
+/// whose connection expired or broke, another identity's, or simply unknown), followed by
+/// the client's cursors parked on two connections that fill the pool. The message is routed
+/// by its first id: unknown, it needs a fresh connection, which the full pool (full of the
+/// very connections the kill would free) cannot give; the message is dropped at the checkout
+/// timeout (no reply to carry the error) and its follow-up never starts: the parked
+/// connections stay out of the pool (up to `PARKED_TTL`), and every other request of this
+/// identity waits out the checkout timeout meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_kill_whose_first_cursor_is_unknown_still_frees_a_full_pool() {
+    let (_a, _b, target, relay) = switched_pair_at(13).await;
+    let proxy = start_lazy_with(relay, |cfg| {
+        cfg.pool.pool_size = 2;
+        cfg.pool.checkout_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each(&mut raw, &target).await;
+    assert_eq!(
+        proxy.pool_stats().unwrap().0.in_use,
+        2,
+        "two parked connections: the pool is full"
+    );
+    let unknown = 0x0123_4567_89ab_cdef_i64;
+    assert!(!ids.contains(&unknown));
+    let message = mongoguard::wire::builder::encode_kill_cursors(4246, &[unknown, ids[0], ids[1]]);
+    raw.stream_mut().write_all(&message).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    while proxy.pool_stats().unwrap().0.in_use > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the killed cursors' connections stayed parked: {:?}",
+            proxy.pool_stats().unwrap().0
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in ids {
+        let more = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
+            .await;
+        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
+    }
+    proxy.shutdown().await;
+}
