@@ -51,7 +51,9 @@ pub(crate) const CONCURRENT: usize = 64;
 const MAX_BOUND: Duration = Duration::from_secs(30);
 
 /// After a killCursors that succeeded on `reached` (as `identity`): kills `rest`'s cursors
-/// where they live, in the background. With several servers, cursors pinned to `reached`
+/// where they live, in the background. (`reached` is `None` behind a load balancer, for a
+/// legacy OP_KILL_CURSORS whose first cursor is parked nowhere: its follow-up starts before
+/// the message is sent.) With several servers, cursors pinned to `reached`
 /// were killed by the command itself: only their pins end here.
 ///
 /// `in_flight` is the session's: set while its follow-up runs; a session whose previous one
@@ -60,7 +62,7 @@ const MAX_BOUND: Duration = Duration::from_secs(30);
 pub(crate) fn follow_up(
     pooled: &Arc<Pooled>,
     identity: &str,
-    reached: &Host,
+    reached: Option<&Host>,
     rest: &KillRest,
     in_flight: &Arc<AtomicBool>,
 ) {
@@ -71,9 +73,9 @@ pub(crate) fn follow_up(
         for &id in &rest.ids {
             match pooled.pins.cursor_server(id, now) {
                 None => {}
-                Some(h) if &h == reached && rest.ns.is_some() => pooled.pins.unpin_cursor(id),
+                Some(h) if Some(&h) == reached && rest.ns.is_some() => pooled.pins.unpin_cursor(id),
                 // A legacy kill has no reply: the pins of the cursors it reached stay.
-                Some(h) if &h == reached => {}
+                Some(h) if Some(&h) == reached => {}
                 Some(h) => match elsewhere.iter_mut().find(|(x, _)| *x == h) {
                     Some((_, ids)) => ids.push(id),
                     None => elsewhere.push((h, vec![id])),

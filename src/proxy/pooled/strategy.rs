@@ -373,7 +373,7 @@ impl PooledSide {
 
     /// A killCursors that `host` accepted (or, legacy, was sent) and that named cursors
     /// living elsewhere: they are killed where they live ([`super::killer`]).
-    fn follow_up_kills(&self, host: &Host, route: &Routing) {
+    fn follow_up_kills(&self, host: Option<&Host>, route: &Routing) {
         if let (true, Some(rest)) = (route.kills_cursor, &route.kill_rest) {
             let identity = self.identity_name();
             super::killer::follow_up(&self.pooled, identity, host, rest, &self.kill_follow_up);
@@ -616,7 +616,20 @@ impl Strategy for PooledSide {
                         end: None,
                     };
                 }
-                ParkedTake::Unknown => {}
+                // A legacy OP_KILL_CURSORS (no reply) whose first cursor is parked nowhere
+                // goes out on a fresh connection, which a pool full of parked connections —
+                // the very ones this message would free — cannot give before the checkout
+                // timeout (the message is then dropped, and its follow-up never starts). Its
+                // other cursors are killed where they are parked now: their follow-up needs
+                // no reply of the message. (Once it is sent, `finished` tries again; one
+                // still running, or nothing left parked, makes that a no-op.)
+                ParkedTake::Unknown => {
+                    if route.kills_cursor
+                        && matches!(route.kill_rest.as_deref(), Some(KillRest { ns: None, .. }))
+                    {
+                        self.follow_up_kills(None, route);
+                    }
+                }
             }
         }
         let host = match self.choose_server(request, route, kill).await {
@@ -682,7 +695,7 @@ impl Strategy for PooledSide {
     /// transaction are recorded on the connection's slot before the reply is relayed.
     fn observe_reply(&mut self, host: &Host, route: &Routing, facts: &ReplyFacts) {
         if !facts.error {
-            self.follow_up_kills(host, route);
+            self.follow_up_kills(Some(host), route);
         }
         if self.pooled.topology.load_balanced() {
             // Any reply that opens a cursor, not only those of the commands may_open_cursor
@@ -755,7 +768,7 @@ impl Strategy for PooledSide {
             (&outcome, route.kill_rest.as_deref())
         {
             if self.wants_reply_facts() {
-                self.follow_up_kills(&link.key().server, route);
+                self.follow_up_kills(Some(&link.key().server), route);
             }
         }
         if self.pooled.topology.load_balanced() {
