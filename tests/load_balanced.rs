@@ -870,3 +870,46 @@ async fn a_legacy_kill_whose_first_cursor_is_unknown_still_frees_a_full_pool() {
     }
     proxy.shutdown().await;
 }
+
+/// A legacy OP_KILL_CURSORS whose first cursor's parked connection stays busy (a slow
+/// getMore of another of the client's connections: in the field an awaitData one) past the
+/// checkout timeout is dropped (no reply to carry the error); its other cursor, parked on an
+/// idle connection, must still be killed there (its follow-up needs no reply of the message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_kill_whose_first_cursor_stays_busy_still_kills_the_others() {
+    let (a, b, target, relay) = switched_pair_at(13).await;
+    let proxy = start_lazy_with(relay, |cfg| {
+        cfg.pool.checkout_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let connect = || support::raw::RawConn::connect(proxy.local_addr());
+    let mut raw = connect().await.unwrap();
+    let ids = cursor_on_each(&mut raw, &target).await;
+    // A's cursor's connection busy for 4 s with a getMore of another client connection.
+    let direct = hold_next(&a, "getMore", 4000).await;
+    let mut held = connect().await.unwrap();
+    let slow = ids[0];
+    let _held = tokio::spawn(async move {
+        held.command(doc! {"getMore": slow, "collection": "c", "$db": "lb"})
+            .await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.stats().command_count("getMore") == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the getMore never reached A");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let message = mongoguard::wire::builder::encode_kill_cursors(4247, &ids);
+    raw.stream_mut().write_all(&message).await.unwrap();
+    // Well before A's getMore ends (4 s): B's cursor is killed on its connection.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(2500);
+    while b.stats().command_count("op_kill_cursors") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B's cursor was never killed: {:?}",
+            proxy.pool_stats().unwrap().0
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    direct.shutdown().await;
+    proxy.shutdown().await;
+}
