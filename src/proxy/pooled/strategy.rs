@@ -380,6 +380,11 @@ impl PooledSide {
         }
     }
 
+    /// A legacy OP_KILL_CURSORS naming other cursors after its first.
+    fn legacy_kill(route: &Routing) -> bool {
+        route.kills_cursor && matches!(route.kill_rest.as_deref(), Some(KillRest { ns: None, .. }))
+    }
+
     fn pin_key(&self, t: &TxnKey) -> TxnKey {
         let identity = match &self.identity {
             Some(i) => i.name.as_str(),
@@ -585,6 +590,11 @@ impl Strategy for PooledSide {
                 }
                 ParkedTake::Killed => return refused_end(SessionError::Killed),
                 ParkedTake::StayedBusy => {
+                    // A legacy OP_KILL_CURSORS is dropped here (no reply to carry the
+                    // error): its other cursors are still killed where they are parked.
+                    if Self::legacy_kill(route) {
+                        self.follow_up_kills(None, route);
+                    }
                     let (code, name) = (CHECKOUT_TIMEOUT_CODE, CHECKOUT_TIMEOUT_CODE_NAME);
                     let message = format!(
                         "mongoguard: the upstream connection of this cursor or transaction \
@@ -624,9 +634,7 @@ impl Strategy for PooledSide {
                 // no reply of the message. (Once it is sent, `finished` tries again; one
                 // still running, or nothing left parked, makes that a no-op.)
                 ParkedTake::Unknown => {
-                    if route.kills_cursor
-                        && matches!(route.kill_rest.as_deref(), Some(KillRest { ns: None, .. }))
-                    {
+                    if Self::legacy_kill(route) {
                         self.follow_up_kills(None, route);
                     }
                 }
