@@ -895,7 +895,10 @@ async fn a_legacy_kill_whose_first_cursor_stays_busy_still_kills_the_others() {
     });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while a.stats().command_count("getMore") == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the getMore never reached A");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the getMore never reached A"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let message = mongoguard::wire::builder::encode_kill_cursors(4247, &ids);
