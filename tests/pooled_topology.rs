@@ -920,3 +920,147 @@ async fn another_identitys_cursor_on_another_server_survives_a_legacy_kill_follo
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Attack probes of the legacy kill follow-up (several servers): the OP_KILL_CURSORS wrapped
+/// in OP_COMPRESSED, named with a flood of duplicates, and repeated quickly, reaches both
+/// servers, and leaves no connection checked out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_legacy_kill_with_duplicates_reaches_each_server_and_leaks_nothing() {
+    let legacy = || StandInConfig {
+        wire_version: 13,
+        ..StandInConfig::default()
+    };
+    let a = StandIn::start(legacy()).await.unwrap();
+    let b = StandIn::start(legacy()).await.unwrap();
+    seed_each(&[&a, &b], "kc", 20, "").await;
+    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each_server(&mut raw, &a).await;
+    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    // Many quick legacy kills of cursors mongoguard does not know (first one known on A,
+    // the rest bogus): no reply, so the client does not wait between them.
+    for i in 0..300i64 {
+        let bogus: Vec<i64> = (0..50).map(|k| 1_000_000 + i * 50 + k).collect();
+        let message = mongoguard::wire::builder::encode_kill_cursors(5000 + i as i32, &bogus);
+        raw.stream_mut().write_all(&message).await.unwrap();
+    }
+    // A round trip: the session has handled every message before it.
+    let r = raw.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let (ka, kb) = (kills(&a), kills(&b));
+    // The real one: compressed, B's cursor first, then A's repeated 2000 times.
+    let mut list = vec![ids[1]];
+    list.extend(std::iter::repeat(ids[0]).take(2000));
+    let message = mongoguard::wire::builder::encode_kill_cursors(4250, &list);
+    let packed =
+        mongoguard::wire::compression::compress(&message, mongoguard::wire::Compressor::Zlib)
+            .unwrap();
+    raw.stream_mut().write_all(&packed).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while kills(&a) == ka || kills(&b) == kb {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an OP_KILL_CURSORS did not reach its server: A {ka} -> {}, B {kb} -> {}",
+            kills(&a),
+            kills(&b)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_gone(&mut raw, ids).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while proxy.pool_stats().unwrap().0.in_use > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a connection stayed checked out: {:?}",
+            proxy.pool_stats().unwrap().0
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.shutdown().await;
+}
+
+/// A legacy kill whose follow-up's server is down: the follow-up is bounded, and the
+/// client's next legacy kill is followed up again once B is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_kill_follow_up_to_a_stalled_server_is_bounded() {
+    let legacy = || StandInConfig {
+        wire_version: 13,
+        ..StandInConfig::default()
+    };
+    let a = StandIn::start(legacy()).await.unwrap();
+    let b = StandIn::start(legacy()).await.unwrap();
+    seed_each(&[&a, &b], "kc", 20, "").await;
+    let mut cfg = Config::for_upstream(&format!("mongodb://{},{}", a.addr(), b.addr())).unwrap();
+    cfg.proxy.mode = Mode::Pooled;
+    cfg.pool.pool_size = 4;
+    cfg.auth.allow_unauthenticated = true;
+    cfg.upstream.heartbeat_interval = Duration::from_millis(200);
+    cfg.upstream.reply_timeout = Duration::from_secs(2);
+    cfg.audit.sink = mongoguard::audit::SinkSpec::None;
+    cfg.validate().unwrap();
+    let proxy = Proxy::start(Arc::new(cfg)).await.unwrap();
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each_server(&mut raw, &a).await;
+    b.set_fault(mongoguard_standin::Fault::Stall);
+    let message = mongoguard::wire::builder::encode_kill_cursors(4260, &ids);
+    raw.stream_mut().write_all(&message).await.unwrap();
+    // The client is still served (A), at once.
+    let started = tokio::time::Instant::now();
+    let r = raw.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::timeout(Duration::from_secs(10), proxy.shutdown())
+        .await
+        .expect("shutdown waited");
+}
+
+/// A legacy OP_KILL_CURSORS whose first cursor lives on a server that is gone (its checkout
+/// fails; a legacy message has no reply to carry the error, and is dropped): its other
+/// cursor, on a server that is up, must still be killed there (the follow-up needs no reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_kill_whose_first_server_is_gone_still_kills_the_others() {
+    let legacy = || StandInConfig {
+        wire_version: 13,
+        ..StandInConfig::default()
+    };
+    let a = StandIn::start(legacy()).await.unwrap();
+    let b = StandIn::start(legacy()).await.unwrap();
+    seed_each(&[&a, &b], "kc", 20, "").await;
+    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each_server(&mut raw, &a).await;
+    b.shutdown().await;
+    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let ka = kills(&a);
+    // B's cursor first: the message is routed to B.
+    let message = mongoguard::wire::builder::encode_kill_cursors(4270, &[ids[1], ids[0]]);
+    raw.stream_mut().write_all(&message).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    while kills(&a) == ka {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A's cursor was never killed: {:?}",
+            proxy.pool_stats().unwrap().0
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = raw
+        .command(doc! {"getMore": ids[0], "collection": "c", "$db": "kc"})
+        .await;
+    assert_eq!(
+        r.get_i32("code").ok(),
+        Some(43),
+        "A's cursor still open: {r}"
+    );
+    proxy.shutdown().await;
+}
