@@ -656,7 +656,14 @@ impl Strategy for PooledSide {
             .await;
         match checkout {
             Ok(c) => Acquired::Link(c),
-            Err(e) => self.checkout_failed(&host, e),
+            Err(e) => {
+                // A legacy OP_KILL_CURSORS is dropped here (no reply to carry the error):
+                // its cursors on other servers are still killed there.
+                if Self::legacy_kill(route) && self.wants_reply_facts() {
+                    self.follow_up_kills(Some(&host), route);
+                }
+                self.checkout_failed(&host, e)
+            }
         }
     }
 
@@ -771,8 +778,9 @@ impl Strategy for PooledSide {
     fn finished(&mut self, link: Conn, outcome: Outcome, route: &Routing) {
         // Set again below when this release hands the connection over.
         self.handed_over = false;
-        // A legacy OP_KILL_CURSORS has no reply: its follow-up starts once it was sent.
-        if let (Outcome::Sent, Some(KillRest { ns: None, .. })) =
+        // A legacy OP_KILL_CURSORS has no reply: its follow-up starts once it was sent (or
+        // its connection broke on the way: the client gets no error either way).
+        if let (Outcome::Sent | Outcome::Broken, Some(KillRest { ns: None, .. })) =
             (&outcome, route.kill_rest.as_deref())
         {
             if self.wants_reply_facts() {
