@@ -952,7 +952,7 @@ async fn a_compressed_legacy_kill_with_duplicates_reaches_each_server_and_leaks_
     let (ka, kb) = (kills(&a), kills(&b));
     // The real one: compressed, B's cursor first, then A's repeated 2000 times.
     let mut list = vec![ids[1]];
-    list.extend(std::iter::repeat(ids[0]).take(2000));
+    list.extend(std::iter::repeat_n(ids[0], 2000));
     let message = mongoguard::wire::builder::encode_kill_cursors(4250, &list);
     let packed =
         mongoguard::wire::compression::compress(&message, mongoguard::wire::Compressor::Zlib)
