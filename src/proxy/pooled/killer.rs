@@ -21,8 +21,12 @@
 //! it still goes where it lives.
 //!
 //! A legacy OP_KILL_CURSORS (old drivers batch their kills the same way) names no namespace
-//! and has no reply: its follow-up starts once it was sent, and sends each other server (or
-//! parked connection) an OP_KILL_CURSORS of the cursors there. Nothing says whether a cursor
+//! and has no reply: its follow-up starts once it was sent — or when it could not be (its
+//! first cursor's server unreachable, its parked connection busy past the checkout timeout,
+//! or, behind a load balancer, that cursor parked nowhere, when the message needs a fresh
+//! connection a pool full of the others' parked ones may not give): no error reaches the
+//! client either way. It sends each other server (or parked connection) an OP_KILL_CURSORS
+//! of the cursors there. Nothing says whether a cursor
 //! died (mongod skips another user's silently), so with several servers no pin ends: a
 //! getMore of a killed cursor still reaches its server, which answers that it is gone, and
 //! the pin expires with its TTL. Behind a load balancer the cursor's parked connection is
