@@ -340,6 +340,16 @@ async fn cursor_on_each(conn: &mut support::raw::RawConn, target: &AtomicUsize) 
     ids
 }
 
+/// Each cursor of `lb.c` in `ids` is gone: a getMore through `raw` gets CursorNotFound.
+async fn assert_gone(raw: &mut support::raw::RawConn, ids: [i64; 2]) {
+    for id in ids {
+        let more = raw
+            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
+            .await;
+        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
+    }
+}
+
 /// Makes `backend` hold its next `command` for `ms` milliseconds (a fail point); the
 /// returned client is closed by the caller.
 async fn hold_next(backend: &StandIn, command: &str, ms: i32) -> Client {
@@ -639,12 +649,7 @@ async fn a_kill_cursors_of_cursors_on_several_connections_reaches_each() {
     }
     assert_eq!(a.stats().command_count("killCursors"), 1);
     // Neither cursor is open anywhere mongoguard reaches.
-    for id in ids {
-        let more = raw
-            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
-            .await;
-        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
-    }
+    assert_gone(&mut raw, ids).await;
     assert_eq!(
         a.stats().command_count("getMore") + b.stats().command_count("getMore"),
         0
@@ -678,12 +683,7 @@ async fn a_legacy_kill_cursors_of_cursors_on_several_connections_reaches_each() 
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    for id in ids {
-        let more = raw
-            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
-            .await;
-        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
-    }
+    assert_gone(&mut raw, ids).await;
     proxy.shutdown().await;
 }
 
@@ -862,12 +862,7 @@ async fn a_legacy_kill_whose_first_cursor_is_unknown_still_frees_a_full_pool() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for id in ids {
-        let more = raw
-            .command(doc! {"getMore": id, "collection": "c", "$db": "lb"})
-            .await;
-        assert_eq!(more.get_i32("code").unwrap_or(0), 43, "{more}");
-    }
+    assert_gone(&mut raw, ids).await;
     proxy.shutdown().await;
 }
 

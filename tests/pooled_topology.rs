@@ -773,6 +773,58 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
     proxy.shutdown().await;
 }
 
+/// Two stand-ins at wire version 13 (MongoDB 5.0, the last with the legacy opcodes), `kc.c`
+/// seeded on each.
+async fn legacy_servers() -> (StandIn, StandIn) {
+    let legacy = || StandInConfig {
+        wire_version: 13,
+        ..StandInConfig::default()
+    };
+    let a = StandIn::start(legacy()).await.unwrap();
+    let b = StandIn::start(legacy()).await.unwrap();
+    seed_each(&[&a, &b], "kc", 20, "").await;
+    (a, b)
+}
+
+/// [`legacy_servers`], a pooled mongoguard over both, a raw client of it and its cursor on
+/// each server.
+async fn legacy_pair() -> (
+    StandIn,
+    StandIn,
+    ProxyHandle,
+    support::raw::RawConn,
+    [i64; 2],
+) {
+    let (a, b) = legacy_servers().await;
+    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
+    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let ids = cursor_on_each_server(&mut raw, &a).await;
+    (a, b, proxy, raw, ids)
+}
+
+/// OP_KILL_CURSORS messages `s` has received.
+fn legacy_kills(s: &StandIn) -> u64 {
+    s.stats().command_count("op_kill_cursors")
+}
+
+/// Waits (≤ 10 s) until A and B have each received an OP_KILL_CURSORS since `before` (their
+/// counts then).
+async fn until_legacy_killed_on_both(a: &StandIn, b: &StandIn, before: (u64, u64)) {
+    let (ka, kb) = before;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while legacy_kills(a) == ka || legacy_kills(b) == kb {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an OP_KILL_CURSORS did not reach its server: A {ka} -> {}, B {kb} -> {}",
+            legacy_kills(a),
+            legacy_kills(b)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The same with a legacy OP_KILL_CURSORS (an old driver batches its kills the same way; to
 /// it pooled mode is one server): the message goes where its first cursor lives, and
 /// mongoguard sends each other server an OP_KILL_CURSORS of its cursors there. The opcode has
@@ -783,43 +835,25 @@ async fn a_kill_cursors_of_cursors_on_several_servers_reaches_each() {
 /// legacy opcodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_kill_cursors_of_cursors_on_several_servers_reaches_each() {
-    let legacy = || StandInConfig {
-        wire_version: 13,
-        ..StandInConfig::default()
-    };
-    let a = StandIn::start(legacy()).await.unwrap();
-    let b = StandIn::start(legacy()).await.unwrap();
-    seed_each(&[&a, &b], "kc", 20, "").await;
-    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
-    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
-        .await
-        .unwrap();
-    let ids = cursor_on_each_server(&mut raw, &a).await;
-    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let (a, b, proxy, mut raw, ids) = legacy_pair().await;
+    let kills = legacy_kills;
     let (ka, kb) = (kills(&a), kills(&b));
     let message = mongoguard::wire::builder::encode_kill_cursors(4242, &ids);
     raw.stream_mut().write_all(&message).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while kills(&a) == ka || kills(&b) == kb {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "an OP_KILL_CURSORS did not reach its server: A {ka} -> {}, B {kb} -> {}",
-            kills(&a),
-            kills(&b)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_legacy_killed_on_both(&a, &b, (ka, kb)).await;
     assert_gone(&mut raw, ids).await;
     proxy.shutdown().await;
 }
 
-/// Alice's cursor of `pin.c` and one of Mallory's on the other server (of A and another,
-/// seeded): their ids.
+/// Seeds `pin.c` on A and B, then opens Alice's cursor and one of Mallory's on the other
+/// server: their ids.
 async fn alice_and_mallory_cursors(
     a: &StandIn,
+    b: &StandIn,
     alice: &mut support::raw::RawConn,
     mallory: &mut support::raw::RawConn,
 ) -> (i64, i64) {
+    seed_each(&[a, b], "pin", 10, "app:apppw@").await;
     let on_a = |before: u64| a.stats().command_count("find") > before;
     let before = a.stats().command_count("find");
     let r = alice
@@ -843,6 +877,16 @@ async fn alice_and_mallory_cursors(
     panic!("no cursor of Mallory's on the other server");
 }
 
+/// Alice's cursor `id` of `pin.c` still serves four getMores.
+async fn still_reads(alice: &mut support::raw::RawConn, id: i64) {
+    for _ in 0..4 {
+        let r = alice
+            .command(doc! {"getMore": id, "collection": "c", "batchSize": 2, "$db": "pin"})
+            .await;
+        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    }
+}
+
 /// A killCursors naming the client's own cursor first and another identity's cursor, open
 /// on the other server, after it: the follow-up runs as the client's identity, the server
 /// refuses it (Unauthorized), and the owner's cursor stays open and pinned.
@@ -850,8 +894,7 @@ async fn alice_and_mallory_cursors(
 async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() {
     let (a, b, proxy) = two_servers_two_identities("kill-follow-identity").await;
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
-    seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
-    let (alice_id, mallory_id) = alice_and_mallory_cursors(&a, &mut alice, &mut mallory).await;
+    let (alice_id, mallory_id) = alice_and_mallory_cursors(&a, &b, &mut alice, &mut mallory).await;
     let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
     assert_eq!(pinned(&proxy), 2);
     let (ka, kb) = (
@@ -872,12 +915,7 @@ async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() 
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pinned(&proxy), 1, "Alice's pin must stay");
-    for _ in 0..4 {
-        let r = alice
-            .command(doc! {"getMore": alice_id, "collection": "c", "batchSize": 2, "$db": "pin"})
-            .await;
-        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
-    }
+    still_reads(&mut alice, alice_id).await;
     proxy.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
@@ -891,11 +929,10 @@ async fn another_identitys_cursor_on_another_server_survives_a_kill_follow_up() 
 async fn another_identitys_cursor_on_another_server_survives_a_legacy_kill_follow_up() {
     let (a, b, proxy) = two_servers_two_identities_at("legacy-kill-identity", 13).await;
     let (mut alice, mut mallory) = support::identities::connect_both(proxy.local_addr()).await;
-    seed_each(&[&a, &b], "pin", 10, "app:apppw@").await;
-    let (alice_id, mallory_id) = alice_and_mallory_cursors(&a, &mut alice, &mut mallory).await;
+    let (alice_id, mallory_id) = alice_and_mallory_cursors(&a, &b, &mut alice, &mut mallory).await;
     let pinned = |proxy: &ProxyHandle| proxy.pool_stats().unwrap().1.cursor.get();
     assert_eq!(pinned(&proxy), 2);
-    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let kills = legacy_kills;
     let (ka, kb) = (kills(&a), kills(&b));
     let message = mongoguard::wire::builder::encode_kill_cursors(4243, &[mallory_id, alice_id]);
     mallory.stream_mut().write_all(&message).await.unwrap();
@@ -910,12 +947,7 @@ async fn another_identitys_cursor_on_another_server_survives_a_legacy_kill_follo
         .command(doc! {"getMore": mallory_id, "collection": "c", "$db": "pin"})
         .await;
     assert_eq!(r.get_i32("code").ok(), Some(43), "{r}");
-    for _ in 0..4 {
-        let r = alice
-            .command(doc! {"getMore": alice_id, "collection": "c", "batchSize": 2, "$db": "pin"})
-            .await;
-        assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
-    }
+    still_reads(&mut alice, alice_id).await;
     proxy.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
@@ -926,19 +958,8 @@ async fn another_identitys_cursor_on_another_server_survives_a_legacy_kill_follo
 /// servers, and leaves no connection checked out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compressed_legacy_kill_with_duplicates_reaches_each_server_and_leaks_nothing() {
-    let legacy = || StandInConfig {
-        wire_version: 13,
-        ..StandInConfig::default()
-    };
-    let a = StandIn::start(legacy()).await.unwrap();
-    let b = StandIn::start(legacy()).await.unwrap();
-    seed_each(&[&a, &b], "kc", 20, "").await;
-    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
-    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
-        .await
-        .unwrap();
-    let ids = cursor_on_each_server(&mut raw, &a).await;
-    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let (a, b, proxy, mut raw, ids) = legacy_pair().await;
+    let kills = legacy_kills;
     // Many quick legacy kills of cursors mongoguard does not know (first one known on A,
     // the rest bogus): no reply, so the client does not wait between them.
     for i in 0..300i64 {
@@ -958,16 +979,7 @@ async fn a_compressed_legacy_kill_with_duplicates_reaches_each_server_and_leaks_
         mongoguard::wire::compression::compress(&message, mongoguard::wire::Compressor::Zlib)
             .unwrap();
     raw.stream_mut().write_all(&packed).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while kills(&a) == ka || kills(&b) == kb {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "an OP_KILL_CURSORS did not reach its server: A {ka} -> {}, B {kb} -> {}",
-            kills(&a),
-            kills(&b)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_legacy_killed_on_both(&a, &b, (ka, kb)).await;
     assert_gone(&mut raw, ids).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while proxy.pool_stats().unwrap().0.in_use > 0 {
@@ -981,17 +993,11 @@ async fn a_compressed_legacy_kill_with_duplicates_reaches_each_server_and_leaks_
     proxy.shutdown().await;
 }
 
-/// A legacy kill whose follow-up's server is down: the follow-up is bounded, and the
-/// client's next legacy kill is followed up again once B is back.
+/// A legacy kill whose follow-up's server stalls: the client is still served at once, and
+/// shutdown does not wait for the follow-up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_kill_follow_up_to_a_stalled_server_is_bounded() {
-    let legacy = || StandInConfig {
-        wire_version: 13,
-        ..StandInConfig::default()
-    };
-    let a = StandIn::start(legacy()).await.unwrap();
-    let b = StandIn::start(legacy()).await.unwrap();
-    seed_each(&[&a, &b], "kc", 20, "").await;
+    let (a, b) = legacy_servers().await;
     let mut cfg = Config::for_upstream(&format!("mongodb://{},{}", a.addr(), b.addr())).unwrap();
     cfg.proxy.mode = Mode::Pooled;
     cfg.pool.pool_size = 4;
@@ -1027,20 +1033,9 @@ async fn a_legacy_kill_follow_up_to_a_stalled_server_is_bounded() {
 /// cursor, on a server that is up, must still be killed there (the follow-up needs no reply).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_kill_whose_first_server_is_gone_still_kills_the_others() {
-    let legacy = || StandInConfig {
-        wire_version: 13,
-        ..StandInConfig::default()
-    };
-    let a = StandIn::start(legacy()).await.unwrap();
-    let b = StandIn::start(legacy()).await.unwrap();
-    seed_each(&[&a, &b], "kc", 20, "").await;
-    let proxy = pooled_proxy(&format!("mongodb://{},{}", a.addr(), b.addr())).await;
-    let mut raw = support::raw::RawConn::connect(proxy.local_addr())
-        .await
-        .unwrap();
-    let ids = cursor_on_each_server(&mut raw, &a).await;
+    let (a, b, proxy, mut raw, ids) = legacy_pair().await;
     b.shutdown().await;
-    let kills = |s: &StandIn| s.stats().command_count("op_kill_cursors");
+    let kills = legacy_kills;
     let ka = kills(&a);
     // B's cursor first: the message is routed to B.
     let message = mongoguard::wire::builder::encode_kill_cursors(4270, &[ids[1], ids[0]]);
