@@ -782,7 +782,7 @@ async fn one_client_cannot_hold_every_kill_follow_up_permit() {
 /// follow-up is cancelled (its connection closed) and shutdown does not wait for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cancels_a_kill_follow_up_in_flight() {
-    let (_a, b, target, relay) = switched_pair().await;
+    let (a, b, target, relay) = switched_pair().await;
     let proxy = start_lazy(relay).await;
     let mut raw = support::raw::RawConn::connect(proxy.local_addr())
         .await
@@ -794,8 +794,10 @@ async fn shutdown_cancels_a_kill_follow_up_in_flight() {
     while b.stats().connections_open() != 1 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "B holds {} connections, not mongoguard's one",
-            b.stats().connections_open()
+            "B holds {} connections, not mongoguard's one (A holds {}; mongoguard's pool: {:?})",
+            b.stats().connections_open(),
+            a.stats().connections_open(),
+            proxy.pool_stats().unwrap().0
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
