@@ -360,9 +360,6 @@ impl PooledSide {
 }
 
 impl PooledSide {
-    /// Transaction `t` as the shared pins know it: under the upstream identity the request
-    /// runs as (`acquire`'s choice), since the same `lsid.id` sent by another user is another
-    /// session upstream (see [`balanced::txn_key`]) and must not move or drop this pin.
     /// The identity requests of this session run as (`acquire`'s choice).
     fn identity_name(&self) -> &str {
         match &self.identity {
@@ -385,11 +382,11 @@ impl PooledSide {
         route.kills_cursor && matches!(route.kill_rest.as_deref(), Some(KillRest { ns: None, .. }))
     }
 
+    /// Transaction `t` as the shared pins know it: under the upstream identity the request
+    /// runs as (`acquire`'s choice), since the same `lsid.id` sent by another user is another
+    /// session upstream (see [`balanced::txn_key`]) and must not move or drop this pin.
     fn pin_key(&self, t: &TxnKey) -> TxnKey {
-        let identity = match &self.identity {
-            Some(i) => i.name.as_str(),
-            None => self.pooled.identities.default_identity().name.as_str(),
-        };
+        let identity = self.identity_name();
         TxnKey {
             lsid: balanced::txn_key(identity, &t.lsid),
             txn_number: t.txn_number,
@@ -780,12 +777,11 @@ impl Strategy for PooledSide {
         self.handed_over = false;
         // A legacy OP_KILL_CURSORS has no reply: its follow-up starts once it was sent (or
         // its connection broke on the way: the client gets no error either way).
-        if let (Outcome::Sent | Outcome::Broken, Some(KillRest { ns: None, .. })) =
-            (&outcome, route.kill_rest.as_deref())
+        if matches!(outcome, Outcome::Sent | Outcome::Broken)
+            && Self::legacy_kill(route)
+            && self.wants_reply_facts()
         {
-            if self.wants_reply_facts() {
-                self.follow_up_kills(Some(&link.key().server), route);
-            }
+            self.follow_up_kills(Some(&link.key().server), route);
         }
         if self.pooled.topology.load_balanced() {
             let Some(link) = self.settle_balanced(link, &outcome, route, false) else {
