@@ -1,6 +1,8 @@
-//! Passthrough sessions run on `proxy.threads` event loops (`mongoguard::proxy::loops`): each
-//! client is served there, the threads end with the proxy, and `proxy.work_stealing` (and
-//! pooled mode) start none.
+//! Sessions run on `proxy.threads` event loops (`mongoguard::proxy::loops`): each client is
+//! served there, the threads end with the proxy, and `proxy.work_stealing` starts none.
+//! Pooled sessions run there too, each loop checking out of its own shard of the pool, when
+//! the pool is large enough to give every loop `MIN_SHARD` (4) connections; a loop whose
+//! clients wait gets a slot another loop has free.
 //!
 //! The threads are counted by name in `/proc/self/task`, process-wide, so the tests of this
 //! file take turns (`SERIAL`).
@@ -111,6 +113,136 @@ async fn work_stealing_serves_clients_without_session_threads() {
         Vec::<String>::new(),
         "work_stealing: no session thread, whatever proxy.threads says"
     );
+    tokio::time::timeout(BOUND, proxy.shutdown())
+        .await
+        .expect("shutdown is bounded");
+}
+
+fn pooled(c: &mut Config, threads: usize, pool_size: usize) {
+    c.proxy.mode = mongoguard::config::Mode::Pooled;
+    c.auth.allow_unauthenticated = true;
+    c.proxy.threads = threads;
+    c.pool.pool_size = pool_size;
+}
+
+/// Pooled mode with a pool of 8 over two threads: two session threads, and every client
+/// served (pool shards of 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_sessions_run_on_the_loops_when_the_pool_shards() {
+    let _serial = SERIAL.lock().await;
+    let (_standin, config) = config(|c| pooled(c, 2, 8)).await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    assert_eq!(session_threads(), ["mg-session-1", "mg-session-2"]);
+    let mut clients = Vec::new();
+    for i in 0..6 {
+        let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
+        let reply = tokio::time::timeout(
+            BOUND,
+            c.command(doc! {"find": "t", "filter": {}, "$db": "shards"}),
+        )
+        .await
+        .expect("answered");
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
+        clients.push(c);
+    }
+    tokio::time::timeout(BOUND, proxy.shutdown())
+        .await
+        .expect("shutdown is bounded");
+}
+
+/// A pool too small to give two loops 4 connections each keeps pooled sessions on the
+/// shared runtime, whatever `proxy.threads` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_sessions_stay_on_the_shared_runtime_with_a_small_pool() {
+    let _serial = SERIAL.lock().await;
+    let (_standin, config) = config(|c| pooled(c, 2, 7)).await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
+    let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
+        .await
+        .expect("answered");
+    assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
+    assert_eq!(session_threads(), Vec::<String>::new());
+    tokio::time::timeout(BOUND, proxy.shutdown())
+        .await
+        .expect("shutdown is bounded");
+}
+
+/// The loop a pooled client is on has its 4 connections held (4 commands the upstream holds
+/// for 8 s); the other loop's clients are idle and its shard has every slot free. A fifth
+/// request on the busy loop is served from a slot the idle loop gives up (the pool's
+/// rebalancing, every 50 ms), while the 4 held commands are still running: it does not
+/// wait for one of them to end, nor time out while the pool has connections to spare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_free() {
+    let _serial = SERIAL.lock().await;
+    let (standin, config) = config(|c| pooled(c, 2, 8)).await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    // A new client goes to the loop with the fewest sessions, the first on a tie: clients
+    // 0, 2, 4, 6 and 8 share a loop (each answered before the next connects, so that it is
+    // counted there).
+    let (mut busy_loop, mut idle_loop) = (Vec::new(), Vec::new());
+    for i in 0..10 {
+        let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
+        let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
+            .await
+            .expect("answered");
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
+        // Kept open: a closed one would leave its loop with fewer sessions.
+        if i % 2 == 0 {
+            busy_loop.push(c);
+        } else {
+            idle_loop.push(c);
+        }
+    }
+    let probe_client = busy_loop.pop().unwrap();
+    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": 4},
+            "data": {"failCommands": ["distinct"], "blockConnection": true, "blockTimeMS": 8000},
+        })
+        .await
+        .unwrap();
+    let held: Vec<_> = busy_loop
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                c.command(doc! {"distinct": "t", "key": "a", "$db": "shards"})
+                    .await
+            })
+        })
+        .collect();
+    // All four are at the upstream, holding the busy loop's four connections.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while standin.stats().command_count("distinct") < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held commands never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut probe_client = probe_client;
+    let probe = tokio::time::timeout(
+        BOUND,
+        probe_client.command(doc! {"find": "t", "filter": {}, "$db": "shards"}),
+    )
+    .await
+    .expect("the probe was answered");
+    assert_eq!(probe.get_f64("ok").ok(), Some(1.0), "{probe:?}");
+    assert!(
+        held.iter().all(|h| !h.is_finished()),
+        "the probe waited for a held command to end: no slot came from the idle loop"
+    );
+    for h in held {
+        let reply = tokio::time::timeout(BOUND, h)
+            .await
+            .expect("held ends")
+            .unwrap();
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
+    }
+    drop(idle_loop);
     tokio::time::timeout(BOUND, proxy.shutdown())
         .await
         .expect("shutdown is bounded");

@@ -214,7 +214,8 @@ fn proxy_context(
     background: &CancellationToken,
     allowlist: Arc<crate::allowlist::Allowlist>,
 ) -> Result<Arc<Context>, ProxyError> {
-    let (topology, pooled) = upstream(config, upstream_tls.clone(), background)?;
+    let threads = session_threads(config);
+    let (topology, pooled) = upstream(config, upstream_tls.clone(), background, threads)?;
     let identity = crate::upstream::Identities::from_config(&config.upstream)
         .map_err(|e| ProxyError::Pooled(e.to_string()))?
         .default_identity()
@@ -237,20 +238,36 @@ fn proxy_context(
         plan,
     );
     ctx.allowlist = allowlist;
-    // Passthrough sessions are independent: each on one event loop thread. Pooled sessions
-    // share upstream connections and stay on the work-stealing runtime (`proxy::loops`).
-    if config.proxy.mode == Mode::Passthrough && !config.proxy.work_stealing {
-        let threads = proxy::loops::resolve_threads(config.proxy.threads);
+    // Sessions run on event loop threads, each its own; a pooled session checks out of its
+    // loop's pool shard (`proxy::loops`).
+    if let Some(threads) = threads {
         let loops = proxy::loops::SessionLoops::start(threads).map_err(ProxyError::Threads)?;
+        if let Some(pooled) = &ctx.pooled {
+            pooled.start_loop_maintenance(&loops);
+        }
         ctx.loops = Some(loops);
     } else if config.proxy.threads != 0 {
         warn!(
             threads = config.proxy.threads,
-            "proxy.threads is ignored: pooled mode and proxy.work_stealing run sessions on the \
-             shared runtime (TOKIO_WORKER_THREADS sizes it)"
+            "proxy.threads is ignored: sessions run on the shared runtime \
+             (TOKIO_WORKER_THREADS sizes it) under proxy.work_stealing, and in pooled mode \
+             when pool_size is below twice the minimum shard"
         );
     }
     Ok(Arc::new(ctx))
+}
+
+/// The session loops to run (see `proxy::loops`): `None` runs sessions on the shared
+/// work-stealing runtime (`proxy.work_stealing`, or a pool too small to shard).
+fn session_threads(config: &Config) -> Option<usize> {
+    if config.proxy.work_stealing {
+        return None;
+    }
+    let threads = proxy::loops::resolve_threads(config.proxy.threads);
+    match config.proxy.mode {
+        Mode::Passthrough => Some(threads),
+        Mode::Pooled => proxy::loops::pooled_threads(threads, config.pool.pool_size),
+    }
 }
 
 /// Enforcing an allowlist while the policy turns A001 off everywhere enforces nothing: said
@@ -302,9 +319,11 @@ fn upstream(
     config: &Config,
     tls: Option<crate::tls::UpstreamTls>,
     background: &CancellationToken,
+    threads: Option<usize>,
 ) -> Result<(Arc<Topology>, Option<Arc<proxy::Pooled>>), ProxyError> {
     if config.proxy.mode == Mode::Pooled {
-        let pooled = proxy::Pooled::start(config, tls)?;
+        // One pool shard per session loop.
+        let pooled = proxy::Pooled::start(config, tls, threads.unwrap_or(1))?;
         return Ok((pooled.topology.clone(), Some(pooled)));
     }
     let topology = Topology::from_uri(&config.upstream.uri);

@@ -10,10 +10,13 @@
 //! 1 µs (6–8 %) less CPU per request, user and kernel time both (docs/performance.md,
 //! "Session threads").
 //!
-//! Pooled mode does not use them: its sessions wait on each other's upstream connections, and
-//! a release on one loop waking a waiter on another goes through that loop's inject queue and
-//! an `eventfd` write (Tokio's remote wake-up); measured, that costs more than the
-//! work-stealing runtime's hand-offs (22.7 against 18.3 µs per find at 64 clients).
+//! Pooled sessions run on them too, each loop with its own shard of the upstream pool
+//! (`upstream::pool`, "Shards"): a connection is opened, used and handed from one session to
+//! the next on one loop, never across. Sharing one pool across loops cost more: a release on
+//! one loop waking a waiter on another goes through that loop's inject queue and an `eventfd`
+//! write (22.7 against 18.3 µs per find at 64 clients on the work-stealing runtime, where
+//! pooled sessions ran until the shards). A pool too small to give each loop
+//! [`MIN_SHARD`] connections runs fewer loops (see [`pooled_threads`]).
 //!
 //! Everything else — the accept loop, the admin API, topology monitors, the audit writer —
 //! stays on the process's multi-threaded runtime. Sessions' futures are `Send`; a loop only
@@ -67,6 +70,8 @@ impl SessionLoops {
             std::thread::Builder::new()
                 .name(format!("mg-session-{number}"))
                 .spawn(move || {
+                    // Pooled mode: this loop's sessions check out of their own pool shard.
+                    crate::upstream::pool::set_home_shard(number - 1);
                     let _ = running_tx.send(());
                     // Ends when the sender is used or dropped.
                     let _ = runtime.block_on(stop_rx);
@@ -124,6 +129,17 @@ impl SessionLoops {
             let _live = live;
             session.await
         });
+    }
+
+    /// Runs `task` (not a session: not counted) on loop `index`'s thread; on a loop that
+    /// has stopped, or an index past the last loop, it is dropped unpolled.
+    pub(crate) fn spawn_on<F>(&self, index: usize, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if let Some(chosen) = self.loops.get(index) {
+            drop(chosen.handle.spawn(task));
+        }
     }
 
     /// Stops every loop: sessions still on them are dropped (their drop guards account for
@@ -184,6 +200,18 @@ impl Drop for Live {
 
 /// The number of loops `proxy.threads` asks for: itself, or for 0 the CPUs this process may
 /// use (affinity mask and cgroup quota, as the standard library reads them).
+/// The fewest connections a pool shard gets (see [`pooled_threads`]).
+pub(crate) const MIN_SHARD: usize = 4;
+
+/// How many loops pooled sessions run on for `threads` (resolved) and `pool_size`: one per
+/// thread as long as each loop's pool shard holds at least [`MIN_SHARD`] connections, fewer
+/// otherwise; `None` (the shared work-stealing runtime and one unsharded pool, as before
+/// the shards) when that leaves fewer than two loops.
+pub(crate) fn pooled_threads(threads: usize, pool_size: usize) -> Option<usize> {
+    let n = threads.min(pool_size / MIN_SHARD);
+    (n >= 2).then_some(n)
+}
+
 pub(crate) fn resolve_threads(configured: usize) -> usize {
     if configured > 0 {
         return configured;
@@ -194,6 +222,18 @@ pub(crate) fn resolve_threads(configured: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pooled sessions go on the loops only when the pool gives each at least `MIN_SHARD`
+    /// connections and there are two loops or more.
+    #[test]
+    fn pooled_loops_follow_the_pool_size() {
+        assert_eq!(pooled_threads(2, 20), Some(2));
+        assert_eq!(pooled_threads(8, 20), Some(5));
+        assert_eq!(pooled_threads(16, 8), Some(2));
+        assert_eq!(pooled_threads(2, 7), None);
+        assert_eq!(pooled_threads(1, 100), None);
+        assert_eq!(pooled_threads(0, 100), None);
+    }
 
     /// Sessions go to the least loaded loop, run on its thread (which knows its number),
     /// and are uncounted when they end.

@@ -15,6 +15,17 @@
 //! The pool is generic over a [`Connector`], so its behaviour is tested with dummy
 //! connections; [`TcpConnector`] is the plain-TCP one.
 //!
+//! # Shards
+//! A pool made with [`Pool::sharded`] splits every key's `pool_size` (and `min_idle`)
+//! between shards, one per session thread (`proxy::loops`): a thread checks out of its own
+//! shard only ([`set_home_shard`]), so a connection is opened, used, released and handed to
+//! the next waiter on one thread and its socket stays on that thread's reactor. A shard whose
+//! oldest waiter has waited [`REBALANCE_AFTER`] takes a free slot from another shard
+//! ([`Pool::rebalance`], called every [`REBALANCE_EVERY`]): load that stays uneven moves the
+//! limits with it, and no waiter waits long while another shard has a slot free. A
+//! connection opened by another thread (a background task's) serves its checkout and
+//! closes. The sum of the shards' limits is always `pool_size`.
+//!
 //! # Cancellation safety
 //! [`Pool::checkout`] is cancellation safe: dropping its future while it waits for a slot
 //! leaves the wait queue (no slot is leaked and no later release is lost), and dropping it
@@ -36,7 +47,30 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use keyed::KeyPool;
+use keyed::{KeyPool, Shard};
+
+/// How long a shard's oldest waiter waits before [`Pool::rebalance`] gives its shard a slot
+/// another shard has free.
+pub const REBALANCE_AFTER: Duration = Duration::from_millis(50);
+
+/// How often a sharded pool's owner calls [`Pool::rebalance`].
+pub const REBALANCE_EVERY: Duration = Duration::from_millis(50);
+
+thread_local! {
+    /// The shard this thread checks out of, set once by a session thread.
+    static HOME_SHARD: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes this thread check out of shard `index` of every sharded pool (modulo their
+/// shard count). Threads that never call it use shard 0.
+pub fn set_home_shard(index: usize) {
+    HOME_SHARD.set(Some(index));
+}
+
+/// This thread's shard of a pool of `count` shards, if it has one.
+fn home_shard(count: usize) -> Option<usize> {
+    HOME_SHARD.get().map(|i| i % count.max(1))
+}
 
 use super::{ConnectError, Host};
 use crate::config::PoolSettings;
@@ -213,10 +247,41 @@ pub struct Pool<C: Connector> {
     shared: Arc<Shared<C>>,
 }
 
+/// Every shard of one key's pool, in shard order (never none: the first is apart).
+struct Shards<T> {
+    first: Arc<KeyPool<T>>,
+    rest: Box<[Arc<KeyPool<T>>]>,
+}
+
+impl<T> Clone for Shards<T> {
+    fn clone(&self) -> Self {
+        Shards {
+            first: self.first.clone(),
+            rest: self.rest.clone(),
+        }
+    }
+}
+
+impl<T> Shards<T> {
+    /// Shard `index` (the first past the last).
+    fn get(&self, index: usize) -> &Arc<KeyPool<T>> {
+        index
+            .checked_sub(1)
+            .and_then(|i| self.rest.get(i))
+            .unwrap_or(&self.first)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<KeyPool<T>>> {
+        std::iter::once(&self.first).chain(self.rest.iter())
+    }
+}
+
 struct Shared<C: Connector> {
     connector: C,
     config: PoolConfig,
-    pools: Mutex<HashMap<PoolKey, Arc<KeyPool<C::Conn>>>>,
+    /// Shards per key (1: unsharded).
+    shards: usize,
+    pools: Mutex<HashMap<PoolKey, Shards<C::Conn>>>,
     /// Set (under the `pools` lock) by [`Pool::close`]; pools created afterwards start closed.
     closed: AtomicBool,
     /// Drained servers (under the `pools` lock): their pools keep no idle connection.
@@ -264,10 +329,21 @@ impl<C: Connector> fmt::Debug for Pool<C> {
 impl<C: Connector> Pool<C> {
     /// A pool set opening connections with `connector`, limited by `config`.
     pub fn new(connector: C, config: PoolConfig) -> Result<Self, PoolConfigError> {
+        Pool::sharded(connector, config, 1)
+    }
+
+    /// [`Pool::new`] with every key's pool split into `shards` shards (at most `pool_size`;
+    /// see the module docs): shard `i` serves the threads whose home shard is `i`.
+    pub fn sharded(
+        connector: C,
+        config: PoolConfig,
+        shards: usize,
+    ) -> Result<Self, PoolConfigError> {
         config.validate()?;
         Ok(Pool {
             shared: Arc::new(Shared {
                 connector,
+                shards: shards.clamp(1, config.pool_size),
                 config,
                 pools: Mutex::new(HashMap::new()),
                 closed: AtomicBool::new(false),
@@ -279,6 +355,11 @@ impl<C: Connector> Pool<C> {
     /// The limits in force.
     pub fn config(&self) -> &PoolConfig {
         &self.shared.config
+    }
+
+    /// Shards per key (1: unsharded).
+    pub fn shards(&self) -> usize {
+        self.shared.shards
     }
 
     /// Checks out a connection for `key`: an idle usable one (most recently used first), else a
@@ -336,8 +417,25 @@ impl<C: Connector> Pool<C> {
     /// opens connections up to `min_idle` for every key seen so far. Call it periodically.
     /// Returns the first connect error met while prefilling, if any (the other keys are still
     /// maintained).
+    ///
+    /// Sharded, it maintains the calling thread's shard only (none on a thread without a
+    /// home shard): each session thread maintains its own, so that the connections `min_idle`
+    /// opens are its own.
     pub async fn maintain(&self) -> Result<(), PoolError> {
-        let pools: Vec<_> = self.lock_pools().values().cloned().collect();
+        let count = self.shared.shards;
+        let mine = if count == 1 {
+            Some(0)
+        } else {
+            home_shard(count)
+        };
+        let Some(mine) = mine else {
+            return Ok(());
+        };
+        let pools: Vec<_> = self
+            .lock_pools()
+            .values()
+            .map(|shards| shards.get(mine).clone())
+            .collect();
         let mut first_error = None;
         for pool in pools {
             pool.close_stale();
@@ -348,18 +446,54 @@ impl<C: Connector> Pool<C> {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Sharded: gives every shard whose oldest waiter has waited [`REBALANCE_AFTER`] the
+    /// slots other shards have free, one per waiter so served (see the module docs). Returns
+    /// how many slots moved. Call it every [`REBALANCE_EVERY`].
+    pub fn rebalance(&self) -> usize {
+        if self.shared.shards == 1 {
+            return 0;
+        }
+        let pools: Vec<_> = self.lock_pools().values().cloned().collect();
+        let mut moved = 0;
+        for shards in pools {
+            for (i, starved) in shards.iter().enumerate() {
+                // Each move serves the oldest waiter: at most pool_size moves per shard.
+                for _ in 0..self.shared.config.pool_size {
+                    let now = tokio::time::Instant::now();
+                    if starved.oldest_wait(now).is_none_or(|w| w < REBALANCE_AFTER) {
+                        break;
+                    }
+                    let given = shards
+                        .iter()
+                        .enumerate()
+                        .any(|(j, donor)| j != i && donor.give_slot());
+                    if !given {
+                        break;
+                    }
+                    starved.take_slot();
+                    moved += 1;
+                }
+            }
+        }
+        moved
+    }
+
     /// Makes `key` known without checking out, so that [`Pool::maintain`] prefills its pool
     /// up to `min_idle` before the first client needs it.
     pub fn register(&self, key: &PoolKey) {
         self.key_pool(key);
     }
 
-    /// Counters and gauges of the pool for `key` (all zero if it was never used).
+    /// Counters and gauges of the pool for `key`, every shard's summed (all zero if it was
+    /// never used).
     pub fn stats(&self, key: &PoolKey) -> PoolStats {
-        self.lock_pools()
-            .get(key)
-            .map(|p| p.stats())
-            .unwrap_or_default()
+        let mut sum = PoolStats::default();
+        if let Some(shards) = self.lock_pools().get(key) {
+            for shard in shards.iter() {
+                sum.absorb(&shard.stats());
+            }
+        }
+        sum
     }
 
     /// The keys of every pool created so far.
@@ -372,7 +506,7 @@ impl<C: Connector> Pool<C> {
     pub fn close(&self) {
         let pools = self.lock_pools();
         self.shared.closed.store(true, Ordering::SeqCst);
-        for pool in pools.values() {
+        for pool in pools.values().flat_map(|shards| shards.iter()) {
             pool.close();
         }
     }
@@ -393,37 +527,52 @@ impl<C: Connector> Pool<C> {
                 d.push(server.clone());
             }
         }
-        for (key, pool) in pools.iter() {
+        for (key, shards) in pools.iter() {
             if &key.server == server {
-                pool.set_drained(drained);
+                for pool in shards.iter() {
+                    pool.set_drained(drained);
+                }
             }
         }
     }
 
+    /// The pool of `key` this thread checks out of: its home shard's.
     fn key_pool(&self, key: &PoolKey) -> Arc<KeyPool<C::Conn>> {
+        let count = self.shared.shards;
+        let home = home_shard(count).unwrap_or(0);
         // Only ever inserted into: [`PoolHandle`]s rely on it.
         let mut pools = self.lock_pools();
-        if let Some(pool) = pools.get(key) {
-            return pool.clone();
+        if let Some(shards) = pools.get(key) {
+            return shards.get(home).clone();
         }
-        let pool = Arc::new(KeyPool::new(key.clone(), self.shared.config.clone()));
-        if self.shared.closed.load(Ordering::SeqCst) {
-            pool.close();
-        }
-        if self
+        let closed = self.shared.closed.load(Ordering::SeqCst);
+        let drained = self
             .shared
             .drained
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(&key.server)
-        {
-            pool.set_drained(true);
-        }
-        pools.insert(key.clone(), pool.clone());
+            .contains(&key.server);
+        let make = |index| {
+            let shard = Shard { index, count };
+            let pool = Arc::new(KeyPool::new(key.clone(), self.shared.config.clone(), shard));
+            if closed {
+                pool.close();
+            }
+            if drained {
+                pool.set_drained(true);
+            }
+            pool
+        };
+        let shards = Shards {
+            first: make(0),
+            rest: (1..count).map(make).collect(),
+        };
+        let pool = shards.get(home).clone();
+        pools.insert(key.clone(), shards);
         pool
     }
 
-    fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<KeyPool<C::Conn>>>> {
+    fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Shards<C::Conn>>> {
         // The map is only inserted into; a panic elsewhere cannot leave it inconsistent.
         self.shared
             .pools

@@ -28,7 +28,7 @@ use crate::{
     auth::users::Users,
     config::Config,
     upstream::{
-        pool::{Pool, PoolKey},
+        pool::{Pool, PoolKey, REBALANCE_EVERY},
         topology::{Kind, MongoConnector, MonitorSettings, Topology},
         Identities,
     },
@@ -75,10 +75,12 @@ pub(crate) struct Pooled {
 
 impl Pooled {
     /// Loads the users file and identities, and starts the topology monitors and the pool
-    /// maintenance. Every user must map to a configured identity.
+    /// maintenance. Every user must map to a configured identity. `shards`: the pool's, one
+    /// per session loop (1: sessions share the work-stealing runtime).
     pub(crate) fn start(
         config: &Config,
         upstream_tls: Option<crate::tls::UpstreamTls>,
+        shards: usize,
     ) -> Result<Arc<Pooled>, ProxyError> {
         let identities = Identities::from_config(&config.upstream)
             .map_err(|e| ProxyError::Pooled(e.to_string()))?;
@@ -96,9 +98,10 @@ impl Pooled {
             config.proxy.max_message_size,
             upstream_tls.clone(),
         );
-        let pool = Pool::new(
+        let pool = Pool::sharded(
             connector,
             crate::upstream::pool::PoolConfig::from(&config.pool),
+            shards,
         )
         .map_err(|e| ProxyError::Pooled(e.to_string()))?;
         let cancel = CancellationToken::new();
@@ -140,6 +143,20 @@ impl Pooled {
         });
         tokio::spawn(maintain(pooled.clone()));
         Ok(pooled)
+    }
+
+    /// Sharded pool (sessions on `loops`, one shard each): starts each loop's maintenance of
+    /// its own shard (expired connections, `min_idle` opened on the loop that will use them).
+    pub(crate) fn start_loop_maintenance(
+        self: &Arc<Self>,
+        loops: &crate::proxy::loops::SessionLoops,
+    ) {
+        if self.pool.shards() == 1 {
+            return;
+        }
+        for index in 0..loops.len() {
+            loops.spawn_on(index, maintain_shard(self.clone()));
+        }
     }
 
     /// Starts the task that ends client sessions upstream (see [`ender`]), counting them in
@@ -207,19 +224,7 @@ impl Pooled {
     pub(crate) fn pool_totals(&self) -> crate::upstream::pool::PoolStats {
         let mut sum = crate::upstream::pool::PoolStats::default();
         for key in self.pool.keys() {
-            let s = self.pool.stats(&key);
-            sum.total += s.total;
-            sum.idle += s.idle;
-            sum.in_use += s.in_use;
-            sum.connecting += s.connecting;
-            sum.waiting += s.waiting;
-            sum.max_wait = sum.max_wait.max(s.max_wait);
-            sum.connects += s.connects;
-            sum.connect_failures += s.connect_failures;
-            sum.discards += s.discards;
-            sum.expired += s.expired;
-            sum.unusable += s.unusable;
-            sum.timeouts += s.timeouts;
+            sum.absorb(&self.pool.stats(&key));
         }
         sum
     }
@@ -250,8 +255,53 @@ fn load_users(path: &std::path::Path, identities: &Identities) -> Result<Users, 
     Ok(users)
 }
 
-/// Every second: close expired idle connections, open up to `min_idle`, expire pins.
+/// Every second: close expired idle connections, open up to `min_idle` (an unsharded
+/// pool: a sharded one's loops do, [`maintain_shard`]), expire pins. A sharded pool is
+/// rebalanced every [`REBALANCE_EVERY`] as well.
 async fn maintain(pooled: Arc<Pooled>) {
+    let sharded = pooled.pool.shards() > 1;
+    let period = if sharded {
+        REBALANCE_EVERY
+    } else {
+        Duration::from_secs(1)
+    };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_second = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = pooled.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if sharded {
+            let moved = pooled.pool.rebalance();
+            if moved > 0 {
+                debug!(
+                    moved,
+                    "pool slots moved to the session threads whose clients waited"
+                );
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now < next_second {
+            continue;
+        }
+        next_second = now + Duration::from_secs(1);
+        if let Err(e) = pooled.pool.maintain().await {
+            debug!(error = %e, "pool maintenance could not open min_idle connections");
+        }
+        let now = tokio::time::Instant::now();
+        pooled.pins.expire(now);
+        for conn in pooled.balanced.expire(now, balanced::PARKED_TTL) {
+            debug!("closing a load-balanced connection whose cursors went unused");
+            conn.discard();
+        }
+    }
+}
+
+/// Every second, on a session loop: its own shard's expired connections closed and
+/// `min_idle` opened ([`Pool::maintain`] on the loop's thread).
+async fn maintain_shard(pooled: Arc<Pooled>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -261,12 +311,6 @@ async fn maintain(pooled: Arc<Pooled>) {
         }
         if let Err(e) = pooled.pool.maintain().await {
             debug!(error = %e, "pool maintenance could not open min_idle connections");
-        }
-        let now = tokio::time::Instant::now();
-        pooled.pins.expire(now);
-        for conn in pooled.balanced.expire(now, balanced::PARKED_TTL) {
-            debug!("closing a load-balanced connection whose cursors went unused");
-            conn.discard();
         }
     }
 }
@@ -295,7 +339,7 @@ mod users_reload_tests {
             "t",
         )
         .unwrap();
-        let pooled = super::Pooled::start(&config, None).unwrap();
+        let pooled = super::Pooled::start(&config, None, 1).unwrap();
         assert_eq!(pooled.users().unwrap().len(), 1);
         let p = pooled.clone();
         let f = file.clone();

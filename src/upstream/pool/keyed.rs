@@ -30,10 +30,36 @@ use checkout::Reservation;
 use super::stats::Gauges;
 use super::{Connector, PoolConfig, PoolError, PoolKey, PoolStats, PooledConn};
 
-/// The pool of one key.
+/// Which part of a sharded pool a [`KeyPool`] is (see [`super::Pool::sharded`]): shard
+/// `index` of `count`, served by the thread whose home shard it is.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shard {
+    pub(super) index: usize,
+    pub(super) count: usize,
+}
+
+impl Shard {
+    /// This shard's share of `total` (`total / count`, the remainder to the first shards).
+    pub(super) fn share(self, total: usize) -> usize {
+        total / self.count + usize::from(self.index < total % self.count)
+    }
+
+    /// Whether a connection opened on this thread would be foreign to the shard: the pool
+    /// is sharded and this is not the shard's thread (its socket would be driven by another
+    /// thread's reactor for as long as it lives).
+    fn foreign_here(self) -> bool {
+        self.count > 1 && super::home_shard(self.count) != Some(self.index)
+    }
+}
+
+/// The pool of one key (or one shard of it).
 pub(super) struct KeyPool<T> {
     key: PoolKey,
+    /// The whole pool's limits (`pool_size` as configured: what errors report).
     config: PoolConfig,
+    shard: Shard,
+    /// This shard's share of `min_idle`.
+    min_idle: usize,
     state: Mutex<State<T>>,
     gauges: Gauges,
     /// Its server is drained: no idle connection is kept, none is opened ahead.
@@ -43,6 +69,9 @@ pub(super) struct KeyPool<T> {
 }
 
 struct State<T> {
+    /// Slots this pool may hold: `pool_size`, or a shard's share of it, which
+    /// [`KeyPool::give_slot`] and [`KeyPool::take_slot`] move between shards.
+    limit: usize,
     /// Most recently used last (LIFO).
     idle: Vec<Idle<T>>,
     /// Connections idle, checked out or being opened.
@@ -52,8 +81,8 @@ struct State<T> {
     held: usize,
     /// Checkouts alive (the `in_use` gauge).
     in_use: usize,
-    /// Waiters not served yet, oldest first: indices into `cells`.
-    queue: VecDeque<usize>,
+    /// Waiters not served yet, oldest first: indices into `cells`, and when each queued.
+    queue: VecDeque<(usize, Instant)>,
     /// One cell per waiter that has not finished (reused; `free` lists the unused ones).
     cells: Vec<Cell<T>>,
     free: Vec<usize>,
@@ -93,6 +122,9 @@ struct Idle<T> {
 pub(super) struct Life {
     pub(super) created: Instant,
     dies: Option<Instant>,
+    /// Opened by a thread other than its shard's (see [`Shard::foreign_here`]): closed when
+    /// released rather than kept, so that the shard's idle connections are all its own.
+    foreign: bool,
 }
 
 impl Life {
@@ -115,10 +147,13 @@ enum Closed {
 type Woken = Option<Waker>;
 
 impl<T: PooledConn> KeyPool<T> {
-    pub(super) fn new(key: PoolKey, config: PoolConfig) -> Self {
+    pub(super) fn new(key: PoolKey, config: PoolConfig, shard: Shard) -> Self {
         KeyPool {
             key,
+            shard,
+            min_idle: shard.share(config.min_idle),
             state: Mutex::new(State {
+                limit: shard.share(config.pool_size),
                 idle: Vec::new(),
                 total: 0,
                 held: 0,
@@ -160,6 +195,57 @@ impl<T: PooledConn> KeyPool<T> {
         self.gauges.snapshot()
     }
 
+    /// How long the oldest waiter has waited (`None`: no one waits).
+    pub(super) fn oldest_wait(&self, now: Instant) -> Option<std::time::Duration> {
+        let state = self.lock();
+        state
+            .queue
+            .front()
+            .map(|&(_, since)| now.saturating_duration_since(since))
+    }
+
+    /// Gives one slot of this shard's limit up, for another shard's waiter, if one is free
+    /// (held by no checkout, so no one waits here) and the shard keeps at least one. The
+    /// least recently used idle connection closes if the shard would otherwise hold more
+    /// connections than its new limit. False: nothing given.
+    pub(super) fn give_slot(&self) -> bool {
+        let mut state = self.lock();
+        if self.is_closed() || state.limit <= 1 || state.held >= state.limit {
+            return false;
+        }
+        let mut closed = None;
+        if state.total >= state.limit {
+            // Connections not idle hold slots (`total <= idle + held`), so with a free slot
+            // and `total` at the limit one is idle.
+            if state.idle.is_empty() {
+                return false;
+            }
+            closed = Some(state.idle.remove(0));
+            state.total -= 1;
+        }
+        state.limit -= 1;
+        self.publish(&state);
+        drop(state);
+        if let Some(entry) = closed {
+            drop(entry);
+            Gauges::bump(&self.gauges.discards);
+        }
+        true
+    }
+
+    /// Takes one more slot (another shard gave it up): the oldest waiter gets it, else it
+    /// is free.
+    pub(super) fn take_slot(&self) {
+        let mut state = self.lock();
+        state.limit += 1;
+        // Held for the moment it is passed on, as a freed slot is.
+        state.held += 1;
+        let woken = self.free_slot(&mut state);
+        self.publish(&state);
+        drop(state);
+        wake(woken);
+    }
+
     /// A checkout without waiting or connecting: a free slot and an idle usable connection
     /// at once (`Ok(None)` otherwise, holding nothing).
     // The same error type as the async checkouts return (only the closed case occurs).
@@ -170,7 +256,7 @@ impl<T: PooledConn> KeyPool<T> {
             if self.is_closed() {
                 return Err(self.closed_error());
             }
-            if state.held >= self.config.pool_size || state.idle.is_empty() {
+            if state.held >= state.limit || state.idle.is_empty() {
                 return Ok(None);
             }
             state.held += 1;
@@ -379,9 +465,9 @@ impl<T: PooledConn> KeyPool<T> {
             let slot = {
                 let mut state = self.lock();
                 if self.is_closed()
-                    || state.held >= self.config.pool_size
-                    || state.idle.len() >= self.config.min_idle
-                    || state.total >= self.config.pool_size
+                    || state.held >= state.limit
+                    || state.idle.len() >= self.min_idle
+                    || state.total >= state.limit
                 {
                     return Ok(());
                 }
@@ -415,7 +501,7 @@ impl<T: PooledConn> KeyPool<T> {
         let mut state = self.lock();
         self.closed.store(true, Ordering::Relaxed);
         let mut woken = Vec::with_capacity(state.queue.len());
-        while let Some(i) = state.queue.pop_front() {
+        while let Some((i, _)) = state.queue.pop_front() {
             if let Some(cell) = state.cells.get_mut(i) {
                 if let Cell::Waiting(w) = std::mem::replace(cell, Cell::Closed) {
                     woken.push(w);
@@ -451,10 +537,11 @@ impl<T: PooledConn> KeyPool<T> {
         entry.expires.is_some_and(|t| now >= t)
     }
 
-    /// The life of a connection opened at `created`.
+    /// The life of a connection opened at `created`, on this thread.
     fn life(&self, created: Instant) -> Life {
         Life {
             created,
+            foreign: self.shard.foreign_here(),
             // Too far to represent: never.
             dies: self
                 .config
@@ -488,11 +575,12 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     /// Whether a connection released now (or handed back) is closed instead of kept: the
-    /// pool is closed or its server drained, or the connection is past `max_lifetime`.
+    /// pool is closed or its server drained, the connection is past `max_lifetime`, or it is
+    /// foreign to its shard ([`Life::foreign`]).
     fn rejects(&self, life: Life, now: Instant) -> Option<Closed> {
         if life.over(now) {
             Some(Closed::Expired)
-        } else if self.is_closed() || self.drained.load(Ordering::Relaxed) {
+        } else if life.foreign || self.is_closed() || self.drained.load(Ordering::Relaxed) {
             Some(Closed::Discarded)
         } else {
             None
@@ -597,7 +685,7 @@ impl<T: PooledConn> KeyPool<T> {
         state: &mut State<T>,
         handed: Option<Handed<T>>,
     ) -> Result<Waker, Option<Handed<T>>> {
-        while let Some(i) = state.queue.pop_front() {
+        while let Some((i, _)) = state.queue.pop_front() {
             let Some(cell) = state.cells.get_mut(i) else {
                 continue;
             };
@@ -684,7 +772,7 @@ impl<T: PooledConn> Future for Wait<'_, T> {
             if pool.is_closed() {
                 return Poll::Ready(Err(()));
             }
-            if state.held < pool.config.pool_size {
+            if state.held < state.limit {
                 state.held += 1;
                 return Poll::Ready(Ok(None));
             }
@@ -698,10 +786,11 @@ impl<T: PooledConn> Future for Wait<'_, T> {
             if let Some(cell) = state.cells.get_mut(i) {
                 *cell = Cell::Waiting(cx.waker().clone());
             }
-            state.queue.push_back(i);
+            let now = Instant::now();
+            state.queue.push_back((i, now));
             pool.publish(state);
             this.cell = Some(i);
-            this.start = Some(Instant::now());
+            this.start = Some(now);
             return Poll::Pending;
         };
         let Some(cell) = state.cells.get_mut(i) else {
@@ -748,7 +837,7 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
         state.free.push(i);
         let (woken, handed) = match taken {
             Cell::Waiting(_) => {
-                if let Some(at) = state.queue.iter().position(|&q| q == i) {
+                if let Some(at) = state.queue.iter().position(|&(q, _)| q == i) {
                     state.queue.remove(at);
                 }
                 (None, None)

@@ -34,6 +34,24 @@ pub struct PoolStats {
     pub timeouts: u64,
 }
 
+impl PoolStats {
+    /// Adds `other`'s gauges and counters to these (the longest wait is the longer one).
+    pub fn absorb(&mut self, other: &PoolStats) {
+        self.total += other.total;
+        self.idle += other.idle;
+        self.in_use += other.in_use;
+        self.connecting += other.connecting;
+        self.waiting += other.waiting;
+        self.max_wait = self.max_wait.max(other.max_wait);
+        self.connects += other.connects;
+        self.connect_failures += other.connect_failures;
+        self.discards += other.discards;
+        self.expired += other.expired;
+        self.unusable += other.unusable;
+        self.timeouts += other.timeouts;
+    }
+}
+
 /// The live values behind [`PoolStats`]. `total` and `idle` are written under the pool's
 /// state lock (they mirror it); the rest are independent counters.
 #[derive(Debug, Default)]

@@ -1,0 +1,367 @@
+//! A sharded upstream pool (`Pool::sharded`: pooled sessions on the session loops, one shard
+//! per loop): the split of `pool_size`, rebalancing toward a shard whose clients wait, the
+//! connections a thread opens for another thread's shard, and what stays true whatever the
+//! shards do (never more than `pool_size` connections, nothing handed to two checkouts).
+//!
+//! A thread checks out of its home shard (`set_home_shard`), read when a checkout starts:
+//! these tests switch the test thread's home between checkouts to play several session
+//! loops on one current-thread runtime.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mongoguard::upstream::pool::{
+    set_home_shard, Connector, Pool, PoolConfig, PoolKey, PoolStats, PooledConn, REBALANCE_AFTER,
+};
+use mongoguard::upstream::{ConnectError, Host};
+
+/// Safety net against hangs, not a performance assertion.
+const BOUND: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Counts {
+    connects: AtomicUsize,
+    closed: AtomicUsize,
+    /// Connections open now, and the most ever open at once.
+    open: AtomicUsize,
+    most_open: AtomicUsize,
+}
+
+struct Dummy(Arc<Counts>);
+
+struct DummyConn {
+    id: usize,
+    counts: Arc<Counts>,
+}
+
+impl PooledConn for DummyConn {
+    fn is_usable(&mut self) -> bool {
+        true
+    }
+}
+
+impl Drop for DummyConn {
+    fn drop(&mut self) {
+        self.counts.closed.fetch_add(1, Ordering::SeqCst);
+        self.counts.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Connector for Dummy {
+    type Conn = DummyConn;
+
+    async fn connect(&self, _key: &PoolKey) -> Result<DummyConn, ConnectError> {
+        let id = self.0.connects.fetch_add(1, Ordering::SeqCst) + 1;
+        let open = self.0.open.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0.most_open.fetch_max(open, Ordering::SeqCst);
+        Ok(DummyConn {
+            id,
+            counts: self.0.clone(),
+        })
+    }
+}
+
+fn key() -> PoolKey {
+    PoolKey::new(
+        Host {
+            name: "db.example".into(),
+            port: 27017,
+        },
+        "app",
+    )
+}
+
+fn config(pool_size: usize, min_idle: usize) -> PoolConfig {
+    PoolConfig {
+        pool_size,
+        min_idle,
+        checkout_timeout: BOUND,
+        idle_timeout: None,
+        max_lifetime: None,
+    }
+}
+
+fn sharded(pool_size: usize, shards: usize) -> (Pool<Dummy>, Arc<Counts>) {
+    let counts = Arc::new(Counts::default());
+    let pool = Pool::sharded(Dummy(counts.clone()), config(pool_size, 0), shards).unwrap();
+    (pool, counts)
+}
+
+fn stats(pool: &Pool<Dummy>) -> PoolStats {
+    pool.stats(&key())
+}
+
+/// A checkout that must not wait: panics if it does not complete at once.
+async fn now(pool: &Pool<Dummy>) -> mongoguard::upstream::pool::Checkout<DummyConn> {
+    tokio::time::timeout(Duration::from_millis(500), pool.checkout(&key()))
+        .await
+        .expect("a checkout with a free slot waited")
+        .expect("checkout")
+}
+
+/// Whether a checkout from this thread's shard would wait (nothing is taken either way).
+async fn would_wait(pool: &Pool<Dummy>) -> bool {
+    match tokio::time::timeout(Duration::from_millis(50), pool.checkout(&key())).await {
+        Err(_) => true,
+        Ok(c) => {
+            c.expect("checkout").release();
+            false
+        }
+    }
+}
+
+/// A waiter in the shard of home `home`, spawned and polled (queued) before it returns.
+async fn queued_waiter(
+    pool: &Pool<Dummy>,
+    home: usize,
+) -> tokio::task::JoinHandle<mongoguard::upstream::pool::Checkout<DummyConn>> {
+    set_home_shard(home);
+    let before = stats(pool).waiting;
+    let p = pool.clone();
+    let task = tokio::spawn(async move { p.checkout(&key()).await.expect("checkout") });
+    // The spawned task runs at the next yield, on this thread and this home.
+    while stats(pool).waiting == before {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+/// `pool_size` 5 over two shards: 3 and 2 (the remainder to the first). Each thread holds
+/// at most its shard's share at once, together never more than `pool_size`.
+#[tokio::test]
+async fn shards_split_pool_size_between_them() {
+    let (pool, counts) = sharded(5, 2);
+    assert_eq!(pool.shards(), 2);
+    set_home_shard(0);
+    let a: Vec<_> = futures_three(&pool).await;
+    assert!(would_wait(&pool).await, "shard 0 holds 3 of 5");
+    set_home_shard(1);
+    let b1 = now(&pool).await;
+    let b2 = now(&pool).await;
+    assert!(would_wait(&pool).await, "shard 1 holds 2 of 5");
+    assert_eq!(stats(&pool).in_use, 5);
+    assert_eq!(counts.most_open.load(Ordering::SeqCst), 5);
+    for c in a.into_iter().chain([b1, b2]) {
+        c.release();
+    }
+    assert_eq!(stats(&pool).idle, 5);
+}
+
+async fn futures_three(pool: &Pool<Dummy>) -> Vec<mongoguard::upstream::pool::Checkout<DummyConn>> {
+    vec![now(pool).await, now(pool).await, now(pool).await]
+}
+
+/// A shard whose waiter has waited `REBALANCE_AFTER` takes a slot another shard has free,
+/// and its waiter is served while the shard's own connections are all still in use; before
+/// then, nothing moves.
+#[tokio::test]
+async fn a_waiting_shard_takes_a_free_slot_from_another() {
+    let (pool, counts) = sharded(4, 2);
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    let waiter = queued_waiter(&pool, 0).await;
+    assert_eq!(
+        pool.rebalance(),
+        0,
+        "moved before the waiter waited REBALANCE_AFTER"
+    );
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    assert_eq!(pool.rebalance(), 1, "shard 1 had two free slots");
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("the waiter was not served after the rebalance")
+        .unwrap();
+    assert_eq!(
+        stats(&pool).in_use,
+        3,
+        "served while both of shard 0's own were in use"
+    );
+    // Shard 1 kept one slot, and the three of shard 0 plus it never exceed pool_size.
+    set_home_shard(1);
+    let b = now(&pool).await;
+    assert!(
+        would_wait(&pool).await,
+        "shard 1 gave one of its two slots away"
+    );
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 4);
+    for c in held.into_iter().chain([got, b]) {
+        c.release();
+    }
+}
+
+/// A donor at its limit with idle connections closes its least recently used one for the
+/// slot it gives: the pool never holds more than `pool_size` connections.
+#[tokio::test]
+async fn a_donor_closes_an_idle_connection_for_the_slot_it_gives() {
+    let (pool, counts) = sharded(4, 2);
+    set_home_shard(1);
+    let (x, y) = (now(&pool).await, now(&pool).await);
+    let first = x.id;
+    x.release();
+    y.release();
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    assert_eq!(counts.open.load(Ordering::SeqCst), 4);
+    let waiter = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    assert_eq!(pool.rebalance(), 1);
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!(
+        counts.closed.load(Ordering::SeqCst),
+        1,
+        "one idle connection closed"
+    );
+    assert_eq!(
+        counts.most_open.load(Ordering::SeqCst),
+        4,
+        "never more than pool_size"
+    );
+    set_home_shard(1);
+    let left = now(&pool).await;
+    assert_ne!(
+        left.id, first,
+        "the least recently used idle connection closed"
+    );
+    for c in held.into_iter().chain([got, left]) {
+        c.release();
+    }
+}
+
+/// A shard keeps one slot, and a shard with no slot free (its own clients wait or hold them
+/// all) gives none: two waiters on shard 0 get one slot from shard 1, not two.
+#[tokio::test]
+async fn a_donor_keeps_one_slot_and_a_busy_shard_gives_none() {
+    let (pool, _counts) = sharded(4, 2);
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    let w1 = queued_waiter(&pool, 0).await;
+    let w2 = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    assert_eq!(pool.rebalance(), 1, "shard 1 keeps one of its two slots");
+    let first = tokio::time::timeout(BOUND, w1)
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!(pool.rebalance(), 0, "shard 1 is down to one slot");
+    assert!(!w2.is_finished());
+    // Shard 1's last slot in use: nothing to give even if it had more.
+    set_home_shard(1);
+    let b = now(&pool).await;
+    assert_eq!(pool.rebalance(), 0);
+    first.release();
+    let second = tokio::time::timeout(BOUND, w2)
+        .await
+        .expect("served")
+        .unwrap();
+    for c in held.into_iter().chain([second, b]) {
+        c.release();
+    }
+    assert_eq!(stats(&pool).in_use, 0);
+}
+
+/// A connection opened by a thread that is not its shard's (no home shard: a background
+/// task on the shared runtime) serves its checkout and closes at release: a shard's idle
+/// connections are all driven by its own thread. One opened by the shard's thread idles.
+#[tokio::test]
+async fn a_connection_opened_off_its_shards_thread_closes_at_release() {
+    let (pool, counts) = sharded(4, 2);
+    // This test's thread has no home shard yet: it checks out of shard 0.
+    now(&pool).await.release();
+    assert_eq!(
+        counts.closed.load(Ordering::SeqCst),
+        1,
+        "the foreign connection closed"
+    );
+    assert_eq!(stats(&pool).idle, 0);
+    set_home_shard(0);
+    now(&pool).await.release();
+    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
+    assert_eq!(stats(&pool).idle, 1, "the shard's own connection idles");
+}
+
+/// `min_idle` is split like `pool_size`, and each shard is prefilled by its own thread only
+/// (`maintain` on a thread without a home shard opens nothing).
+#[tokio::test]
+async fn each_thread_prefills_its_own_shard() {
+    let counts = Arc::new(Counts::default());
+    let pool = Pool::sharded(Dummy(counts.clone()), config(8, 3), 2).unwrap();
+    pool.register(&key());
+    pool.maintain().await.unwrap();
+    assert_eq!(
+        counts.connects.load(Ordering::SeqCst),
+        0,
+        "no home shard, no prefill"
+    );
+    set_home_shard(0);
+    pool.maintain().await.unwrap();
+    assert_eq!(
+        counts.connects.load(Ordering::SeqCst),
+        2,
+        "shard 0's share of 3"
+    );
+    set_home_shard(1);
+    pool.maintain().await.unwrap();
+    assert_eq!(counts.connects.load(Ordering::SeqCst), 3);
+    assert_eq!(stats(&pool).idle, 3);
+    assert_eq!(
+        counts.closed.load(Ordering::SeqCst),
+        0,
+        "prefilled on their own threads"
+    );
+}
+
+/// Many clients on two shards, uneven: shard 0's take turns on the connections, shard 1's
+/// come and go, and rebalancing runs throughout. Every checkout is served, no connection is
+/// handed to two checkouts at once, and no more than `pool_size` are ever open.
+#[tokio::test]
+async fn uneven_load_with_rebalancing_never_exceeds_pool_size_or_lends_twice() {
+    let (pool, counts) = sharded(6, 2);
+    let in_use: Arc<std::sync::Mutex<std::collections::HashSet<usize>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rebalancer = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                pool.rebalance();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let mut clients = Vec::new();
+    for n in 0..24usize {
+        // Three of every four clients on shard 0.
+        let home = usize::from(n % 4 == 3);
+        set_home_shard(home);
+        let (pool, in_use) = (pool.clone(), in_use.clone());
+        clients.push(tokio::spawn(async move {
+            for round in 0..20u64 {
+                set_home_shard(home);
+                let c = pool.checkout(&key()).await.expect("checkout");
+                assert!(in_use.lock().unwrap().insert(c.id), "lent twice");
+                tokio::time::sleep(Duration::from_millis(1 + (round + n as u64) % 3)).await;
+                assert!(in_use.lock().unwrap().remove(&c.id));
+                c.release();
+            }
+        }));
+    }
+    for c in clients {
+        tokio::time::timeout(BOUND * 3, c)
+            .await
+            .expect("a client hung")
+            .unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    rebalancer.await.unwrap();
+    assert!(
+        counts.most_open.load(Ordering::SeqCst) <= 6,
+        "{} open at once",
+        counts.most_open.load(Ordering::SeqCst)
+    );
+    let s = stats(&pool);
+    assert_eq!((s.in_use, s.waiting), (0, 0));
+    assert!(s.total <= 6);
+}
