@@ -314,9 +314,11 @@ async fn each_thread_prefills_its_own_shard() {
     );
 }
 
-/// Many clients on two shards, uneven: shard 0's take turns on the connections, shard 1's
-/// come and go, and rebalancing runs throughout. Every checkout is served, no connection is
-/// handed to two checkouts at once, and no more than `pool_size` are ever open.
+/// Many clients on two shards, uneven (three of four on shard 0, holding their connection
+/// 5-15 ms: shard 0's clients wait past `REBALANCE_AFTER`), rebalancing throughout, so
+/// that slots move, free and deferred. Every checkout is served, no connection is lent to
+/// two checkouts at once, no more than `pool_size` are ever open, and at the end every slot
+/// is back with a shard.
 #[tokio::test]
 async fn uneven_load_with_rebalancing_never_exceeds_pool_size_or_lends_twice() {
     let (pool, counts) = sharded(6, 2);
@@ -325,24 +327,25 @@ async fn uneven_load_with_rebalancing_never_exceeds_pool_size_or_lends_twice() {
     let rebalancer = {
         let (pool, stop) = (pool.clone(), stop.clone());
         tokio::spawn(async move {
+            let mut moved = 0;
             while !stop.load(Ordering::SeqCst) {
-                pool.rebalance();
+                moved += pool.rebalance();
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            moved
         })
     };
     let mut clients = Vec::new();
-    for n in 0..24usize {
-        // Three of every four clients on shard 0.
+    for n in 0..32usize {
         let home = usize::from(n % 4 == 3);
         set_home_shard(home);
         let (pool, in_use) = (pool.clone(), in_use.clone());
         clients.push(tokio::spawn(async move {
-            for round in 0..20u64 {
+            for round in 0..8u64 {
                 set_home_shard(home);
                 let c = pool.checkout(&key()).await.expect("checkout");
                 assert!(in_use.lock().unwrap().insert(c.id), "lent twice");
-                tokio::time::sleep(Duration::from_millis(1 + (round + n as u64) % 3)).await;
+                tokio::time::sleep(Duration::from_millis(5 + (round + n as u64) % 11)).await;
                 assert!(in_use.lock().unwrap().remove(&c.id));
                 c.release();
             }
@@ -355,7 +358,11 @@ async fn uneven_load_with_rebalancing_never_exceeds_pool_size_or_lends_twice() {
             .unwrap();
     }
     stop.store(true, Ordering::SeqCst);
-    rebalancer.await.unwrap();
+    let moved = rebalancer.await.unwrap();
+    assert!(
+        moved > 0,
+        "no slot moved: the test did not exercise rebalancing"
+    );
     assert!(
         counts.most_open.load(Ordering::SeqCst) <= 6,
         "{} open at once",
@@ -364,4 +371,116 @@ async fn uneven_load_with_rebalancing_never_exceeds_pool_size_or_lends_twice() {
     let s = stats(&pool);
     assert_eq!((s.in_use, s.waiting), (0, 0));
     assert!(s.total <= 6);
+    // Every slot is with a shard again: six checkouts at once, over both shards' threads.
+    pool.rebalance();
+    let mut all = Vec::new();
+    for home in [0, 1] {
+        set_home_shard(home);
+        while let Ok(Ok(c)) =
+            tokio::time::timeout(Duration::from_millis(50), pool.checkout(&key())).await
+        {
+            all.push(c);
+        }
+    }
+    assert_eq!(
+        all.len(),
+        6,
+        "the shards' limits no longer add up to pool_size"
+    );
+}
+
+/// Both shards busy, one with a client waiting and the other without: the other cannot
+/// give a free slot, so it gives the next one it frees. Its connection then closes, the
+/// waiting shard opens one: never more than `pool_size` open, and the waiter is served
+/// while the waiting shard's own connections are all still in use.
+#[tokio::test]
+async fn a_busy_shard_gives_the_next_slot_it_frees_to_a_shard_whose_clients_wait() {
+    let (pool, counts) = sharded(4, 2);
+    set_home_shard(1);
+    let mut other = vec![now(&pool).await, now(&pool).await];
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    let waiter = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    assert_eq!(pool.rebalance(), 0, "nothing free: the give is deferred");
+    assert!(!waiter.is_finished());
+    assert_eq!(pool.rebalance(), 0, "one deferred give at a time");
+    // Shard 1's release pays it: its connection closes instead of idling.
+    other.pop().unwrap().release();
+    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
+    assert_eq!(pool.rebalance(), 1, "the freed slot goes to shard 0");
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!(
+        counts.most_open.load(Ordering::SeqCst),
+        4,
+        "never more than pool_size"
+    );
+    assert_eq!(stats(&pool).in_use, 4);
+    // Shard 1 is down to one slot, in use.
+    set_home_shard(1);
+    assert!(would_wait(&pool).await);
+    for c in held.into_iter().chain(other).chain([got]) {
+        c.release();
+    }
+}
+
+/// Limits that moved toward one shard move back when the other's clients come back and
+/// wait while the first's do not: 3 and 1 become 2 and 2 again, without a free slot ever
+/// appearing and without more than `pool_size` connections open.
+#[tokio::test]
+async fn limits_move_back_when_the_other_shards_clients_wait() {
+    let (pool, counts) = sharded(4, 2);
+    // Shard 1 idle: shard 0's waiter takes one of its free slots (3 and 1).
+    set_home_shard(0);
+    let mut zero = vec![now(&pool).await, now(&pool).await];
+    let waiter = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    assert_eq!(pool.rebalance(), 1);
+    zero.push(
+        tokio::time::timeout(BOUND, waiter)
+            .await
+            .expect("served")
+            .unwrap(),
+    );
+    // Now shard 1's clients come: one holds its only slot, one waits; shard 0 stays busy
+    // (a client of its own queues just now), so it never has a slot free.
+    set_home_shard(1);
+    let one = now(&pool).await;
+    let waiter = queued_waiter(&pool, 1).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    let own = queued_waiter(&pool, 0).await;
+    assert_eq!(pool.rebalance(), 0, "shard 0 owes its next freed slot");
+    zero.pop().unwrap().release();
+    assert!(
+        !own.is_finished(),
+        "the owed slot went to shard 0's own waiter"
+    );
+    assert_eq!(pool.rebalance(), 1, "shard 1 takes it");
+    // The waiter connects when it next runs: on its shard's thread.
+    set_home_shard(1);
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 4);
+    // Shard 0's own waiter is served by its next release.
+    zero.pop().unwrap().release();
+    zero.push(
+        tokio::time::timeout(BOUND, own)
+            .await
+            .expect("served")
+            .unwrap(),
+    );
+    // 2 and 2: each shard full.
+    set_home_shard(0);
+    assert!(would_wait(&pool).await);
+    set_home_shard(1);
+    assert!(would_wait(&pool).await);
+    for c in zero.into_iter().chain([one, got]) {
+        c.release();
+    }
+    assert_eq!(stats(&pool).idle, 4);
 }

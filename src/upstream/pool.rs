@@ -21,10 +21,13 @@
 //! shard only ([`set_home_shard`]), so a connection is opened, used, released and handed to
 //! the next waiter on one thread and its socket stays on that thread's reactor. A shard whose
 //! oldest waiter has waited [`REBALANCE_AFTER`] takes a free slot from another shard
-//! ([`Pool::rebalance`], called every [`REBALANCE_EVERY`]): load that stays uneven moves the
-//! limits with it, and no waiter waits long while another shard has a slot free. A
-//! connection opened by another thread (a background task's) serves its checkout and
-//! closes. The sum of the shards' limits is always `pool_size`.
+//! ([`Pool::rebalance`], called every [`REBALANCE_EVERY`]), or, when none is free, the next
+//! slot a shard whose clients wait at most half as long frees (that slot's connection closes
+//! first): load that stays uneven moves the limits with it, load that evens out moves them
+//! back, and no waiter waits long while another shard has a slot free. A connection opened
+//! by another thread (a background task's) serves its checkout and closes. The shards'
+//! limits, their spare slots and the slots owed add up to `pool_size`: never more
+//! connections are open.
 //!
 //! # Cancellation safety
 //! [`Pool::checkout`] is cancellation safe: dropping its future while it waits for a slot
@@ -47,7 +50,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use keyed::{KeyPool, Shard};
+use keyed::{Gave, KeyPool, Load, Shard};
 
 /// How long a shard's oldest waiter waits before [`Pool::rebalance`] gives its shard a slot
 /// another shard has free.
@@ -446,36 +449,96 @@ impl<C: Connector> Pool<C> {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Sharded: gives every shard whose oldest waiter has waited [`REBALANCE_AFTER`] the
-    /// slots other shards have free, one per waiter so served (see the module docs). Returns
-    /// how many slots moved. Call it every [`REBALANCE_EVERY`].
+    /// Sharded: moves slots between the shards of every key, toward clients that wait (see
+    /// the module docs). Returns how many slots a shard took. Call it every
+    /// [`REBALANCE_EVERY`].
+    ///
+    /// 1. Spare slots (given up by a shard) go to the shard whose oldest waiter has waited
+    ///    longest, else to the shard with the lowest limit.
+    /// 2. A shard whose oldest waiter has waited [`REBALANCE_AFTER`] takes the slots other
+    ///    shards have free, one per waiter.
+    /// 3. If it still has one, and no give is owed yet, the shard whose oldest waiter has
+    ///    waited least (none: zero), at most half as long, gives up the next slot it frees:
+    ///    limits move back toward even when load evens out, both shards busy.
     pub fn rebalance(&self) -> usize {
         if self.shared.shards == 1 {
             return 0;
         }
         let pools: Vec<_> = self.lock_pools().values().cloned().collect();
-        let mut moved = 0;
+        let mut taken = 0;
         for shards in pools {
-            for (i, starved) in shards.iter().enumerate() {
-                // Each move serves the oldest waiter: at most pool_size moves per shard.
-                for _ in 0..self.shared.config.pool_size {
-                    let now = tokio::time::Instant::now();
-                    if starved.oldest_wait(now).is_none_or(|w| w < REBALANCE_AFTER) {
-                        break;
-                    }
-                    let given = shards
-                        .iter()
-                        .enumerate()
-                        .any(|(j, donor)| j != i && donor.give_slot());
-                    if !given {
-                        break;
-                    }
-                    starved.take_slot();
-                    moved += 1;
+            taken += self.rebalance_key(&shards);
+        }
+        taken
+    }
+
+    fn rebalance_key(&self, shards: &Shards<C::Conn>) -> usize {
+        let now = tokio::time::Instant::now();
+        let shards: Vec<_> = shards.iter().collect();
+        let loads = |shards: &[&Arc<KeyPool<C::Conn>>]| -> Vec<Load> {
+            shards.iter().map(|s| s.load(now)).collect()
+        };
+        let waited = |l: &Load| l.oldest_wait.unwrap_or_default();
+        let mut taken = 0;
+        // Every move takes or gives one slot: bounded by the slots there are.
+        for _ in 0..=self.shared.config.pool_size.saturating_mul(2) {
+            let load = loads(&shards);
+            let starved = load
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.oldest_wait.is_some())
+                .max_by_key(|(_, l)| waited(l))
+                .map(|(i, _)| i);
+            // 1. A spare slot to the longest waiter, else to the lowest limit.
+            let to = starved.or_else(|| {
+                load.iter()
+                    .enumerate()
+                    .min_by_key(|(_, l)| l.limit)
+                    .map(|(i, _)| i)
+            });
+            if let Some(s) = to.and_then(|i| shards.get(i)) {
+                if s.take_slot() {
+                    taken += 1;
+                    continue;
                 }
             }
+            let Some(i) =
+                starved.filter(|&i| load.get(i).is_some_and(|l| waited(l) >= REBALANCE_AFTER))
+            else {
+                break;
+            };
+            let starved_wait = load.get(i).map(waited).unwrap_or_default();
+            // 2. A free slot elsewhere.
+            let freed = shards
+                .iter()
+                .enumerate()
+                .any(|(j, donor)| j != i && donor.give_slot(false) == Gave::Now);
+            if freed {
+                continue;
+            }
+            // 3. The next slot a less waited-on shard frees, one owed at a time.
+            if load.iter().any(|l| l.owed > 0) {
+                break;
+            }
+            // At most half as long, and REBALANCE_AFTER less: two busy shards whose clients
+            // wait about as long keep their limits.
+            let less_waited = |l: &Load| {
+                let w = waited(l);
+                w.saturating_mul(2) <= starved_wait && w + REBALANCE_AFTER <= starved_wait
+            };
+            let donor = load
+                .iter()
+                .enumerate()
+                .filter(|&(j, l)| j != i && l.limit > 1 && less_waited(l))
+                .min_by_key(|(_, l)| waited(l))
+                .and_then(|(j, _)| shards.get(j));
+            match donor.map(|d| d.give_slot(true)) {
+                // Freed meanwhile: step 1 takes it.
+                Some(Gave::Now) => continue,
+                Some(Gave::Later | Gave::Nothing) | None => break,
+            }
         }
-        moved
+        taken
     }
 
     /// Makes `key` known without checking out, so that [`Pool::maintain`] prefills its pool
@@ -552,9 +615,15 @@ impl<C: Connector> Pool<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .contains(&key.server);
+        let spare = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let make = |index| {
             let shard = Shard { index, count };
-            let pool = Arc::new(KeyPool::new(key.clone(), self.shared.config.clone(), shard));
+            let pool = Arc::new(KeyPool::new(
+                key.clone(),
+                self.shared.config.clone(),
+                shard,
+                spare.clone(),
+            ));
             if closed {
                 pool.close();
             }

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -60,6 +60,9 @@ pub(super) struct KeyPool<T> {
     shard: Shard,
     /// This shard's share of `min_idle`.
     min_idle: usize,
+    /// Slots the shards of this key gave up and no shard has taken yet (shared by them; see
+    /// [`KeyPool::give_slot`]).
+    spare: Arc<AtomicUsize>,
     state: Mutex<State<T>>,
     gauges: Gauges,
     /// Its server is drained: no idle connection is kept, none is opened ahead.
@@ -70,7 +73,8 @@ pub(super) struct KeyPool<T> {
 
 struct State<T> {
     /// Slots this pool may hold: `pool_size`, or a shard's share of it, which
-    /// [`KeyPool::give_slot`] and [`KeyPool::take_slot`] move between shards.
+    /// [`KeyPool::give_slot`] and [`KeyPool::take_slot`] move between shards. `held` is
+    /// above it after a deferred give: the slots freed then go to `spare`, not to waiters.
     limit: usize,
     /// Most recently used last (LIFO).
     idle: Vec<Idle<T>>,
@@ -141,16 +145,45 @@ enum Closed {
     Unusable,
     /// A connect attempt that did not produce a connection (failed or cancelled).
     NeverOpened,
+    /// Its slot went to another shard (a deferred give, [`KeyPool::give_slot`]).
+    Moved,
+}
+
+/// What [`KeyPool::give_slot`] gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gave {
+    /// A free slot, now in the spare slots.
+    Now,
+    /// The next slot this shard frees.
+    Later,
+    /// Nothing (one slot left, closed, or every slot held and not `later`).
+    Nothing,
+}
+
+/// A shard's load, as [`super::Pool::rebalance`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Load {
+    /// How long its oldest waiter has waited (`None`: no one waits).
+    pub(super) oldest_wait: Option<std::time::Duration>,
+    pub(super) limit: usize,
+    /// Deferred gives not yet paid: slots held above the limit.
+    pub(super) owed: usize,
 }
 
 /// Wakers to wake once the pool's lock is released.
 type Woken = Option<Waker>;
 
 impl<T: PooledConn> KeyPool<T> {
-    pub(super) fn new(key: PoolKey, config: PoolConfig, shard: Shard) -> Self {
+    pub(super) fn new(
+        key: PoolKey,
+        config: PoolConfig,
+        shard: Shard,
+        spare: Arc<AtomicUsize>,
+    ) -> Self {
         KeyPool {
             key,
             shard,
+            spare,
             min_idle: shard.share(config.min_idle),
             state: Mutex::new(State {
                 limit: shard.share(config.pool_size),
@@ -195,47 +228,64 @@ impl<T: PooledConn> KeyPool<T> {
         self.gauges.snapshot()
     }
 
-    /// How long the oldest waiter has waited (`None`: no one waits).
-    pub(super) fn oldest_wait(&self, now: Instant) -> Option<std::time::Duration> {
+    /// This shard's load now, for [`super::Pool::rebalance`].
+    pub(super) fn load(&self, now: Instant) -> Load {
         let state = self.lock();
-        state
-            .queue
-            .front()
-            .map(|&(_, since)| now.saturating_duration_since(since))
+        Load {
+            oldest_wait: state
+                .queue
+                .front()
+                .map(|&(_, since)| now.saturating_duration_since(since)),
+            limit: state.limit,
+            owed: state.held.saturating_sub(state.limit),
+        }
     }
 
-    /// Gives one slot of this shard's limit up, for another shard's waiter, if one is free
-    /// (held by no checkout, so no one waits here) and the shard keeps at least one. The
-    /// least recently used idle connection closes if the shard would otherwise hold more
-    /// connections than its new limit. False: nothing given.
-    pub(super) fn give_slot(&self) -> bool {
+    /// Gives one slot of this shard's limit up to the key's spare slots, for another shard,
+    /// keeping at least one. A free slot goes at once ([`Gave::Now`]; the least recently used
+    /// idle connection closes if the shard would otherwise hold more connections than its new
+    /// limit). With every slot held and `later`, the limit drops and the next slot freed here
+    /// goes to the spare slots instead of this shard's waiters ([`Gave::Later`]; its
+    /// connection closes): the key never has more than `pool_size` connections open.
+    pub(super) fn give_slot(&self, later: bool) -> Gave {
         let mut state = self.lock();
-        if self.is_closed() || state.limit <= 1 || state.held >= state.limit {
-            return false;
+        if self.is_closed() || state.limit <= 1 {
+            return Gave::Nothing;
+        }
+        if state.held >= state.limit {
+            if !later {
+                return Gave::Nothing;
+            }
+            state.limit -= 1;
+            return Gave::Later;
         }
         let mut closed = None;
         if state.total >= state.limit {
             // Connections not idle hold slots (`total <= idle + held`), so with a free slot
             // and `total` at the limit one is idle.
             if state.idle.is_empty() {
-                return false;
+                return Gave::Nothing;
             }
             closed = Some(state.idle.remove(0));
             state.total -= 1;
         }
         state.limit -= 1;
+        self.spare.fetch_add(1, Ordering::SeqCst);
         self.publish(&state);
         drop(state);
-        if let Some(entry) = closed {
-            drop(entry);
-            Gauges::bump(&self.gauges.discards);
-        }
-        true
+        drop(closed);
+        Gave::Now
     }
 
-    /// Takes one more slot (another shard gave it up): the oldest waiter gets it, else it
-    /// is free.
-    pub(super) fn take_slot(&self) {
+    /// Takes one of the key's spare slots, if there is one: the oldest waiter gets it, else
+    /// it is free. False: none was spare.
+    pub(super) fn take_slot(&self) -> bool {
+        let taken = self
+            .spare
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if taken.is_err() {
+            return false;
+        }
         let mut state = self.lock();
         state.limit += 1;
         // Held for the moment it is passed on, as a freed slot is.
@@ -244,6 +294,12 @@ impl<T: PooledConn> KeyPool<T> {
         self.publish(&state);
         drop(state);
         wake(woken);
+        true
+    }
+
+    /// Whether a slot freed now goes to the spare slots (a deferred give is owed).
+    fn owes(state: &State<T>) -> Option<Closed> {
+        (state.held > state.limit).then_some(Closed::Moved)
     }
 
     /// A checkout without waiting or connecting: a free slot and an idle usable connection
@@ -483,7 +539,7 @@ impl<T: PooledConn> KeyPool<T> {
             // Drained or closed while it connected (checked under the lock both set): the
             // connection closes rather than idle where no idle connection may stay.
             let life = self.life(now);
-            if let Some(why) = self.rejects(life, now) {
+            if let Some(why) = self.rejects(life, now).or_else(|| Self::owes(&state)) {
                 drop(state);
                 drop(conn);
                 self.close_slot(why, false);
@@ -592,7 +648,7 @@ impl<T: PooledConn> KeyPool<T> {
             Closed::Discarded => &self.gauges.discards,
             Closed::Expired => &self.gauges.expired,
             Closed::Unusable => &self.gauges.unusable,
-            Closed::NeverOpened => return,
+            Closed::NeverOpened | Closed::Moved => return,
         };
         Gauges::bump(counter);
     }
@@ -610,6 +666,11 @@ impl<T: PooledConn> KeyPool<T> {
         if let Some(why) = self.rejects(life, now) {
             // Closed or drained since the check above (both are set before their lock is
             // taken, so either this sees them or they see the connection idle and close it).
+            return Err((conn, why));
+        }
+        if let Some(why) = Self::owes(&state) {
+            // Its slot is owed to another shard: the connection closes, so that the key's
+            // shards never hold more than `pool_size` together.
             return Err((conn, why));
         }
         state.in_use -= 1;
@@ -670,6 +731,12 @@ impl<T: PooledConn> KeyPool<T> {
     /// A slot holder gives its slot up, without a connection: to the oldest waiter, else
     /// free.
     fn free_slot(&self, state: &mut State<T>) -> Woken {
+        if Self::owes(state).is_some() {
+            // Owed to another shard (a deferred give): to the spare slots.
+            state.held -= 1;
+            self.spare.fetch_add(1, Ordering::SeqCst);
+            return None;
+        }
         match Self::serve_next(state, None) {
             Ok(waker) => Some(waker),
             Err(_) => {
@@ -845,7 +912,10 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
             // Served but not taken: what it was handed goes on as a release would.
             Cell::Granted(Some(handed)) => {
                 let now = Instant::now();
-                match pool.rejects(handed.life, now) {
+                match pool
+                    .rejects(handed.life, now)
+                    .or_else(|| KeyPool::owes(&state))
+                {
                     None => (
                         pool.put_back(&mut state, handed.conn, handed.life, now),
                         None,
