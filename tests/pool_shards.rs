@@ -363,6 +363,11 @@ async fn uneven_load_with_rebalancing_never_exceeds_pool_size_or_lends_twice() {
         moved > 0,
         "no slot moved: the test did not exercise rebalancing"
     );
+    assert_eq!(
+        stats(&pool).moves,
+        moved as u64,
+        "every slot taken is counted"
+    );
     assert!(
         counts.most_open.load(Ordering::SeqCst) <= 6,
         "{} open at once",

@@ -118,6 +118,17 @@ fn pool_metrics(
             MetricType::Counter,
         ),
         |s| ConstCounter::new(s.timeouts),
+    )?;
+    per_pool(
+        encoder,
+        pools,
+        (
+            "mongoguard_pool_slots_moved",
+            "Pool slots one session thread's shard took from another's (pooled sessions on \
+             the session threads: load uneven between threads)",
+            MetricType::Counter,
+        ),
+        |s| ConstCounter::new(s.moves),
     )
 }
 

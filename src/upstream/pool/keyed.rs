@@ -293,6 +293,7 @@ impl<T: PooledConn> KeyPool<T> {
         let woken = self.free_slot(&mut state);
         self.publish(&state);
         drop(state);
+        Gauges::bump(&self.gauges.moves);
         wake(woken);
         true
     }

@@ -32,6 +32,9 @@ pub struct PoolStats {
     pub unusable: u64,
     /// Checkouts that failed with `checkout_timeout`.
     pub timeouts: u64,
+    /// Slots a shard took from another shard (sharded pools: pooled sessions on the session
+    /// threads, see `Pool::rebalance`).
+    pub moves: u64,
 }
 
 impl PoolStats {
@@ -49,6 +52,7 @@ impl PoolStats {
         self.expired += other.expired;
         self.unusable += other.unusable;
         self.timeouts += other.timeouts;
+        self.moves += other.moves;
     }
 }
 
@@ -68,6 +72,7 @@ pub(super) struct Gauges {
     pub(super) expired: AtomicU64,
     pub(super) unusable: AtomicU64,
     pub(super) timeouts: AtomicU64,
+    pub(super) moves: AtomicU64,
 }
 
 impl Gauges {
@@ -86,6 +91,7 @@ impl Gauges {
             expired: self.expired.load(r),
             unusable: self.unusable.load(r),
             timeouts: self.timeouts.load(r),
+            moves: self.moves.load(r),
         }
     }
 
