@@ -48,6 +48,21 @@ async fn config(tweak: impl FnOnce(&mut Config)) -> (StandIn, Config) {
     (standin, config)
 }
 
+/// `command` on `c`, answered within [`BOUND`] with `ok: 1` (`what` names the client).
+async fn answered(c: &mut RawConn, command: bson::Document, what: &str) -> bson::Document {
+    let reply = tokio::time::timeout(BOUND, c.command(command))
+        .await
+        .expect("answered");
+    assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{what}: {reply:?}");
+    reply
+}
+
+async fn shut_down(proxy: mongoguard::app::ProxyHandle) {
+    tokio::time::timeout(BOUND, proxy.shutdown())
+        .await
+        .expect("shutdown is bounded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_threads_serve_every_client_and_end_with_the_proxy() {
     let _serial = SERIAL.lock().await;
@@ -61,16 +76,16 @@ async fn session_threads_serve_every_client_and_end_with_the_proxy() {
     let mut clients = Vec::new();
     for i in 0..7 {
         let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-        let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
-            .await
-            .expect("answered");
-        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
+        answered(
+            &mut c,
+            doc! {"ping": 1, "$db": "admin"},
+            &format!("client {i}"),
+        )
+        .await;
         clients.push(c);
     }
     assert_eq!(proxy.stats().active.get(), 7);
-    tokio::time::timeout(BOUND, proxy.shutdown())
-        .await
-        .expect("shutdown is bounded");
+    shut_down(proxy).await;
     // Idle at the drain: every client is closed.
     for (i, mut c) in clients.into_iter().enumerate() {
         let mut byte = [0u8; 1];
@@ -104,18 +119,13 @@ async fn work_stealing_serves_clients_without_session_threads() {
     .await;
     let proxy = Proxy::start(Arc::new(config)).await.unwrap();
     let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-    let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
-        .await
-        .expect("answered");
-    assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
+    answered(&mut c, doc! {"ping": 1, "$db": "admin"}, "the client").await;
     assert_eq!(
         session_threads(),
         Vec::<String>::new(),
         "work_stealing: no session thread, whatever proxy.threads says"
     );
-    tokio::time::timeout(BOUND, proxy.shutdown())
-        .await
-        .expect("shutdown is bounded");
+    shut_down(proxy).await;
 }
 
 fn pooled(c: &mut Config, threads: usize, pool_size: usize) {
@@ -136,18 +146,15 @@ async fn pooled_sessions_run_on_the_loops_when_the_pool_shards() {
     let mut clients = Vec::new();
     for i in 0..6 {
         let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-        let reply = tokio::time::timeout(
-            BOUND,
-            c.command(doc! {"find": "t", "filter": {}, "$db": "shards"}),
+        answered(
+            &mut c,
+            doc! {"find": "t", "filter": {}, "$db": "shards"},
+            &format!("client {i}"),
         )
-        .await
-        .expect("answered");
-        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
+        .await;
         clients.push(c);
     }
-    tokio::time::timeout(BOUND, proxy.shutdown())
-        .await
-        .expect("shutdown is bounded");
+    shut_down(proxy).await;
 }
 
 /// A pool too small to give two loops 4 connections each keeps pooled sessions on the
@@ -158,14 +165,9 @@ async fn pooled_sessions_stay_on_the_shared_runtime_with_a_small_pool() {
     let (_standin, config) = config(|c| pooled(c, 2, 7)).await;
     let proxy = Proxy::start(Arc::new(config)).await.unwrap();
     let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-    let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
-        .await
-        .expect("answered");
-    assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
+    answered(&mut c, doc! {"ping": 1, "$db": "admin"}, "the client").await;
     assert_eq!(session_threads(), Vec::<String>::new());
-    tokio::time::timeout(BOUND, proxy.shutdown())
-        .await
-        .expect("shutdown is bounded");
+    shut_down(proxy).await;
 }
 
 /// The loop a pooled client is on has its 4 connections held (4 commands the upstream holds
@@ -184,10 +186,12 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
     let (mut busy_loop, mut idle_loop) = (Vec::new(), Vec::new());
     for i in 0..10 {
         let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-        let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
-            .await
-            .expect("answered");
-        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
+        answered(
+            &mut c,
+            doc! {"ping": 1, "$db": "admin"},
+            &format!("client {i}"),
+        )
+        .await;
         // Kept open: a closed one would leave its loop with fewer sessions.
         if i % 2 == 0 {
             busy_loop.push(c);
@@ -224,13 +228,8 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut probe_client = probe_client;
-    let probe = tokio::time::timeout(
-        BOUND,
-        probe_client.command(doc! {"find": "t", "filter": {}, "$db": "shards"}),
-    )
-    .await
-    .expect("the probe was answered");
-    assert_eq!(probe.get_f64("ok").ok(), Some(1.0), "{probe:?}");
+    let probe = doc! {"find": "t", "filter": {}, "$db": "shards"};
+    answered(&mut probe_client, probe, "the probe").await;
     assert!(
         held.iter().all(|h| !h.is_finished()),
         "the probe waited for a held command to end: no slot came from the idle loop"
@@ -243,7 +242,5 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
         assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
     }
     drop(idle_loop);
-    tokio::time::timeout(BOUND, proxy.shutdown())
-        .await
-        .expect("shutdown is bounded");
+    shut_down(proxy).await;
 }
