@@ -244,3 +244,80 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
     drop(idle_loop);
     shut_down(proxy).await;
 }
+
+/// As above, with `pool.checkout_timeout` at 60 ms: shorter than a stranded waiter can wait
+/// for the pool's rebalancing (it moves a slot once the waiter waited 50 ms, every 50 ms).
+/// The probe is served while the 4 held commands run: the pool has 4 connections free, and
+/// a client must not fail with "all 8 connections stayed in use" (65002) while they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_checkout_timeout_does_not_fail_clients_while_the_pool_has_slots_free() {
+    let _serial = SERIAL.lock().await;
+    let (standin, config) = config(|c| {
+        pooled(c, 2, 8);
+        c.pool.checkout_timeout = Duration::from_millis(60);
+    })
+    .await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let (mut busy_loop, mut idle_loop) = (Vec::new(), Vec::new());
+    for i in 0..10 {
+        let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
+        let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
+            .await
+            .expect("answered");
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
+        if i % 2 == 0 {
+            busy_loop.push(c);
+        } else {
+            idle_loop.push(c);
+        }
+    }
+    let mut probe_client = busy_loop.pop().unwrap();
+    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": 4},
+            "data": {"failCommands": ["distinct"], "blockConnection": true, "blockTimeMS": 3000},
+        })
+        .await
+        .unwrap();
+    let held: Vec<_> = busy_loop
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                c.command(doc! {"distinct": "t", "key": "a", "$db": "shards"})
+                    .await
+            })
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while standin.stats().command_count("distinct") < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held commands never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let probe = tokio::time::timeout(
+        BOUND,
+        probe_client.command(doc! {"find": "t", "filter": {}, "$db": "shards"}),
+    )
+    .await
+    .expect("the probe was answered");
+    assert_eq!(
+        probe.get_f64("ok").ok(),
+        Some(1.0),
+        "failed while 4 of the pool's 8 connections were free: {probe:?}"
+    );
+    for h in held {
+        let reply = tokio::time::timeout(BOUND, h)
+            .await
+            .expect("held ends")
+            .unwrap();
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
+    }
+    drop(idle_loop);
+    tokio::time::timeout(BOUND, proxy.shutdown())
+        .await
+        .expect("shutdown is bounded");
+}

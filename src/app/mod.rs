@@ -251,14 +251,16 @@ fn proxy_context(
             threads = config.proxy.threads,
             "proxy.threads is ignored: sessions run on the shared runtime \
              (TOKIO_WORKER_THREADS sizes it) under proxy.work_stealing, and in pooled mode \
-             when pool_size is below twice the minimum shard"
+             when pool_size is below twice the minimum shard or pool.checkout_timeout is \
+             below 500 ms"
         );
     }
     Ok(Arc::new(ctx))
 }
 
 /// The session loops to run (see `proxy::loops`): `None` runs sessions on the shared
-/// work-stealing runtime (`proxy.work_stealing`, or a pool too small to shard).
+/// work-stealing runtime (`proxy.work_stealing`, or a pool too small to shard or whose
+/// checkout timeout is too short for rebalancing: `loops::pooled_threads`).
 fn session_threads(config: &Config) -> Option<usize> {
     if config.proxy.work_stealing {
         return None;
@@ -266,7 +268,11 @@ fn session_threads(config: &Config) -> Option<usize> {
     let threads = proxy::loops::resolve_threads(config.proxy.threads);
     match config.proxy.mode {
         Mode::Passthrough => Some(threads),
-        Mode::Pooled => proxy::loops::pooled_threads(threads, config.pool.pool_size),
+        Mode::Pooled => proxy::loops::pooled_threads(
+            threads,
+            config.pool.pool_size,
+            config.pool.checkout_timeout,
+        ),
     }
 }
 

@@ -198,20 +198,36 @@ impl Drop for Live {
     }
 }
 
-/// The number of loops `proxy.threads` asks for: itself, or for 0 the CPUs this process may
-/// use (affinity mask and cgroup quota, as the standard library reads them).
 /// The fewest connections a pool shard gets (see [`pooled_threads`]).
 pub(crate) const MIN_SHARD: usize = 4;
 
-/// How many loops pooled sessions run on for `threads` (resolved) and `pool_size`: one per
-/// thread as long as each loop's pool shard holds at least [`MIN_SHARD`] connections, fewer
-/// otherwise; `None` (the shared work-stealing runtime and one unsharded pool, as before
-/// the shards) when that leaves fewer than two loops.
-pub(crate) fn pooled_threads(threads: usize, pool_size: usize) -> Option<usize> {
+/// The shortest `pool.checkout_timeout` pooled sessions run on the loops with. A client
+/// whose loop's shard has every slot held waits for the pool's rebalancing to move it a
+/// slot another loop has free: up to `REBALANCE_AFTER` + `REBALANCE_EVERY` (100 ms), more
+/// when the shared runtime is busy. A checkout timeout not well above that would fail
+/// clients ("all pool_size connections stayed in use") while the pool has slots free, which
+/// one unsharded pool never does.
+pub(crate) const MIN_SHARDED_CHECKOUT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How many loops pooled sessions run on for `threads` (resolved), `pool_size` and
+/// `checkout_timeout`: one per thread as long as each loop's pool shard holds at least
+/// [`MIN_SHARD`] connections, fewer otherwise; `None` (the shared work-stealing runtime and
+/// one unsharded pool, as before the shards) when that leaves fewer than two loops, or when
+/// `checkout_timeout` is below [`MIN_SHARDED_CHECKOUT_TIMEOUT`].
+pub(crate) fn pooled_threads(
+    threads: usize,
+    pool_size: usize,
+    checkout_timeout: Duration,
+) -> Option<usize> {
+    if checkout_timeout < MIN_SHARDED_CHECKOUT_TIMEOUT {
+        return None;
+    }
     let n = threads.min(pool_size / MIN_SHARD);
     (n >= 2).then_some(n)
 }
 
+/// The number of loops `proxy.threads` asks for: itself, or for 0 the CPUs this process may
+/// use (affinity mask and cgroup quota, as the standard library reads them).
 pub(crate) fn resolve_threads(configured: usize) -> usize {
     if configured > 0 {
         return configured;
@@ -227,12 +243,24 @@ mod tests {
     /// connections and there are two loops or more.
     #[test]
     fn pooled_loops_follow_the_pool_size() {
-        assert_eq!(pooled_threads(2, 20), Some(2));
-        assert_eq!(pooled_threads(8, 20), Some(5));
-        assert_eq!(pooled_threads(16, 8), Some(2));
-        assert_eq!(pooled_threads(2, 7), None);
-        assert_eq!(pooled_threads(1, 100), None);
-        assert_eq!(pooled_threads(0, 100), None);
+        let t = Duration::from_secs(5);
+        assert_eq!(pooled_threads(2, 20, t), Some(2));
+        assert_eq!(pooled_threads(8, 20, t), Some(5));
+        assert_eq!(pooled_threads(16, 8, t), Some(2));
+        assert_eq!(pooled_threads(2, 7, t), None);
+        assert_eq!(pooled_threads(1, 100, t), None);
+        assert_eq!(pooled_threads(0, 100, t), None);
+    }
+
+    /// A checkout timeout the pool's rebalancing cannot act within keeps pooled sessions on
+    /// the shared runtime and one unsharded pool.
+    #[test]
+    fn pooled_loops_need_a_checkout_timeout_rebalancing_fits_in() {
+        assert_eq!(pooled_threads(2, 20, MIN_SHARDED_CHECKOUT_TIMEOUT), Some(2));
+        assert_eq!(pooled_threads(2, 20, Duration::from_millis(60)), None);
+        let rebalancing =
+            crate::upstream::pool::REBALANCE_AFTER + crate::upstream::pool::REBALANCE_EVERY;
+        assert!(MIN_SHARDED_CHECKOUT_TIMEOUT >= 4 * rebalancing);
     }
 
     /// Sessions go to the least loaded loop, run on its thread (which knows its number),
