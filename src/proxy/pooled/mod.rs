@@ -267,12 +267,15 @@ async fn maintain(pooled: Arc<Pooled>) {
     };
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Compared with the ticks' scheduled instants, not with when the task woke for them:
+    // a tick woken a little earlier after its deadline than the one before would otherwise
+    // read as less than a second later, and the maintenance wait a second more.
     let mut next_second = tokio::time::Instant::now();
     loop {
-        tokio::select! {
+        let at = tokio::select! {
             _ = pooled.cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+            at = tick.tick() => at,
+        };
         if sharded {
             let moved = pooled.pool.rebalance();
             if moved > 0 {
@@ -282,11 +285,10 @@ async fn maintain(pooled: Arc<Pooled>) {
                 );
             }
         }
-        let now = tokio::time::Instant::now();
-        if now < next_second {
+        if at < next_second {
             continue;
         }
-        next_second = now + Duration::from_secs(1);
+        next_second = at + Duration::from_secs(1);
         if let Err(e) = pooled.pool.maintain().await {
             debug!(error = %e, "pool maintenance could not open min_idle connections");
         }
@@ -354,5 +356,56 @@ mod users_reload_tests {
             "an older read of the users file was installed over a newer one"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod maintain_tests {
+    use std::time::Duration;
+
+    use crate::proxy::pins::CURSOR_TTL;
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The maintenance of an unsharded pool runs at every one-second tick, however late the
+    /// task wakes for each: a tick a few milliseconds later than the one before it (under
+    /// 5 ms, so the interval keeps its schedule) must not be taken for one less than a
+    /// second after it. Observed through a cursor pin whose time to live ends at that tick.
+    #[tokio::test(start_paused = true)]
+    async fn maintenance_runs_at_every_tick_whatever_each_ticks_delay() {
+        let config = crate::config::Config::from_toml_str(
+            "[proxy]\nmode = \"pooled\"\n[upstream]\nuri = \"mongodb://127.0.0.1:27899\"\n\
+             [auth]\nallow_unauthenticated = true\n",
+            "t",
+        )
+        .unwrap();
+        let pooled = super::Pooled::start(&config, None, 1).unwrap();
+        settle().await;
+        let t0 = tokio::time::Instant::now();
+        let host = crate::upstream::Host {
+            name: "127.0.0.1".into(),
+            port: 27899,
+        };
+        assert!(pooled.pins.pin_cursor(7, &host, t0));
+        // Two seconds before the pin's end (a late tick: the next comes a second after it).
+        tokio::time::advance(CURSOR_TTL - Duration::from_secs(2)).await;
+        settle().await;
+        // The next tick, 4 ms late.
+        tokio::time::advance(Duration::from_millis(1004)).await;
+        settle().await;
+        assert_eq!(pooled.pins.counts.cursor.get(), 1, "not expired yet");
+        // The tick after it, on time: the pin's time to live is over.
+        tokio::time::advance(Duration::from_millis(996)).await;
+        settle().await;
+        assert_eq!(
+            pooled.pins.counts.cursor.get(),
+            0,
+            "the tick at the pin's end did not run the maintenance"
+        );
+        pooled.close();
     }
 }
