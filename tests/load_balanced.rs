@@ -913,3 +913,64 @@ async fn a_legacy_kill_whose_first_cursor_stays_busy_still_kills_the_others() {
     direct.shutdown().await;
     proxy.shutdown().await;
 }
+
+/// Pooled sessions on two session loops (a pool of 8 over `proxy.threads = 2`: one shard
+/// each): a cursor one client opens (its connection parked, checked out of the first loop's
+/// shard) is continued and finished by a client on the other loop, whose request runs on
+/// that parked connection. The connection goes back to the shard it came from, idle, and the
+/// first loop's next request reuses it: over many rounds nothing is left in use or waiting,
+/// and no connection is opened past each loop's first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_continued_from_another_session_loop_goes_back_to_its_shard() {
+    let (_a, _b, target, relay) = switched_pair().await;
+    let proxy = start_lazy_with(relay, |c| {
+        c.proxy.threads = 2;
+        c.pool.pool_size = 8;
+    })
+    .await;
+    // A new client goes to the loop with the fewest sessions: x on one, y on the other.
+    let mut x = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let r = x.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    let mut y = support::raw::RawConn::connect(proxy.local_addr())
+        .await
+        .unwrap();
+    let r = y.command(doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").ok(), Some(1.0), "{r}");
+    target.store(0, Ordering::SeqCst);
+    let settled = |proxy: &ProxyHandle| {
+        let s = proxy.pool_stats().unwrap().0;
+        s.in_use == 0 && s.waiting == 0
+    };
+    for round in 0..20 {
+        let found = x
+            .command(doc! {"find": "c", "batchSize": 2, "$db": "lb"})
+            .await;
+        let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(id, 0, "round {round}: {found}");
+        let more = y
+            .command(doc! {"getMore": id, "collection": "c", "batchSize": 100, "$db": "lb"})
+            .await;
+        let cursor = more.get_document("cursor").unwrap();
+        assert_eq!(cursor.get_i64("id").unwrap(), 0, "round {round}: {more}");
+        assert_eq!(cursor.get_array("nextBatch").unwrap().len(), 58);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !settled(&proxy) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: {:?}",
+                proxy.pool_stats().unwrap().0
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let s = proxy.pool_stats().unwrap().0;
+    assert_eq!(
+        (s.total, s.idle, s.connects, s.discards),
+        (2, 2, 2, 0),
+        "one connection per loop's shard (opened for its client's ping), none since: {s:?}"
+    );
+    proxy.shutdown().await;
+}
