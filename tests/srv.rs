@@ -249,7 +249,16 @@ async fn polling_follows_the_srv_records(mode: Mode, domain: &str) {
     // A failed rescan (the name vanishes: NXDOMAIN) keeps the hosts.
     dns.set_srv(&srv, &[]);
     let polled = dns.srv_queries(&srv);
+    let emptied = Instant::now();
     while dns.srv_queries(&srv) < polled + 2 {
+        // Rescans come every heartbeat_interval (200 ms) after a failed one. (This wait had
+        // no bound: a CI run hung here, or elsewhere in this test, for 20 minutes.)
+        assert!(
+            emptied.elapsed() < Duration::from_secs(10),
+            "no SRV rescan for 10 s after the records emptied: {} queries before, {} now",
+            polled,
+            dns.srv_queries(&srv)
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     find_one(&proxy).await.unwrap();
@@ -309,12 +318,27 @@ async fn polling_follows_the_srv_records(mode: Mode, domain: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passthrough_polling_follows_the_srv_records() {
-    polling_follows_the_srv_records(Mode::Passthrough, "srv-c-pass.test").await;
+    bounded(polling_follows_the_srv_records(
+        Mode::Passthrough,
+        "srv-c-pass.test",
+    ))
+    .await;
+}
+
+/// A whole test within 120 s: a hang fails it instead of holding the suite.
+async fn bounded(test: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(Duration::from_secs(120), test)
+        .await
+        .expect("the test hung for 120 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_polling_follows_the_srv_records() {
-    polling_follows_the_srv_records(Mode::Pooled, "srv-c-pool.test").await;
+    bounded(polling_follows_the_srv_records(
+        Mode::Pooled,
+        "srv-c-pool.test",
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
