@@ -170,15 +170,26 @@ async fn pooled_sessions_stay_on_the_shared_runtime_with_a_small_pool() {
     shut_down(proxy).await;
 }
 
-/// The loop a pooled client is on has its 4 connections held (4 commands the upstream holds
-/// for 8 s); the other loop's clients are idle and its shard has every slot free. A fifth
-/// request on the busy loop is served from a slot the idle loop gives up (the pool's
-/// rebalancing, every 50 ms), while the 4 held commands are still running: it does not
-/// wait for one of them to end, nor time out while the pool has connections to spare.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_free() {
-    let _serial = SERIAL.lock().await;
-    let (standin, config) = config(|c| pooled(c, 2, 8)).await;
+/// A pooled proxy (pool of 8 on two loops, `tweak` applied) whose first loop has its 4
+/// connections held by 4 commands the upstream holds for `hold_ms`, while the second
+/// loop's 5 clients stay idle and its shard has every slot free. Returns the first loop's
+/// fifth client (the probe), the held commands, and the idle clients (kept open: a closed
+/// one would leave its loop with fewer sessions).
+async fn one_loop_held(
+    tweak: impl FnOnce(&mut Config),
+    hold_ms: i32,
+) -> (
+    mongoguard::app::ProxyHandle,
+    StandIn,
+    RawConn,
+    Vec<tokio::task::JoinHandle<bson::Document>>,
+    Vec<RawConn>,
+) {
+    let (standin, config) = config(|c| {
+        pooled(c, 2, 8);
+        tweak(c);
+    })
+    .await;
     let proxy = Proxy::start(Arc::new(config)).await.unwrap();
     // A new client goes to the loop with the fewest sessions, the first on a tie: clients
     // 0, 2, 4, 6 and 8 share a loop (each answered before the next connects, so that it is
@@ -186,13 +197,8 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
     let (mut busy_loop, mut idle_loop) = (Vec::new(), Vec::new());
     for i in 0..10 {
         let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-        answered(
-            &mut c,
-            doc! {"ping": 1, "$db": "admin"},
-            &format!("client {i}"),
-        )
-        .await;
-        // Kept open: a closed one would leave its loop with fewer sessions.
+        let ping = doc! {"ping": 1, "$db": "admin"};
+        answered(&mut c, ping, &format!("client {i}")).await;
         if i % 2 == 0 {
             busy_loop.push(c);
         } else {
@@ -205,10 +211,11 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
         .database("admin")
         .run_command(doc! {
             "configureFailPoint": "failCommand", "mode": {"times": 4},
-            "data": {"failCommands": ["distinct"], "blockConnection": true, "blockTimeMS": 8000},
+            "data": {"failCommands": ["distinct"], "blockConnection": true, "blockTimeMS": hold_ms},
         })
         .await
         .unwrap();
+    direct.shutdown().await;
     let held: Vec<_> = busy_loop
         .into_iter()
         .map(|mut c| {
@@ -227,13 +234,11 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut probe_client = probe_client;
-    let probe = doc! {"find": "t", "filter": {}, "$db": "shards"};
-    answered(&mut probe_client, probe, "the probe").await;
-    assert!(
-        held.iter().all(|h| !h.is_finished()),
-        "the probe waited for a held command to end: no slot came from the idle loop"
-    );
+    (proxy, standin, probe_client, held, idle_loop)
+}
+
+/// Every held command of [`one_loop_held`] ends with `ok: 1`.
+async fn held_end(held: Vec<tokio::task::JoinHandle<bson::Document>>) {
     for h in held {
         let reply = tokio::time::timeout(BOUND, h)
             .await
@@ -241,6 +246,24 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
             .unwrap();
         assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
     }
+}
+
+/// The loop a pooled client is on has its 4 connections held (4 commands the upstream holds
+/// for 8 s); the other loop's clients are idle and its shard has every slot free. A fifth
+/// request on the busy loop is served from a slot the idle loop gives up (the pool's
+/// rebalancing, every 50 ms), while the 4 held commands are still running: it does not
+/// wait for one of them to end, nor time out while the pool has connections to spare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_free() {
+    let _serial = SERIAL.lock().await;
+    let (proxy, _standin, mut probe_client, held, idle_loop) = one_loop_held(|_| {}, 8000).await;
+    let probe = doc! {"find": "t", "filter": {}, "$db": "shards"};
+    answered(&mut probe_client, probe, "the probe").await;
+    assert!(
+        held.iter().all(|h| !h.is_finished()),
+        "the probe waited for a held command to end: no slot came from the idle loop"
+    );
+    held_end(held).await;
     drop(idle_loop);
     shut_down(proxy).await;
 }
@@ -252,72 +275,16 @@ async fn a_loop_whose_connections_are_all_held_gets_a_slot_the_other_loop_has_fr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_checkout_timeout_does_not_fail_clients_while_the_pool_has_slots_free() {
     let _serial = SERIAL.lock().await;
-    let (standin, config) = config(|c| {
-        pooled(c, 2, 8);
-        c.pool.checkout_timeout = Duration::from_millis(60);
-    })
-    .await;
-    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
-    let (mut busy_loop, mut idle_loop) = (Vec::new(), Vec::new());
-    for i in 0..10 {
-        let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
-        let reply = tokio::time::timeout(BOUND, c.command(doc! {"ping": 1, "$db": "admin"}))
-            .await
-            .expect("answered");
-        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "client {i}: {reply:?}");
-        if i % 2 == 0 {
-            busy_loop.push(c);
-        } else {
-            idle_loop.push(c);
-        }
-    }
-    let mut probe_client = busy_loop.pop().unwrap();
-    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
-    direct
-        .database("admin")
-        .run_command(doc! {
-            "configureFailPoint": "failCommand", "mode": {"times": 4},
-            "data": {"failCommands": ["distinct"], "blockConnection": true, "blockTimeMS": 3000},
-        })
-        .await
-        .unwrap();
-    let held: Vec<_> = busy_loop
-        .into_iter()
-        .map(|mut c| {
-            tokio::spawn(async move {
-                c.command(doc! {"distinct": "t", "key": "a", "$db": "shards"})
-                    .await
-            })
-        })
-        .collect();
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while standin.stats().command_count("distinct") < 4 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the held commands never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let probe = tokio::time::timeout(
-        BOUND,
-        probe_client.command(doc! {"find": "t", "filter": {}, "$db": "shards"}),
+    let short = |c: &mut Config| c.pool.checkout_timeout = Duration::from_millis(60);
+    let (proxy, _standin, mut probe_client, held, idle_loop) = one_loop_held(short, 3000).await;
+    let probe = doc! {"find": "t", "filter": {}, "$db": "shards"};
+    answered(
+        &mut probe_client,
+        probe,
+        "the probe, while 4 of the pool's 8 connections were free",
     )
-    .await
-    .expect("the probe was answered");
-    assert_eq!(
-        probe.get_f64("ok").ok(),
-        Some(1.0),
-        "failed while 4 of the pool's 8 connections were free: {probe:?}"
-    );
-    for h in held {
-        let reply = tokio::time::timeout(BOUND, h)
-            .await
-            .expect("held ends")
-            .unwrap();
-        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
-    }
+    .await;
+    held_end(held).await;
     drop(idle_loop);
-    tokio::time::timeout(BOUND, proxy.shutdown())
-        .await
-        .expect("shutdown is bounded");
+    shut_down(proxy).await;
 }
