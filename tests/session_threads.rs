@@ -288,3 +288,68 @@ async fn a_short_checkout_timeout_does_not_fail_clients_while_the_pool_has_slots
     drop(idle_loop);
     shut_down(proxy).await;
 }
+
+/// Forty clients on a pool of 8 over two loops (four clients per connection): almost every
+/// request waits for a connection, and the session releasing one writes the next waiter's
+/// request on it before the hand-over (`Pool::checkout_sending`). Each client inserts its
+/// own documents and reads each back by `_id`, so a reply delivered to the wrong client, a
+/// request written twice or lost, shows: every find returns the client's own document, and
+/// the collection holds exactly one document per insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_outnumbering_connections_get_their_own_replies_when_requests_are_sent_ahead() {
+    const CLIENTS: usize = 40;
+    const ROUNDS: usize = 25;
+    let _serial = SERIAL.lock().await;
+    let (standin, config) = config(|c| pooled(c, 2, 8)).await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    assert_eq!(session_threads(), ["mg-session-1", "mg-session-2"]);
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        let addr = proxy.local_addr();
+        clients.push(tokio::spawn(async move {
+            let mut c = RawConn::connect(addr).await.unwrap();
+            for k in 0..ROUNDS {
+                let id = format!("c{i}-{k}");
+                let insert = doc! {"insert": "ahead", "documents": [{"_id": &id, "i": i as i32}],
+                "$db": "shards"};
+                let reply = answered(&mut c, insert, &id).await;
+                assert_eq!(reply.get_i32("n").ok(), Some(1), "{id}: {reply:?}");
+                let find = doc! {"find": "ahead", "filter": {"_id": &id}, "$db": "shards"};
+                let reply = answered(&mut c, find, &id).await;
+                let batch = reply
+                    .get_document("cursor")
+                    .and_then(|c| c.get_array("firstBatch"))
+                    .unwrap_or_else(|_| panic!("{id}: {reply:?}"));
+                assert_eq!(batch.len(), 1, "{id}: {reply:?}");
+                let got = batch[0].as_document().and_then(|d| d.get_str("_id").ok());
+                assert_eq!(got, Some(id.as_str()), "client {i} got another's reply");
+            }
+        }));
+    }
+    for c in clients {
+        tokio::time::timeout(BOUND, c)
+            .await
+            .expect("every client ends")
+            .unwrap();
+    }
+    let stats = proxy.pool_stats().unwrap().0;
+    assert!(
+        stats.sent_ahead > 0,
+        "no request was written ahead, the path this test is about: {stats:?}"
+    );
+    assert!(stats.total <= 8, "{stats:?}");
+    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
+    let n = direct
+        .database("shards")
+        .collection::<bson::Document>("ahead")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(
+        n,
+        (CLIENTS * ROUNDS) as u64,
+        "an insert was lost or applied twice"
+    );
+    direct.shutdown().await;
+    shut_down(proxy).await;
+}

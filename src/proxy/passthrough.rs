@@ -200,6 +200,7 @@ impl Strategy for Passthrough {
         _route: &(),
         obs: &mut SessionObs,
         kill: &Stop,
+        _ahead: Option<&bytes::Bytes>,
     ) -> Acquired<Upstream> {
         match self.attach(obs, kill).await {
             Ok(up) => Acquired::Link(up),

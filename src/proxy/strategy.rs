@@ -45,6 +45,11 @@ pub(crate) trait Link: Send {
     ) -> std::task::Poll<Option<Result<Frame, CodecError>>>;
     /// The bytes of the next message read so far (its header, once 16 bytes are in).
     fn buffered(&self) -> &[u8];
+    /// How much of the request passed to [`Strategy::acquire`] as `ahead` was already
+    /// written on this link, and when (`None`: nothing; asked once).
+    fn sent_ahead(&mut self) -> Option<(usize, std::time::Instant)> {
+        None
+    }
     /// The next message from the server (`None`: it closed the connection).
     fn next(&mut self) -> impl Future<Output = Option<Result<Frame, CodecError>>> + Send + '_
     where
@@ -126,13 +131,17 @@ pub(crate) trait Strategy: Send {
         route: &Self::Route,
     ) -> impl Future<Output = Result<bool, SessionError>> + Send;
 
-    /// A connection for `request` (`resend`: a not-primary reply came back before).
+    /// A connection for `request`. `ahead`: the request's bytes, when the connection
+    /// acquired is sent them first thing (its reply awaited, nothing measured on it first):
+    /// a strategy may have them written ahead while it waits for a connection, the link's
+    /// [`Link::sent_ahead`] then says how much.
     fn acquire(
         &mut self,
         request: &Request,
         route: &Self::Route,
         obs: &mut SessionObs,
         kill: &Stop,
+        ahead: Option<&bytes::Bytes>,
     ) -> impl Future<Output = Acquired<Self::Link>> + Send;
 
     /// A connection to abort the transaction of a blocked statement on, if there is one.

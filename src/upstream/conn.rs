@@ -585,4 +585,28 @@ impl super::pool::PooledConn for UpstreamConn {
             tls @ crate::net::Either::Tls(_) => poll_idle(tls),
         }
     }
+
+    /// Plain TCP only (a TLS stream may keep written bytes in its buffers, to be flushed by
+    /// its own task): one non-blocking write; a whole write registers `waiter` for the
+    /// socket's read readiness, as the waiter's own poll for the reply would.
+    fn send_ahead(&mut self, request: &[u8], waiter: &std::task::Waker) -> super::pool::SentAhead {
+        use super::pool::SentAhead;
+        if !self.io.read_buffer().is_empty() {
+            return SentAhead::Nothing;
+        }
+        let crate::net::Either::Plain(tcp) = self.io.get_mut() else {
+            return SentAhead::Nothing;
+        };
+        match tcp.try_write(request) {
+            Ok(n) if n == request.len() => {
+                let mut cx = std::task::Context::from_waker(waiter);
+                SentAhead::Whole {
+                    reply_wakes: tcp.poll_read_ready(&mut cx).is_pending(),
+                }
+            }
+            Ok(n) if n > 0 => SentAhead::Part(n),
+            // Would block, or an error the waiter's own write meets again and reports.
+            Ok(_) | Err(_) => SentAhead::Nothing,
+        }
+    }
 }

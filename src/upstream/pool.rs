@@ -38,7 +38,7 @@ mod keyed;
 mod stats;
 mod tcp;
 
-pub use keyed::Checkout;
+pub use keyed::{Ahead, Checkout};
 pub use stats::PoolStats;
 pub use tcp::TcpConnector;
 
@@ -121,6 +121,31 @@ pub trait PooledConn: Send + 'static {
     /// it, it has an error, or it has unsolicited data pending (an idle MongoDB connection
     /// never receives any).
     fn is_usable(&mut self) -> bool;
+
+    /// Writes `request`, the next request of the checkout this connection is being handed
+    /// to, on behalf of that checkout's task, which is not running (its `waiter` is what
+    /// would wake it), without blocking. Called by the checkout that released the
+    /// connection, on the thread whose reactor drives it, after a complete exchange (see
+    /// [`Pool::checkout_sending`]). A connection that writes all of `request` also arranges
+    /// for `waiter` to be woken when the reply is readable. The default writes nothing.
+    fn send_ahead(&mut self, request: &[u8], waiter: &std::task::Waker) -> SentAhead {
+        let _ = (request, waiter);
+        SentAhead::Nothing
+    }
+}
+
+/// What [`PooledConn::send_ahead`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SentAhead {
+    /// Nothing: the waiter writes its request itself.
+    Nothing,
+    /// The first `n` bytes (`0 < n < len`): the waiter writes the rest.
+    Part(usize),
+    /// All of it.
+    Whole {
+        /// The waiter is woken when the reply is readable (and need not be woken now).
+        reply_wakes: bool,
+    },
 }
 
 /// Opens (and, once upstream authentication exists, authenticates) upstream connections.
@@ -400,7 +425,27 @@ impl<C: Connector> Pool<C> {
     ) -> Result<Checkout<C::Conn>, PoolError> {
         handle
             .0
-            .checkout_until(&self.shared.connector, expired)
+            .checkout_until(&self.shared.connector, expired, None)
+            .await
+    }
+
+    /// [`Pool::checkout_until`] for a checkout that will write `request` first thing: if it
+    /// waits, and the connection it gets is handed over by a checkout released on this
+    /// thread, that release writes `request` ahead ([`PooledConn::send_ahead`]), so this
+    /// checkout's task is not run in between (it then runs once, when the reply is in, not
+    /// also to send). [`Checkout::sent_ahead`] says how much was written. Only on a sharded
+    /// pool's home thread (see [`Pool::sharded`]), where the waiter and the releaser are one
+    /// thread, so that a waiter whose request was written cannot be dropped concurrently; a
+    /// waiter dropped afterwards closes the connection (a request is in flight on it).
+    pub async fn checkout_sending(
+        &self,
+        handle: &PoolHandle<C::Conn>,
+        expired: impl Future<Output = ()>,
+        request: &bytes::Bytes,
+    ) -> Result<Checkout<C::Conn>, PoolError> {
+        handle
+            .0
+            .checkout_until(&self.shared.connector, expired, Some(request))
             .await
     }
 

@@ -69,6 +69,11 @@ impl Link for Conn {
         let conn: &UpstreamConn = self;
         conn.buffered()
     }
+
+    fn sent_ahead(&mut self) -> Option<(usize, std::time::Instant)> {
+        let ahead = crate::upstream::pool::Checkout::sent_ahead(self)?;
+        Some((ahead.bytes, ahead.at.into_std()))
+    }
 }
 
 /// The upstream side of one pooled client session.
@@ -174,6 +179,7 @@ impl Checkouts {
         host: &Host,
         identity: &str,
         kill: &Stop,
+        ahead: Option<&bytes::Bytes>,
     ) -> Result<Conn, PoolError> {
         let handle = match &mut self.last_pool {
             Some(h) if &h.key().server == host && h.key().identity == identity => &*h,
@@ -190,10 +196,19 @@ impl Checkouts {
         let timer = self.timer.get_or_insert_with(LazyTimer::new);
         // A zero duration leaves a LazyTimer unarmed; a zero checkout_timeout means no wait.
         timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
-        tokio::select! {
-            biased;
-            _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
-            c = pool.checkout_until(handle, timer.expired()) => c,
+        // The kill is polled first: a kill after this checkout's request was written ahead
+        // drops the wait, which closes the connection (the request's reply is in flight).
+        match ahead {
+            Some(request) => tokio::select! {
+                biased;
+                _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
+                c = pool.checkout_sending(handle, timer.expired(), request) => c,
+            },
+            None => tokio::select! {
+                biased;
+                _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
+                c = pool.checkout_until(handle, timer.expired()) => c,
+            },
         }
     }
 }
@@ -524,6 +539,7 @@ impl Strategy for PooledSide {
         route: &Routing,
         _obs: &mut SessionObs,
         kill: &Stop,
+        ahead: Option<&bytes::Bytes>,
     ) -> Acquired<Conn> {
         self.on_kept = false;
         if let Some(kept) = self.for_last_error.take() {
@@ -649,7 +665,7 @@ impl Strategy for PooledSide {
         };
         let checkout = self
             .checkouts
-            .checkout(&self.pooled.pool, &host, &identity.name, kill)
+            .checkout(&self.pooled.pool, &host, &identity.name, kill, ahead)
             .await;
         match checkout {
             Ok(c) => Acquired::Link(c),
@@ -693,7 +709,7 @@ impl Strategy for PooledSide {
             .pins
             .txn_server(&self.pin_key(txn), Instant::now())?;
         self.checkouts
-            .checkout(&self.pooled.pool, &host, &identity.name, kill)
+            .checkout(&self.pooled.pool, &host, &identity.name, kill, None)
             .await
             .ok()
     }

@@ -501,9 +501,13 @@ impl<S: Strategy> Session<S> {
     ) -> Result<Option<String>, SessionError> {
         let (mut resent, mut measured) = (false, false);
         loop {
+            // The request goes out first thing on the connection acquired (nothing measured
+            // on it before), and a reply is awaited: it may be written ahead.
+            let measures = matches!(request.judgement, Judgement::Measure(_)) && !measured;
+            let ahead = (request.expects_reply && !measures).then(|| frame.bytes());
             let acquired = self
                 .strategy
-                .acquire(request, route, &mut self.obs, &self.client.stop)
+                .acquire(request, route, &mut self.obs, &self.client.stop, ahead)
                 .await;
             let mut link = match acquired {
                 Acquired::Link(link) => link,

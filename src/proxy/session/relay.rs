@@ -81,18 +81,20 @@ impl<S: Strategy> Session<S> {
         request: &Request,
         route: &S::Route,
     ) -> Result<Trip, SessionError> {
-        let sent = Instant::now();
         let reply_timeout = self.ctx.config.upstream.reply_timeout;
         let kill = &self.client.stop;
-        let written = bounded_write(
-            link.send(frame.bytes()),
-            reply_timeout,
-            kill,
-            Side::Upstream,
-        );
-        if let Err(e) = written.await {
-            self.strategy.finished(link, Outcome::Broken, route);
-            return Err(e);
+        // Some or all of it may have been written while this session waited for the
+        // connection (see `Strategy::acquire`).
+        let (sent, rest) = match link.sent_ahead() {
+            Some((n, at)) => (at, frame.bytes().get(n..).unwrap_or_default()),
+            None => (Instant::now(), &frame.bytes()[..]),
+        };
+        if !rest.is_empty() {
+            let written = bounded_write(link.send(rest), reply_timeout, kill, Side::Upstream);
+            if let Err(e) = written.await {
+                self.strategy.finished(link, Outcome::Broken, route);
+                return Err(e);
+            }
         }
         self.ctx.stats.requests.inc();
         if !request.expects_reply {

@@ -28,7 +28,7 @@ pub use checkout::Checkout;
 use checkout::Reservation;
 
 use super::stats::Gauges;
-use super::{Connector, PoolConfig, PoolError, PoolKey, PoolStats, PooledConn};
+use super::{Connector, PoolConfig, PoolError, PoolKey, PoolStats, PooledConn, SentAhead};
 
 /// Which part of a sharded pool a [`KeyPool`] is (see [`super::Pool::sharded`]): shard
 /// `index` of `count`, served by the thread whose home shard it is.
@@ -49,6 +49,11 @@ impl Shard {
     /// thread's reactor for as long as it lives).
     fn foreign_here(self) -> bool {
         self.count > 1 && super::home_shard(self.count) != Some(self.index)
+    }
+
+    /// Whether the pool is sharded and this is the shard's thread.
+    fn home_here(self) -> bool {
+        self.count > 1 && super::home_shard(self.count) == Some(self.index)
     }
 }
 
@@ -95,8 +100,13 @@ struct State<T> {
 /// What a waiter's cell holds.
 enum Cell<T> {
     Free,
-    /// Queued; woken through this waker when served.
-    Waiting(Waker),
+    /// Queued; woken through `waker` when served. `request`: what the waiter will write
+    /// first, for the checkout that serves it to write ahead (see
+    /// [`super::Pool::checkout_sending`]).
+    Waiting {
+        waker: Waker,
+        request: Option<bytes::Bytes>,
+    },
     /// Served: the slot, and the connection handed over with it if any.
     Granted(Option<Handed<T>>),
     /// The pool closed while it waited.
@@ -107,6 +117,18 @@ enum Cell<T> {
 struct Handed<T> {
     conn: Box<T>,
     life: Life,
+    /// What the releasing checkout wrote of the waiter's request (then a request is in
+    /// flight on the connection: it is never probed, idled or handed to anyone else).
+    ahead: Option<Ahead>,
+}
+
+/// The part of a waiter's request written ahead for it, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct Ahead {
+    /// Bytes written (from the start of the request).
+    pub bytes: usize,
+    /// When they were written.
+    pub at: Instant,
 }
 
 struct Idle<T> {
@@ -326,20 +348,26 @@ impl<T: PooledConn> KeyPool<T> {
         connector: &C,
     ) -> Result<Checkout<T>, PoolError> {
         let expired = tokio::time::sleep(self.config.checkout_timeout);
-        self.checkout_until(connector, expired).await
+        self.checkout_until(connector, expired, None).await
     }
 
     /// [`KeyPool::checkout`] whose wait for a slot ends when `expired` completes (which the
     /// caller makes `checkout_timeout` from now) instead of on a timer of its own.
+    /// `request`: see [`super::Pool::checkout_sending`].
     pub(super) async fn checkout_until<C: Connector<Conn = T>>(
         self: &Arc<Self>,
         connector: &C,
         expired: impl Future<Output = ()>,
+        request: Option<&bytes::Bytes>,
     ) -> Result<Checkout<T>, PoolError> {
-        let handed = match self.wait_for_slot(expired).await? {
+        let handed = match self.wait_for_slot(expired, request).await? {
             Some(handed) => handed,
             None => return self.checkout_with(connector).await,
         };
+        if let Some(ahead) = handed.ahead {
+            // A request is in flight on it: not probed (the probe would read the reply).
+            return Ok(Checkout::new(handed.conn, handed.life, self.clone()).with_ahead(ahead));
+        }
         let mut conn = handed.conn;
         if conn.is_usable() {
             // Counted in use when it was taken from the queue.
@@ -447,11 +475,13 @@ impl<T: PooledConn> KeyPool<T> {
     async fn wait_for_slot(
         &self,
         expired: impl Future<Output = ()>,
+        request: Option<&bytes::Bytes>,
     ) -> Result<Option<Handed<T>>, PoolError> {
         let mut wait = Wait {
             pool: self,
             cell: None,
             start: None,
+            request,
         };
         let acquired = tokio::select! {
             biased;
@@ -560,8 +590,8 @@ impl<T: PooledConn> KeyPool<T> {
         let mut woken = Vec::with_capacity(state.queue.len());
         while let Some((i, _)) = state.queue.pop_front() {
             if let Some(cell) = state.cells.get_mut(i) {
-                if let Cell::Waiting(w) = std::mem::replace(cell, Cell::Closed) {
-                    woken.push(w);
+                if let Cell::Waiting { waker, .. } = std::mem::replace(cell, Cell::Closed) {
+                    woken.push(waker);
                 }
             }
         }
@@ -707,12 +737,16 @@ impl<T: PooledConn> KeyPool<T> {
     /// A slot holder's connection, released in good health: to the oldest waiter with the
     /// slot, else idle (the slot freed).
     fn put_back(&self, state: &mut State<T>, conn: Box<T>, life: Life, now: Instant) -> Woken {
-        let handed = Handed { conn, life };
-        match Self::serve_next(state, Some(handed)) {
-            Ok(waker) => Some(waker),
+        let handed = Handed {
+            conn,
+            life,
+            ahead: None,
+        };
+        match self.serve_next(state, Some(handed), now) {
+            Ok(woken) => woken,
             Err(handed) => {
                 state.held -= 1;
-                if let Some(Handed { conn, life }) = handed {
+                if let Some(Handed { conn, life, .. }) = handed {
                     let idle_end = self.config.idle_timeout.and_then(|t| now.checked_add(t));
                     let expires = match (idle_end, life.dies) {
                         (Some(a), Some(b)) => Some(a.min(b)),
@@ -738,8 +772,8 @@ impl<T: PooledConn> KeyPool<T> {
             self.spare.fetch_add(1, Ordering::SeqCst);
             return None;
         }
-        match Self::serve_next(state, None) {
-            Ok(waker) => Some(waker),
+        match self.serve_next(state, None, Instant::now()) {
+            Ok(woken) => woken,
             Err(_) => {
                 state.held -= 1;
                 None
@@ -748,21 +782,43 @@ impl<T: PooledConn> KeyPool<T> {
     }
 
     /// Serves the oldest waiter (taken off the queue) with the slot and `handed`; `Err`
-    /// gives `handed` back when no one waits.
+    /// gives `handed` back when no one waits. A connection handed to a waiter that left its
+    /// request is written the request first, when this thread is the shard's (see
+    /// [`super::Pool::checkout_sending`]); the waker to wake, unless the reply will.
     fn serve_next(
+        &self,
         state: &mut State<T>,
-        handed: Option<Handed<T>>,
-    ) -> Result<Waker, Option<Handed<T>>> {
+        mut handed: Option<Handed<T>>,
+        now: Instant,
+    ) -> Result<Woken, Option<Handed<T>>> {
         while let Some((i, _)) = state.queue.pop_front() {
             let Some(cell) = state.cells.get_mut(i) else {
                 continue;
             };
             // Only waiting cells are queued; anything else is skipped, never overwritten.
-            if let Cell::Waiting(waker) = cell {
-                let waker = std::mem::replace(waker, Waker::noop().clone());
-                *cell = Cell::Granted(handed);
-                return Ok(waker);
+            let Cell::Waiting { waker, request } = cell else {
+                continue;
+            };
+            let waker = std::mem::replace(waker, Waker::noop().clone());
+            let mut wake = true;
+            if let (Some(h), Some(request)) = (handed.as_mut(), request.take()) {
+                if self.shard.home_here() {
+                    let sent = match h.conn.send_ahead(&request, &waker) {
+                        SentAhead::Nothing => None,
+                        SentAhead::Part(n) => Some(n),
+                        SentAhead::Whole { reply_wakes } => {
+                            wake = !reply_wakes;
+                            Some(request.len())
+                        }
+                    };
+                    if sent.is_some() {
+                        Gauges::bump(&self.gauges.sent_ahead);
+                    }
+                    h.ahead = sent.map(|bytes| Ahead { bytes, at: now });
+                }
             }
+            *cell = Cell::Granted(handed);
+            return Ok(wake.then_some(waker));
         }
         Err(handed)
     }
@@ -825,6 +881,8 @@ struct Wait<'a, T: PooledConn> {
     cell: Option<usize>,
     /// When it started to wait (it queued).
     start: Option<Instant>,
+    /// What it will write first (see [`Cell::Waiting`]).
+    request: Option<&'a bytes::Bytes>,
 }
 
 impl<T: PooledConn> Future for Wait<'_, T> {
@@ -852,7 +910,16 @@ impl<T: PooledConn> Future for Wait<'_, T> {
                 }
             };
             if let Some(cell) = state.cells.get_mut(i) {
-                *cell = Cell::Waiting(cx.waker().clone());
+                // Written ahead only by a release on this thread, which is the shard's: a
+                // waiter elsewhere could be dropped while its request is being written.
+                let request = match this.request {
+                    Some(r) if pool.shard.home_here() => Some(r.clone()),
+                    _ => None,
+                };
+                *cell = Cell::Waiting {
+                    waker: cx.waker().clone(),
+                    request,
+                };
             }
             let now = Instant::now();
             state.queue.push_back((i, now));
@@ -865,9 +932,9 @@ impl<T: PooledConn> Future for Wait<'_, T> {
             return Poll::Ready(Err(()));
         };
         match cell {
-            Cell::Waiting(w) => {
-                if !w.will_wake(cx.waker()) {
-                    *w = cx.waker().clone();
+            Cell::Waiting { waker, .. } => {
+                if !waker.will_wake(cx.waker()) {
+                    *waker = cx.waker().clone();
                 }
                 Poll::Pending
             }
@@ -904,11 +971,16 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
         };
         state.free.push(i);
         let (woken, handed) = match taken {
-            Cell::Waiting(_) => {
+            Cell::Waiting { .. } => {
                 if let Some(at) = state.queue.iter().position(|&(q, _)| q == i) {
                     state.queue.remove(at);
                 }
                 (None, None)
+            }
+            // Served, and its request (some of it) written on the connection: the reply
+            // would go to whoever used it next. Closed.
+            Cell::Granted(Some(handed)) if handed.ahead.is_some() => {
+                (None, Some((handed.conn, Closed::Discarded)))
             }
             // Served but not taken: what it was handed goes on as a release would.
             Cell::Granted(Some(handed)) => {

@@ -35,6 +35,9 @@ pub struct PoolStats {
     /// Slots a shard took from another shard (sharded pools: pooled sessions on the session
     /// threads, see `Pool::rebalance`).
     pub moves: u64,
+    /// Requests a released checkout wrote for the waiter it handed its connection to
+    /// (wholly or in part; see `Pool::checkout_sending`).
+    pub sent_ahead: u64,
 }
 
 impl PoolStats {
@@ -53,6 +56,7 @@ impl PoolStats {
         self.unusable += other.unusable;
         self.timeouts += other.timeouts;
         self.moves += other.moves;
+        self.sent_ahead += other.sent_ahead;
     }
 }
 
@@ -73,6 +77,7 @@ pub(super) struct Gauges {
     pub(super) unusable: AtomicU64,
     pub(super) timeouts: AtomicU64,
     pub(super) moves: AtomicU64,
+    pub(super) sent_ahead: AtomicU64,
 }
 
 impl Gauges {
@@ -92,6 +97,7 @@ impl Gauges {
             unusable: self.unusable.load(r),
             timeouts: self.timeouts.load(r),
             moves: self.moves.load(r),
+            sent_ahead: self.sent_ahead.load(r),
         }
     }
 

@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Closed, KeyPool, Life};
+use super::{Ahead, Closed, KeyPool, Life};
 use crate::upstream::pool::{PoolKey, PooledConn};
 
 /// A slot counted in `total` for a connect in progress: uncounted on drop unless opened.
@@ -64,6 +64,8 @@ pub struct Checkout<T: PooledConn> {
     conn: Box<T>,
     life: Life,
     slot: Slot<T>,
+    /// What the checkout that handed it over wrote of this checkout's request.
+    ahead: Option<Ahead>,
 }
 
 impl<T: PooledConn> Checkout<T> {
@@ -77,7 +79,20 @@ impl<T: PooledConn> Checkout<T> {
                 pool,
                 released: false,
             },
+            ahead: None,
         }
+    }
+
+    pub(super) fn with_ahead(mut self, ahead: Ahead) -> Self {
+        self.ahead = Some(ahead);
+        self
+    }
+
+    /// How much of the request passed to [`crate::upstream::pool::Pool::checkout_sending`]
+    /// was written on the connection before it was handed over, and when (once: `None`
+    /// afterwards). The caller writes the rest.
+    pub fn sent_ahead(&mut self) -> Option<Ahead> {
+        self.ahead.take()
     }
 
     /// Returns the connection to the pool, unless it is past `max_lifetime` (then it is
@@ -88,6 +103,7 @@ impl<T: PooledConn> Checkout<T> {
             conn,
             life,
             mut slot,
+            ..
         } = self;
         slot.released = true;
         match slot.pool.end_released(conn, life) {
