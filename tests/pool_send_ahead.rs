@@ -15,10 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::time::Duration;
 
-use mongoguard::upstream::pool::{
-    set_home_shard, Connector, Pool, PoolConfig, PoolKey, PooledConn, SentAhead,
-};
-use mongoguard::upstream::{ConnectError, Host};
+use mongoguard::upstream::pool::{set_home_shard, Connector, Pool, PoolKey, PooledConn, SentAhead};
+use mongoguard::upstream::ConnectError;
 
 /// Safety net against hangs, not a performance assertion.
 const BOUND: Duration = Duration::from_secs(10);
@@ -84,14 +82,11 @@ impl Connector for Fake {
     }
 }
 
+#[path = "support/pool.rs"]
+mod pool_support;
+
 fn key() -> PoolKey {
-    PoolKey::new(
-        Host {
-            name: "db.example".into(),
-            port: 27017,
-        },
-        "app",
-    )
+    pool_support::key_of("app")
 }
 
 /// A pool of `pool_size` in `shards` shards (1: unsharded) whose connections write
@@ -99,13 +94,7 @@ fn key() -> PoolKey {
 fn pool(pool_size: usize, shards: usize, writes: usize) -> (Arc<Pool<Fake>>, Arc<Wire>) {
     let wire = Arc::new(Wire::default());
     wire.writes.store(writes, Ordering::SeqCst);
-    let config = PoolConfig {
-        pool_size,
-        min_idle: 0,
-        checkout_timeout: BOUND,
-        idle_timeout: None,
-        max_lifetime: None,
-    };
+    let config = pool_support::config(pool_size, 0, BOUND);
     let pool = if shards > 1 {
         Pool::sharded(Fake(wire.clone()), config, shards).unwrap()
     } else {
@@ -152,61 +141,116 @@ async fn settle() {
     }
 }
 
+/// A connection checked out on shard 0's thread (of a pool of `pool_size` in `shards`
+/// shards writing `writes` bytes ahead), a waiter queued for it, and its release from the
+/// thread whose home shard is `release_on`.
+struct Scene {
+    pool: Arc<Pool<Fake>>,
+    wire: Arc<Wire>,
+    /// The released connection's id.
+    released: usize,
+    /// What `release` returned: the waiter was woken.
+    woke: bool,
+    task: Waiter,
+    /// The waiter's polls before the release, and the counter.
+    polled: usize,
+    polls: Arc<AtomicUsize>,
+}
+
+async fn released_to_a_waiter(
+    pool_size: usize,
+    shards: usize,
+    writes: usize,
+    release_on: usize,
+) -> Scene {
+    set_home_shard(0);
+    let (pool, wire) = pool(pool_size, shards, writes);
+    let held = pool.checkout(&key()).await.unwrap();
+    let released = held.id;
+    let (task, polls) = waiter(&pool).await;
+    let polled = polls.load(Ordering::SeqCst);
+    set_home_shard(release_on);
+    let woke = held.release();
+    set_home_shard(0);
+    Scene {
+        pool,
+        wire,
+        released,
+        woke,
+        task,
+        polled,
+        polls,
+    }
+}
+
+/// The waiter's checkout, taken within [`BOUND`].
+async fn taken(task: Waiter) -> mongoguard::upstream::pool::Checkout<FakeConn> {
+    tokio::time::timeout(BOUND, task).await.unwrap().unwrap()
+}
+
+/// Nothing was written ahead: the waiter was woken, got no `sent_ahead`, and its connection
+/// was probed as a handed one is.
+async fn served_without_writing_ahead(scene: Scene) {
+    assert!(scene.woke, "the waiter is woken to send");
+    let mut got = taken(scene.task).await;
+    assert!(got.sent_ahead().is_none());
+    assert!(scene.wire.written.lock().unwrap().is_empty());
+    assert_eq!(
+        scene.wire.probes.load(Ordering::SeqCst),
+        1,
+        "a handed connection is probed"
+    );
+    got.release();
+    assert_eq!(scene.pool.stats(&key()).sent_ahead, 0);
+}
+
 /// On the shard's thread, the release writes the waiter's request and does not wake it:
 /// the reply does, and the waiter takes the connection without probing it, told that all
 /// of its request was written.
 #[tokio::test]
 async fn the_release_writes_the_waiters_request_and_the_reply_wakes_it() {
-    set_home_shard(0);
-    let (pool, wire) = pool(2, 2, usize::MAX);
-    let held = pool.checkout(&key()).await.unwrap();
-    let held_id = held.id;
-    let (task, polls) = waiter(&pool).await;
-    let polled = polls.load(Ordering::SeqCst);
+    let scene = released_to_a_waiter(2, 2, usize::MAX, 0).await;
     assert!(
-        !held.release(),
+        !scene.woke,
         "the waiter need not run now: its request is written and the reply wakes it"
     );
     assert_eq!(
-        *wire.written.lock().unwrap(),
-        [(held_id, REQUEST.to_vec())],
+        *scene.wire.written.lock().unwrap(),
+        [(scene.released, REQUEST.to_vec())],
         "the request written ahead, on the connection handed over"
     );
     settle().await;
     assert_eq!(
-        polls.load(Ordering::SeqCst),
-        polled,
+        scene.polls.load(Ordering::SeqCst),
+        scene.polled,
         "the waiter ran before its reply came"
     );
     // The reply is in.
-    let reply = wire.reply_waker.lock().unwrap().take().expect("registered");
-    reply.wake();
-    let mut got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
-    assert_eq!(got.id, held_id);
+    let reply = scene.wire.reply_waker.lock().unwrap().take();
+    reply.expect("registered for the reply").wake();
+    let mut got = taken(scene.task).await;
+    assert_eq!(got.id, scene.released);
     let ahead = got.sent_ahead().expect("written ahead");
     assert_eq!(ahead.bytes, REQUEST.len());
     assert!(got.sent_ahead().is_none(), "told once");
     assert_eq!(
-        wire.probes.load(Ordering::SeqCst),
+        scene.wire.probes.load(Ordering::SeqCst),
         0,
         "a connection with a request in flight was probed"
     );
     got.release();
-    let stats = pool.stats(&key());
+    let stats = scene.pool.stats(&key());
     assert_eq!((stats.in_use, stats.sent_ahead), (0, 1), "{stats:?}");
 }
 
 /// A part written: the waiter is woken at once to write the rest, and told how much.
 #[tokio::test]
 async fn a_part_written_ahead_wakes_the_waiter_to_write_the_rest() {
-    set_home_shard(0);
-    let (pool, wire) = pool(2, 2, 5);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    assert!(held.release(), "the waiter has a rest to write: woken");
-    let mut got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+    let scene = released_to_a_waiter(2, 2, 5, 0).await;
+    assert!(scene.woke, "the waiter has a rest to write: woken");
+    let mut got = taken(scene.task).await;
     assert_eq!(got.sent_ahead().map(|a| a.bytes), Some(5));
-    assert_eq!(wire.written.lock().unwrap().len(), 1);
+    assert_eq!(scene.wire.written.lock().unwrap().len(), 1);
     got.release();
 }
 
@@ -215,14 +259,12 @@ async fn a_part_written_ahead_wakes_the_waiter_to_write_the_rest() {
 /// slot is free again.
 #[tokio::test]
 async fn a_waiter_dropped_after_its_request_was_written_closes_the_connection() {
-    set_home_shard(0);
-    let (pool, wire) = pool(2, 2, usize::MAX);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    assert!(!held.release());
+    let scene = released_to_a_waiter(2, 2, usize::MAX, 0).await;
+    let (pool, wire) = (scene.pool, scene.wire);
+    assert!(!scene.woke);
     assert_eq!(wire.written.lock().unwrap().len(), 1);
-    task.abort();
-    assert!(task.await.unwrap_err().is_cancelled());
+    scene.task.abort();
+    assert!(scene.task.await.unwrap_err().is_cancelled());
     assert_eq!(
         wire.closed.load(Ordering::SeqCst),
         1,
@@ -247,48 +289,18 @@ async fn a_waiter_dropped_after_its_request_was_written_closes_the_connection() 
 /// be dropped on its own thread meanwhile); the waiter is woken to write its request.
 #[tokio::test]
 async fn nothing_is_written_ahead_off_the_shards_thread() {
-    set_home_shard(0);
-    let (pool, wire) = pool(2, 2, usize::MAX);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    set_home_shard(1);
-    assert!(held.release(), "the waiter is woken to send");
-    set_home_shard(0);
-    let mut got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
-    assert!(got.sent_ahead().is_none());
-    assert!(wire.written.lock().unwrap().is_empty());
-    assert_eq!(
-        wire.probes.load(Ordering::SeqCst),
-        1,
-        "a handed connection is probed"
-    );
-    got.release();
+    served_without_writing_ahead(released_to_a_waiter(2, 2, usize::MAX, 1).await).await;
 }
 
 /// An unsharded pool (the shared runtime's) writes nothing ahead.
 #[tokio::test]
 async fn an_unsharded_pool_writes_nothing_ahead() {
-    let (pool, wire) = pool(1, 1, usize::MAX);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    assert!(held.release());
-    let mut got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
-    assert!(got.sent_ahead().is_none());
-    assert!(wire.written.lock().unwrap().is_empty());
-    got.release();
-    assert_eq!(pool.stats(&key()).sent_ahead, 0);
+    served_without_writing_ahead(released_to_a_waiter(1, 1, usize::MAX, 0).await).await;
 }
 
 /// A connection that writes nothing ahead (would block, TLS): the waiter is woken and
 /// writes its request itself, as without `checkout_sending`.
 #[tokio::test]
 async fn a_connection_that_writes_nothing_wakes_the_waiter() {
-    set_home_shard(0);
-    let (pool, _wire) = pool(2, 2, 0);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    assert!(held.release());
-    let mut got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
-    assert!(got.sent_ahead().is_none());
-    got.release();
+    served_without_writing_ahead(released_to_a_waiter(2, 2, 0, 0).await).await;
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use mongoguard::upstream::pool::{
     set_home_shard, Connector, Pool, PoolConfig, PoolKey, PoolStats, PooledConn, REBALANCE_AFTER,
 };
-use mongoguard::upstream::{ConnectError, Host};
+use mongoguard::upstream::ConnectError;
 
 /// Safety net against hangs, not a performance assertion.
 const BOUND: Duration = Duration::from_secs(10);
@@ -62,24 +62,15 @@ impl Connector for Dummy {
     }
 }
 
+#[path = "support/pool.rs"]
+mod pool_support;
+
 fn key() -> PoolKey {
-    PoolKey::new(
-        Host {
-            name: "db.example".into(),
-            port: 27017,
-        },
-        "app",
-    )
+    pool_support::key_of("app")
 }
 
 fn config(pool_size: usize, min_idle: usize) -> PoolConfig {
-    PoolConfig {
-        pool_size,
-        min_idle,
-        checkout_timeout: BOUND,
-        idle_timeout: None,
-        max_lifetime: None,
-    }
+    pool_support::config(pool_size, min_idle, BOUND)
 }
 
 fn sharded(pool_size: usize, shards: usize) -> (Pool<Dummy>, Arc<Counts>) {

@@ -86,24 +86,15 @@ impl Connector for Dummy {
     }
 }
 
+#[path = "support/pool.rs"]
+mod pool_support;
+
 fn key(identity: &str) -> PoolKey {
-    PoolKey::new(
-        Host {
-            name: "db.example".into(),
-            port: 27017,
-        },
-        identity,
-    )
+    pool_support::key_of(identity)
 }
 
 fn config(pool_size: usize) -> PoolConfig {
-    PoolConfig {
-        pool_size,
-        min_idle: 0,
-        checkout_timeout: BOUND,
-        idle_timeout: None,
-        max_lifetime: None,
-    }
+    pool_support::config(pool_size, 0, BOUND)
 }
 
 fn pool(config: PoolConfig) -> (Pool<Dummy>, Arc<Control>) {
