@@ -353,3 +353,118 @@ async fn clients_outnumbering_connections_get_their_own_replies_when_requests_ar
     direct.shutdown().await;
     shut_down(proxy).await;
 }
+
+/// A pooled proxy (pool of 8 on two loops, `upstream.reply_timeout` `reply`,
+/// `pool.checkout_timeout` `checkout`) whose eight connections are all held 300 ms (so that
+/// no slot is free for the pool's rebalancing to move), while the first loop's fifth client
+/// sends a `count` the upstream holds 6 s: it waits for a connection, which the first loop's
+/// first release hands it, with the `count` written ahead when that is done. Returns how long
+/// after the `count` was sent its client's connection closed (`None`: not within `within`),
+/// and how many requests were written ahead meanwhile.
+async fn count_held_past_the_reply_timeout(
+    reply: Duration,
+    checkout: Duration,
+    within: Duration,
+) -> (Option<Duration>, u64) {
+    let (standin, config) = config(|c| {
+        pooled(c, 2, 8);
+        c.upstream.reply_timeout = reply;
+        c.pool.checkout_timeout = checkout;
+    })
+    .await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    // Clients 0, 2, 4, 6, 8 on the first loop, the odd ones on the second (see one_loop_held).
+    let mut clients = Vec::new();
+    for i in 0..10 {
+        let mut c = RawConn::connect(proxy.local_addr()).await.unwrap();
+        let ping = doc! {"ping": 1, "$db": "admin"};
+        answered(&mut c, ping, &format!("client {i}")).await;
+        clients.push(c);
+    }
+    // Past the pings' reply timers (armed, never disarmed): none wakes a session later.
+    tokio::time::sleep(reply + Duration::from_millis(200)).await;
+    let mut probe = clients.remove(8);
+    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
+    let fail_point = |command: &str, times: i32, ms: i32| {
+        doc! {
+            "configureFailPoint": "failCommand", "mode": {"times": times},
+            "data": {"failCommands": [command], "blockConnection": true, "blockTimeMS": ms},
+        }
+    };
+    let admin = direct.database("admin");
+    admin
+        .run_command(fail_point("distinct", 8, 300))
+        .await
+        .unwrap();
+    // The first loop's four first (clients 0, 2, 4, 6), so that they are answered first.
+    let (first, second): (Vec<_>, Vec<_>) = clients
+        .drain(..8)
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    let mut held = Vec::new();
+    for (_, mut c) in first.into_iter().chain(second) {
+        held.push(tokio::spawn(async move {
+            c.command(doc! {"distinct": "t", "key": "a", "$db": "shards"})
+                .await
+        }));
+    }
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while standin.stats().command_count("distinct") < 8 {
+        assert!(tokio::time::Instant::now() < deadline, "not all held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    admin
+        .run_command(fail_point("count", 1, 6000))
+        .await
+        .unwrap();
+    let before = proxy.pool_stats().unwrap().0.sent_ahead;
+    let sent = tokio::time::Instant::now();
+    probe.send(0, &doc! {"count": "t", "$db": "shards"}).await;
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(within, probe.stream_mut().read(&mut byte)).await;
+    let closed = match read {
+        Ok(Ok(0) | Err(_)) => Some(sent.elapsed()),
+        Ok(Ok(_)) => panic!("the count was answered after {:?}", sent.elapsed()),
+        Err(_) => None,
+    };
+    let ahead = proxy.pool_stats().unwrap().0.sent_ahead - before;
+    for h in held {
+        let reply = tokio::time::timeout(BOUND, h)
+            .await
+            .expect("held ends")
+            .unwrap();
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
+    }
+    drop(clients);
+    direct.shutdown().await;
+    shut_down(proxy).await;
+    (closed, ahead)
+}
+
+/// A request written ahead whose reply does not come is bounded by `upstream.reply_timeout`
+/// from its write, as one its client's session writes itself: its client's connection closes
+/// about `reply_timeout` after the write (300 ms after it was sent), not once the session's
+/// checkout timer or the late reply (6 s) wakes the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_written_ahead_is_bounded_by_the_reply_timeout_from_its_write() {
+    let _serial = SERIAL.lock().await;
+    // As long as the checkout timeout: written ahead; closed ~2.3 s after it was sent (the
+    // session woken by its checkout timer at 2 s, then waiting 2 s more, closed it at 4 s).
+    let (s2, c2) = (Duration::from_secs(2), Duration::from_secs(2));
+    let (closed, ahead) =
+        count_held_past_the_reply_timeout(s2, c2, Duration::from_millis(3200)).await;
+    assert!(ahead >= 1, "the count was not written ahead");
+    assert!(
+        closed.is_some(),
+        "reply_timeout (2 s) did not close a request written ahead within 3.2 s"
+    );
+    // Shorter than the checkout timeout (8 s): closed ~1.3 s after it was sent (the session,
+    // not woken before the held reply came at 6.3 s, relayed it).
+    let (s1, c8) = (Duration::from_secs(1), Duration::from_secs(8));
+    let (closed, _) = count_held_past_the_reply_timeout(s1, c8, Duration::from_millis(2800)).await;
+    assert!(
+        closed.is_some(),
+        "reply_timeout (1 s) did not close a request waiting for a connection (checkout \
+         timeout 8 s) within 2.8 s"
+    );
+}

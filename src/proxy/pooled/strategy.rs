@@ -663,6 +663,13 @@ impl Strategy for PooledSide {
                 };
             }
         };
+        // A request written ahead is run again by its reply or, at the latest, by its
+        // checkout timer: its reply_timeout, counted from the write, must not end before.
+        let (reply, wait) = (
+            self.pooled.reply_timeout,
+            self.pooled.pool.config().checkout_timeout,
+        );
+        let ahead = ahead.filter(|_| reply.is_zero() || reply >= wait);
         let checkout = self
             .checkouts
             .checkout(&self.pooled.pool, &host, &identity.name, kill, ahead)

@@ -37,6 +37,9 @@ struct Stream<E> {
     /// The requestID the next reply must answer (the request's, then the previous reply's).
     expected: i32,
     first: bool,
+    /// When the request was written ahead (see [`Strategy::acquire`]): its first reply's
+    /// `reply_timeout` counts from then.
+    written_ahead: Option<Instant>,
     /// Held while an exhaust stream runs (see [`Strategy::exhaust_started`]).
     exhaust: Option<E>,
     /// The client started a large message: not read on until the request is done.
@@ -85,9 +88,9 @@ impl<S: Strategy> Session<S> {
         let kill = &self.client.stop;
         // Some or all of it may have been written while this session waited for the
         // connection (see `Strategy::acquire`).
-        let (sent, rest) = match link.sent_ahead() {
-            Some((n, at)) => (at, frame.bytes().get(n..).unwrap_or_default()),
-            None => (Instant::now(), &frame.bytes()[..]),
+        let (sent, rest, ahead) = match link.sent_ahead() {
+            Some((n, at)) => (at, frame.bytes().get(n..).unwrap_or_default(), Some(at)),
+            None => (Instant::now(), &frame.bytes()[..], None),
         };
         if !rest.is_empty() {
             let written = bounded_write(link.send(rest), reply_timeout, kill, Side::Upstream);
@@ -101,7 +104,10 @@ impl<S: Strategy> Session<S> {
             self.strategy.finished(link, Outcome::Sent, route);
             return Ok(Trip::Done);
         }
-        let relayed = self.relay(&mut link, request, route).await;
+        // Its reply timed from the write ahead when all of it went then (the session ran
+        // only at the reply, or its checkout timer); a part: from the rest's write, as ever.
+        let ahead = ahead.filter(|_| rest.is_empty());
+        let relayed = self.relay(&mut link, request, route, ahead).await;
         // The exchange on the connection is complete, or failed: it goes back (or is
         // discarded) before the last reply is written to the client.
         let last = match relayed {
@@ -154,10 +160,12 @@ impl<S: Strategy> Session<S> {
         link: &mut S::Link,
         request: &Request,
         route: &S::Route,
+        written_ahead: Option<Instant>,
     ) -> Result<Relayed, SessionError> {
         let mut stream = Stream {
             expected: request.request_id,
             first: true,
+            written_ahead,
             exhaust: None,
             client_paused: false,
             needs_budget: None,
@@ -236,7 +244,13 @@ impl<S: Strategy> Session<S> {
         let budget = match (client.gone, reply_timeout.is_zero()) {
             (true, true) => ABANDONED_REPLY_BUDGET,
             (true, false) => reply_timeout.min(ABANDONED_REPLY_BUDGET),
-            (false, _) => reply_timeout,
+            (false, false) => match stream.written_ahead.filter(|_| stream.first) {
+                Some(at) => reply_timeout
+                    .saturating_sub(at.elapsed())
+                    .max(Duration::from_nanos(1)),
+                None => reply_timeout,
+            },
+            (false, true) => reply_timeout,
         };
         client.reply_timer.arm(budget);
         let watch_client_now = client.pending.is_none() && !client.gone && !stream.client_paused;
