@@ -304,3 +304,27 @@ async fn an_unsharded_pool_writes_nothing_ahead() {
 async fn a_connection_that_writes_nothing_wakes_the_waiter() {
     served_without_writing_ahead(released_to_a_waiter(2, 2, 0, 0).await).await;
 }
+
+/// The pool's wait of a waiter whose request was written ahead (`max_wait`, the
+/// `mongoguard_pool_max_wait_seconds` gauge) ends when the connection was handed over to
+/// it, not when its reply came in and woke it: the server's time for its request is no
+/// wait for a connection.
+#[tokio::test]
+async fn a_waiter_written_ahead_waited_until_the_hand_over_not_until_its_reply() {
+    set_home_shard(0);
+    let (pool, wire) = pool(2, 2, usize::MAX);
+    let held = pool.checkout(&key()).await.unwrap();
+    let (task, _) = waiter(&pool).await;
+    assert!(!held.release(), "written ahead, not woken");
+    // The server takes 300 ms to answer.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reply = wire.reply_waker.lock().unwrap().take().expect("registered");
+    reply.wake();
+    let got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+    let stats = pool.stats(&key());
+    assert!(
+        stats.max_wait < Duration::from_millis(150),
+        "the reply's 300 ms counted as a wait for a connection: {stats:?}"
+    );
+    got.release();
+}

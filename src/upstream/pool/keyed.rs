@@ -497,7 +497,11 @@ impl<T: PooledConn> KeyPool<T> {
         };
         // Leaves the queue (giving back whatever it was handed) before the error is built.
         drop(wait);
-        let waited = start.elapsed();
+        let waited = match &acquired {
+            // Written ahead: its wait ended at the hand-over (its reply woke it later).
+            Some(Ok(Some(Handed { ahead: Some(a), .. }))) => a.at.saturating_duration_since(start),
+            _ => start.elapsed(),
+        };
         self.gauges.observe_wait(waited);
         match acquired {
             Some(Ok(handed)) => Ok(handed),
