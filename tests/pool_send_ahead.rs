@@ -328,3 +328,37 @@ async fn a_waiter_written_ahead_waited_until_the_hand_over_not_until_its_reply()
     );
     got.release();
 }
+
+/// A connection whose waiter's request was written ahead is in use from the hand-over on
+/// (`in_use`: the `mongoguard_pool_servers_active` and `_clients_active` gauges, `/pool`),
+/// while the server runs the request, not only once the reply woke the waiter; a waiter
+/// dropped then leaves nothing counted.
+#[tokio::test]
+async fn a_connection_written_ahead_is_in_use_while_its_reply_is_awaited() {
+    set_home_shard(0);
+    let (pool, wire) = pool(2, 2, usize::MAX);
+    let held = pool.checkout(&key()).await.unwrap();
+    let (task, _) = waiter(&pool).await;
+    assert!(!held.release(), "written ahead, not woken");
+    let stats = pool.stats(&key());
+    assert_eq!(
+        (stats.in_use, stats.idle, stats.waiting, stats.total),
+        (1, 0, 0, 1),
+        "a request in flight on a connection counted in no gauge: {stats:?}"
+    );
+    let reply = wire.reply_waker.lock().unwrap().take().expect("registered");
+    reply.wake();
+    let got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+    assert_eq!(pool.stats(&key()).in_use, 1);
+    got.release();
+    assert_eq!(pool.stats(&key()).in_use, 0);
+    // Dropped while its request is in flight.
+    let held = pool.checkout(&key()).await.unwrap();
+    let (task, _) = waiter(&pool).await;
+    assert!(!held.release());
+    assert_eq!(pool.stats(&key()).in_use, 1);
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    let stats = pool.stats(&key());
+    assert_eq!((stats.in_use, stats.total), (0, 0), "{stats:?}");
+}

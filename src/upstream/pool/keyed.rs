@@ -817,6 +817,9 @@ impl<T: PooledConn> KeyPool<T> {
                     };
                     if sent.is_some() {
                         Gauges::bump(&self.gauges.sent_ahead);
+                        // In use from now on: its request is in flight (not when the
+                        // reply wakes the waiter, which then takes it uncounted).
+                        state.in_use += 1;
                     }
                     h.ahead = sent.map(|bytes| Ahead { bytes, at: now });
                 }
@@ -948,7 +951,8 @@ impl<T: PooledConn> Future for Wait<'_, T> {
                 this.cell = None;
                 match taken {
                     Cell::Granted(handed) => {
-                        if handed.is_some() {
+                        // (One written ahead was counted when it was handed over.)
+                        if handed.as_ref().is_some_and(|h| h.ahead.is_none()) {
                             // Counted in use under the same lock that takes it.
                             state.in_use += 1;
                             pool.publish(state);
@@ -983,8 +987,9 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
             }
             // Served, and its request (some of it) written on the connection: the reply
             // would go to whoever used it next. Closed.
+            // (Counted in use since it was handed over.)
             Cell::Granted(Some(handed)) if handed.ahead.is_some() => {
-                (None, Some((handed.conn, Closed::Discarded)))
+                (None, Some((handed.conn, Closed::Discarded, true)))
             }
             // Served but not taken: what it was handed goes on as a release would.
             Cell::Granted(Some(handed)) => {
@@ -997,7 +1002,7 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
                         pool.put_back(&mut state, handed.conn, handed.life, now),
                         None,
                     ),
-                    Some(why) => (None, Some((handed.conn, why))),
+                    Some(why) => (None, Some((handed.conn, why, false))),
                 }
             }
             Cell::Granted(None) => (pool.free_slot(&mut state), None),
@@ -1006,10 +1011,10 @@ impl<T: PooledConn> Drop for Wait<'_, T> {
         pool.publish(&state);
         drop(state);
         wake(woken);
-        if let Some((conn, why)) = handed {
+        if let Some((conn, why, lent)) = handed {
             // Closed before its slot is passed on, as a discarded checkout's.
             drop(conn);
-            pool.close_slot(why, false);
+            pool.close_slot(why, lent);
         }
     }
 }
