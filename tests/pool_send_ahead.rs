@@ -311,17 +311,14 @@ async fn a_connection_that_writes_nothing_wakes_the_waiter() {
 /// wait for a connection.
 #[tokio::test]
 async fn a_waiter_written_ahead_waited_until_the_hand_over_not_until_its_reply() {
-    set_home_shard(0);
-    let (pool, wire) = pool(2, 2, usize::MAX);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    assert!(!held.release(), "written ahead, not woken");
+    let scene = released_to_a_waiter(2, 2, usize::MAX, 0).await;
+    assert!(!scene.woke, "written ahead, not woken");
     // The server takes 300 ms to answer.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let reply = wire.reply_waker.lock().unwrap().take().expect("registered");
-    reply.wake();
-    let got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
-    let stats = pool.stats(&key());
+    let reply = scene.wire.reply_waker.lock().unwrap().take();
+    reply.expect("registered").wake();
+    let got = taken(scene.task).await;
+    let stats = scene.pool.stats(&key());
     assert!(
         stats.max_wait < Duration::from_millis(150),
         "the reply's 300 ms counted as a wait for a connection: {stats:?}"
@@ -335,20 +332,18 @@ async fn a_waiter_written_ahead_waited_until_the_hand_over_not_until_its_reply()
 /// dropped then leaves nothing counted.
 #[tokio::test]
 async fn a_connection_written_ahead_is_in_use_while_its_reply_is_awaited() {
-    set_home_shard(0);
-    let (pool, wire) = pool(2, 2, usize::MAX);
-    let held = pool.checkout(&key()).await.unwrap();
-    let (task, _) = waiter(&pool).await;
-    assert!(!held.release(), "written ahead, not woken");
+    let scene = released_to_a_waiter(2, 2, usize::MAX, 0).await;
+    let (pool, wire) = (scene.pool, scene.wire);
+    assert!(!scene.woke, "written ahead, not woken");
     let stats = pool.stats(&key());
     assert_eq!(
         (stats.in_use, stats.idle, stats.waiting, stats.total),
         (1, 0, 0, 1),
         "a request in flight on a connection counted in no gauge: {stats:?}"
     );
-    let reply = wire.reply_waker.lock().unwrap().take().expect("registered");
-    reply.wake();
-    let got = tokio::time::timeout(BOUND, task).await.unwrap().unwrap();
+    let reply = wire.reply_waker.lock().unwrap().take();
+    reply.expect("registered").wake();
+    let got = taken(scene.task).await;
     assert_eq!(pool.stats(&key()).in_use, 1);
     got.release();
     assert_eq!(pool.stats(&key()).in_use, 0);

@@ -135,7 +135,8 @@ fn pool_metrics(
         pools,
         (
             "mongoguard_pool_requests_sent_ahead",
-            "Requests a released upstream connection carried for the client waiting for it,              written before the hand-over (pooled sessions on the session threads)",
+            "Requests a released upstream connection carried for the client waiting for it, \
+             written before the hand-over (pooled sessions on the session threads)",
             MetricType::Counter,
         ),
         |s| ConstCounter::new(s.sent_ahead),
