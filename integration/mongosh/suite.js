@@ -19,15 +19,21 @@ const run = `${mode}-${Date.now()}`;
 const docs = [];
 for (let i = 0; i < 250; i++) docs.push({ run, i, pad: 'x'.repeat(100) });
 if (d.t_sh.insertMany(docs).insertedIds === undefined) fail('insertMany');
-// A cursor past its first batch, with its getMores explicit.
-let reply = d.runCommand({ find: 't_sh', filter: { run }, batchSize: 50 });
+// A cursor past its first batch, with its getMores explicit, in one explicit session:
+// mongod refuses a getMore sent in another session than its find's (the stand-in too), and
+// runCommand's implicit sessions need not be the same from one call to the next (a CI run
+// saw its getMore in another session than the find).
+const cursorSession = db.getMongo().startSession();
+const cd = cursorSession.getDatabase('sdk_sh');
+let reply = cd.runCommand({ find: 't_sh', filter: { run }, batchSize: 50 });
 let seen = reply.cursor.firstBatch.length;
 let getMores = 0;
 while (reply.cursor.id.toString() !== '0') {
-  reply = d.runCommand({ getMore: reply.cursor.id, collection: 't_sh', batchSize: 50 });
+  reply = cd.runCommand({ getMore: reply.cursor.id, collection: 't_sh', batchSize: 50 });
   seen += reply.cursor.nextBatch.length;
   getMores++;
 }
+cursorSession.endSession();
 if (seen !== 250 || getMores < 4) fail(`cursor: ${seen} documents, ${getMores} getMore`);
 ok(`250 documents through a cursor of batch 50 (${getMores} getMore)`);
 if (d.t_sh.updateOne({ run, i: 0 }, { $set: { x: 1 } }).modifiedCount !== 1) fail('updateOne');
