@@ -468,3 +468,69 @@ async fn a_request_written_ahead_is_bounded_by_the_reply_timeout_from_its_write(
          timeout 8 s) within 2.8 s"
     );
 }
+
+/// The same through an unmodified driver (the Rust driver, its own pool of up to 40
+/// connections to mongoguard): 40 tasks on a pool of 8 over two loops, each inserting its own
+/// documents and reading each back by `_id`. Requests are written ahead (counted), every task
+/// reads its own documents, and the collection holds exactly one document per insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_with_more_connections_than_the_pool_reads_its_own_writes_when_requests_are_sent_ahead(
+) {
+    const TASKS: usize = 40;
+    const ROUNDS: usize = 20;
+    let _serial = SERIAL.lock().await;
+    let (standin, config) = config(|c| pooled(c, 2, 8)).await;
+    let proxy = Proxy::start(Arc::new(config)).await.unwrap();
+    let uri = format!(
+        "mongodb://{}/?maxPoolSize={TASKS}&directConnection=true",
+        proxy.local_addr()
+    );
+    let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+    let coll = client
+        .database("shards")
+        .collection::<bson::Document>("driver_ahead");
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let coll = coll.clone();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..ROUNDS {
+                let id = format!("d{i}-{k}");
+                coll.insert_one(doc! {"_id": &id, "i": i as i32})
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                let got = coll
+                    .find_one(doc! {"_id": &id})
+                    .await
+                    .unwrap_or_else(|e| panic!("{id}: {e}"));
+                let got = got.as_ref().and_then(|d| d.get_str("_id").ok());
+                assert_eq!(got, Some(id.as_str()), "task {i} read another's document");
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t)
+            .await
+            .expect("every task ends")
+            .unwrap();
+    }
+    client.shutdown().await;
+    let stats = proxy.pool_stats().unwrap().0;
+    assert!(
+        stats.sent_ahead > 0,
+        "no request was written ahead, the path this test is about: {stats:?}"
+    );
+    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
+    let n = direct
+        .database("shards")
+        .collection::<bson::Document>("driver_ahead")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(
+        n,
+        (TASKS * ROUNDS) as u64,
+        "an insert was lost or applied twice"
+    );
+    direct.shutdown().await;
+    shut_down(proxy).await;
+}
