@@ -326,12 +326,29 @@ async fn clients_outnumbering_connections_get_their_own_replies_when_requests_ar
             }
         }));
     }
-    for c in clients {
-        tokio::time::timeout(BOUND, c)
+    all_end(clients).await;
+    sent_ahead_end(proxy, &standin, "ahead", CLIENTS * ROUNDS).await;
+}
+
+/// Every task ends within [`BOUND`], without panicking.
+async fn all_end(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        tokio::time::timeout(BOUND, t)
             .await
-            .expect("every client ends")
+            .expect("every task ends")
             .unwrap();
     }
+}
+
+/// The end of a send-ahead test: requests were written ahead (a test of the path that never
+/// took it would prove nothing), the pool stayed within its 8 connections, and `collection`
+/// holds exactly `inserts` documents (none lost, none applied twice).
+async fn sent_ahead_end(
+    proxy: mongoguard::app::ProxyHandle,
+    standin: &StandIn,
+    collection: &str,
+    inserts: usize,
+) {
     let stats = proxy.pool_stats().unwrap().0;
     assert!(
         stats.sent_ahead > 0,
@@ -341,15 +358,11 @@ async fn clients_outnumbering_connections_get_their_own_replies_when_requests_ar
     let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
     let n = direct
         .database("shards")
-        .collection::<bson::Document>("ahead")
+        .collection::<bson::Document>(collection)
         .count_documents(doc! {})
         .await
         .unwrap();
-    assert_eq!(
-        n,
-        (CLIENTS * ROUNDS) as u64,
-        "an insert was lost or applied twice"
-    );
+    assert_eq!(n, inserts as u64, "an insert was lost or applied twice");
     direct.shutdown().await;
     shut_down(proxy).await;
 }
@@ -428,13 +441,7 @@ async fn count_held_past_the_reply_timeout(
         Err(_) => None,
     };
     let ahead = proxy.pool_stats().unwrap().0.sent_ahead - before;
-    for h in held {
-        let reply = tokio::time::timeout(BOUND, h)
-            .await
-            .expect("held ends")
-            .unwrap();
-        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply:?}");
-    }
+    held_end(held).await;
     drop(clients);
     direct.shutdown().await;
     shut_down(proxy).await;
@@ -507,30 +514,7 @@ async fn a_driver_with_more_connections_than_the_pool_reads_its_own_writes_when_
             }
         }));
     }
-    for t in tasks {
-        tokio::time::timeout(BOUND, t)
-            .await
-            .expect("every task ends")
-            .unwrap();
-    }
+    all_end(tasks).await;
     client.shutdown().await;
-    let stats = proxy.pool_stats().unwrap().0;
-    assert!(
-        stats.sent_ahead > 0,
-        "no request was written ahead, the path this test is about: {stats:?}"
-    );
-    let direct = mongodb::Client::with_uri_str(standin.uri()).await.unwrap();
-    let n = direct
-        .database("shards")
-        .collection::<bson::Document>("driver_ahead")
-        .count_documents(doc! {})
-        .await
-        .unwrap();
-    assert_eq!(
-        n,
-        (TASKS * ROUNDS) as u64,
-        "an insert was lost or applied twice"
-    );
-    direct.shutdown().await;
-    shut_down(proxy).await;
+    sent_ahead_end(proxy, &standin, "driver_ahead", TASKS * ROUNDS).await;
 }
