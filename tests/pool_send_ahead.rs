@@ -116,7 +116,7 @@ async fn waiter(pool: &Arc<Pool<Fake>>) -> (Waiter, Arc<AtomicUsize>) {
     let task = tokio::spawn(async move {
         let handle = p.handle(&key());
         let request = bytes::Bytes::from_static(REQUEST);
-        let checkout = p.checkout_sending(&handle, std::future::pending(), &request);
+        let checkout = p.checkout_sending(&handle, std::future::pending(), Some(&request));
         tokio::pin!(checkout);
         std::future::poll_fn(|cx| {
             n.fetch_add(1, Ordering::SeqCst);

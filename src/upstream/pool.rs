@@ -429,7 +429,7 @@ impl<C: Connector> Pool<C> {
             .await
     }
 
-    /// [`Pool::checkout_until`] for a checkout that will write `request` first thing: if it
+    /// [`Pool::checkout_until`] for a checkout that will write `request` (if any) first thing: if it
     /// waits, and the connection it gets is handed over by a checkout released on this
     /// thread, that release writes `request` ahead ([`PooledConn::send_ahead`]), so this
     /// checkout's task is not run in between (it then runs once, when the reply is in, not
@@ -441,11 +441,11 @@ impl<C: Connector> Pool<C> {
         &self,
         handle: &PoolHandle<C::Conn>,
         expired: impl Future<Output = ()>,
-        request: &bytes::Bytes,
+        request: Option<&bytes::Bytes>,
     ) -> Result<Checkout<C::Conn>, PoolError> {
         handle
             .0
-            .checkout_until(&self.shared.connector, expired, Some(request))
+            .checkout_until(&self.shared.connector, expired, request)
             .await
     }
 

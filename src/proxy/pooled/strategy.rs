@@ -198,17 +198,10 @@ impl Checkouts {
         timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
         // The kill is polled first: a kill after this checkout's request was written ahead
         // drops the wait, which closes the connection (the request's reply is in flight).
-        match ahead {
-            Some(request) => tokio::select! {
-                biased;
-                _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
-                c = pool.checkout_sending(handle, timer.expired(), request) => c,
-            },
-            None => tokio::select! {
-                biased;
-                _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
-                c = pool.checkout_until(handle, timer.expired()) => c,
-            },
+        tokio::select! {
+            biased;
+            _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
+            c = pool.checkout_sending(handle, timer.expired(), ahead) => c,
         }
     }
 }
