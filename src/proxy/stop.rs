@@ -77,6 +77,12 @@ impl Stop {
         }
     }
 
+    /// Ready once the connection is killed; else registers the task's waker (as polling
+    /// [`Stop::killed`] does, for a caller polling it beside other futures by hand).
+    pub(crate) fn poll_killed(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_bits(KILL, cx)
+    }
+
     fn poll_bits(&self, bits: u8, cx: &mut Context<'_>) -> Poll<()> {
         if self.has(bits) {
             return Poll::Ready(());

@@ -423,6 +423,7 @@ impl<C: Connector> Pool<C> {
         handle: &PoolHandle<C::Conn>,
         expired: impl Future<Output = ()>,
     ) -> Result<Checkout<C::Conn>, PoolError> {
+        let expired = std::pin::pin!(expired);
         handle
             .0
             .checkout_until(&self.shared.connector, expired, None)
@@ -437,16 +438,18 @@ impl<C: Connector> Pool<C> {
     /// pool's home thread (see [`Pool::sharded`]), where the waiter and the releaser are one
     /// thread, so that a waiter whose request was written cannot be dropped concurrently; a
     /// waiter dropped afterwards closes the connection (a request is in flight on it).
-    pub async fn checkout_sending(
-        &self,
-        handle: &PoolHandle<C::Conn>,
-        expired: impl Future<Output = ()>,
-        request: Option<&bytes::Bytes>,
-    ) -> Result<Checkout<C::Conn>, PoolError> {
+    ///
+    /// The future is one hand-written state machine (no `async` layers): its caller polls it
+    /// in place, beside its own stop conditions.
+    pub fn checkout_sending<'a, E: Future<Output = ()> + Unpin + 'a>(
+        &'a self,
+        handle: &'a PoolHandle<C::Conn>,
+        expired: E,
+        request: Option<&'a bytes::Bytes>,
+    ) -> impl Future<Output = Result<Checkout<C::Conn>, PoolError>> + Unpin + 'a {
         handle
             .0
             .checkout_until(&self.shared.connector, expired, request)
-            .await
     }
 
     /// A checkout that neither waits nor connects: a free slot and an idle usable connection

@@ -2,7 +2,7 @@
 //! preference, cursor and transaction pins), a pooled connection checked out for the round
 //! trip, cursor pins read off the replies, one re-send after a "not primary" reply.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, task::Poll, time::Duration};
 
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -60,7 +60,7 @@ impl Link for Conn {
     fn poll_next_frame(
         &mut self,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame, CodecError>>> {
+    ) -> Poll<Option<Result<Frame, CodecError>>> {
         let conn: &mut UpstreamConn = self;
         conn.poll_next_frame(cx)
     }
@@ -196,13 +196,19 @@ impl Checkouts {
         let timer = self.timer.get_or_insert_with(LazyTimer::new);
         // A zero duration leaves a LazyTimer unarmed; a zero checkout_timeout means no wait.
         timer.arm(pool.config().checkout_timeout.max(Duration::from_nanos(1)));
-        // The kill is polled first: a kill after this checkout's request was written ahead
-        // drops the wait, which closes the connection (the request's reply is in flight).
-        tokio::select! {
-            biased;
-            _ = kill.killed() => Err(PoolError::Closed { pool: handle.key().clone() }),
-            c = pool.checkout_sending(handle, timer.expired(), ahead) => c,
-        }
+        let mut checkout = pool.checkout_sending(handle, timer.expired(), ahead);
+        // Polled in place (no select!: see `KeyPool::checkout_until`'s future). The kill is
+        // polled first: a kill after this checkout's request was written ahead drops the
+        // wait, which closes the connection (the request's reply is in flight).
+        std::future::poll_fn(|cx| {
+            if kill.poll_killed(cx).is_ready() {
+                return Poll::Ready(Err(PoolError::Closed {
+                    pool: handle.key().clone(),
+                }));
+            }
+            Pin::new(&mut checkout).poll(cx)
+        })
+        .await
     }
 }
 
@@ -274,14 +280,23 @@ impl PooledSide {
                 .check_filter(f)
                 .map_err(|e| Some((e.code, e.code_name, e.message)))?;
         }
-        let timeout = self.ctx.config.upstream.server_selection_timeout;
-        let host = tokio::select! {
-            biased;
-            _ = kill.killed() => return Err(None),
-            h = p.topology.select_filtered(pref, filter, timeout) => h.map_err(|e| {
-                let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
-                Some((code, name, format!("mongoguard: {e}")))
-            })?,
+        if kill.is_killed() {
+            return Err(None);
+        }
+        let host = match p.topology.select_now(pref, filter) {
+            // A server qualifies now (nearly always): no wait to set up.
+            Some(h) => h,
+            None => {
+                let timeout = self.ctx.config.upstream.server_selection_timeout;
+                tokio::select! {
+                    biased;
+                    _ = kill.killed() => return Err(None),
+                    h = p.topology.select_filtered(pref, filter, timeout) => h.map_err(|e| {
+                        let (code, name) = FAILED_TO_SATISFY_READ_PREFERENCE;
+                        Some((code, name, format!("mongoguard: {e}")))
+                    })?,
+                }
+            }
         };
         if let (Some(t), true) = (&routing.txn, routing.starts_txn) {
             p.pins.pin_txn(&self.pin_key(t), &host, Instant::now());

@@ -347,49 +347,91 @@ impl<T: PooledConn> KeyPool<T> {
         self: &Arc<Self>,
         connector: &C,
     ) -> Result<Checkout<T>, PoolError> {
-        let expired = tokio::time::sleep(self.config.checkout_timeout);
+        let expired = std::pin::pin!(tokio::time::sleep(self.config.checkout_timeout));
         self.checkout_until(connector, expired, None).await
     }
 
     /// [`KeyPool::checkout`] whose wait for a slot ends when `expired` completes (which the
     /// caller makes `checkout_timeout` from now) instead of on a timer of its own.
     /// `request`: see [`super::Pool::checkout_sending`].
-    pub(super) async fn checkout_until<C: Connector<Conn = T>>(
+    pub(super) fn checkout_until<'a, C, E>(
+        self: &'a Arc<Self>,
+        connector: &'a C,
+        expired: E,
+        request: Option<&'a bytes::Bytes>,
+    ) -> CheckoutUntil<'a, C, E>
+    where
+        C: Connector<Conn = T>,
+        E: Future<Output = ()> + Unpin,
+    {
+        CheckoutUntil {
+            pool: self,
+            connector,
+            expired,
+            stage: Stage::Waiting(Wait {
+                pool: self,
+                cell: None,
+                start: None,
+                request,
+            }),
+        }
+    }
+
+    /// The end of a wait for a slot: `acquired` is what `wait` completed with, `None` when
+    /// its `checkout_timeout` came first. `Ok(None)`: a slot is held, without a connection
+    /// (an idle one or a new one is still to be taken).
+    fn end_wait(
         self: &Arc<Self>,
-        connector: &C,
-        expired: impl Future<Output = ()>,
-        request: Option<&bytes::Bytes>,
-    ) -> Result<Checkout<T>, PoolError> {
-        let handed = match self.wait_for_slot(expired, request).await? {
-            Some(handed) => handed,
-            None => return self.checkout_with(connector).await,
+        wait: Wait<'_, T>,
+        acquired: Option<Result<Option<Handed<T>>, ()>>,
+    ) -> Result<Option<Checkout<T>>, PoolError> {
+        let start = wait.start;
+        // Leaves the queue (giving back whatever it was handed) before the error is built.
+        drop(wait);
+        let handed = match (start, acquired) {
+            // Served at once, without waiting.
+            (None, Some(Ok(handed))) => handed,
+            (None, _) => return Err(self.closed_error()),
+            (Some(start), acquired) => {
+                let waited = match &acquired {
+                    // Written ahead: its wait ended at the hand-over (its reply woke it later).
+                    Some(Ok(Some(Handed { ahead: Some(a), .. }))) => {
+                        a.at.saturating_duration_since(start)
+                    }
+                    _ => start.elapsed(),
+                };
+                self.gauges.observe_wait(waited);
+                match acquired {
+                    Some(Ok(handed)) => handed,
+                    Some(Err(())) => return Err(self.closed_error()),
+                    None => {
+                        Gauges::bump(&self.gauges.timeouts);
+                        return Err(PoolError::CheckoutTimeout {
+                            pool: self.key.clone(),
+                            waited,
+                            pool_size: self.config.pool_size,
+                        });
+                    }
+                }
+            }
+        };
+        let Some(handed) = handed else {
+            return Ok(None);
         };
         if let Some(ahead) = handed.ahead {
             // A request is in flight on it: not probed (the probe would read the reply).
-            return Ok(Checkout::new(handed.conn, handed.life, self.clone()).with_ahead(ahead));
+            let checkout = Checkout::new(handed.conn, handed.life, self.clone());
+            return Ok(Some(checkout.with_ahead(ahead)));
         }
         let mut conn = handed.conn;
         if conn.is_usable() {
             // Counted in use when it was taken from the queue.
-            return Ok(Checkout::new(conn, handed.life, self.clone()));
+            return Ok(Some(Checkout::new(conn, handed.life, self.clone())));
         }
         drop(conn);
         // Still holding the slot: an idle connection or a new one.
         self.unusable_in_hand();
-        self.checkout_with(connector).await
-    }
-
-    /// With a slot held: an idle connection, else a new one.
-    async fn checkout_with<C: Connector<Conn = T>>(
-        self: &Arc<Self>,
-        connector: &C,
-    ) -> Result<Checkout<T>, PoolError> {
-        match self.take_idle(true) {
-            Ok(checkout) => Ok(checkout),
-            // Rare (the pool grows): boxed, so that the connector's future does not enlarge
-            // every checkout's.
-            Err(slot) => Box::pin(self.connect_new(connector, slot)).await,
-        }
+        Ok(None)
     }
 
     /// With a slot held (handed to the result, or freed): the most recently used idle
@@ -464,54 +506,6 @@ impl<T: PooledConn> KeyPool<T> {
                 Err(PoolError::Connect {
                     pool: self.key.clone(),
                     source,
-                })
-            }
-        }
-    }
-
-    /// A slot: at once if one is free, else waiting (FIFO) until `expired` completes
-    /// (`checkout_timeout`). `Some`: the slot came with a connection handed over by the
-    /// checkout that freed it (not yet checked with [`PooledConn::is_usable`]).
-    async fn wait_for_slot(
-        &self,
-        expired: impl Future<Output = ()>,
-        request: Option<&bytes::Bytes>,
-    ) -> Result<Option<Handed<T>>, PoolError> {
-        let mut wait = Wait {
-            pool: self,
-            cell: None,
-            start: None,
-            request,
-        };
-        let acquired = tokio::select! {
-            biased;
-            acquired = &mut wait => Some(acquired),
-            () = expired => None,
-        };
-        let Some(start) = wait.start else {
-            // Served at once, without waiting.
-            return match acquired {
-                Some(Ok(handed)) => Ok(handed),
-                _ => Err(self.closed_error()),
-            };
-        };
-        // Leaves the queue (giving back whatever it was handed) before the error is built.
-        drop(wait);
-        let waited = match &acquired {
-            // Written ahead: its wait ended at the hand-over (its reply woke it later).
-            Some(Ok(Some(Handed { ahead: Some(a), .. }))) => a.at.saturating_duration_since(start),
-            _ => start.elapsed(),
-        };
-        self.gauges.observe_wait(waited);
-        match acquired {
-            Some(Ok(handed)) => Ok(handed),
-            Some(Err(())) => Err(self.closed_error()),
-            None => {
-                Gauges::bump(&self.gauges.timeouts);
-                Err(PoolError::CheckoutTimeout {
-                    pool: self.key.clone(),
-                    waited,
-                    pool_size: self.config.pool_size,
                 })
             }
         }
@@ -876,6 +870,75 @@ impl<T: PooledConn> Drop for HeldSlot<'_, T> {
         self.pool.publish(&state);
         drop(state);
         wake(woken);
+    }
+}
+
+/// The future of [`KeyPool::checkout_until`]: a slot at once if one is free, else waiting
+/// (FIFO) until `expired` completes; then the connection handed over with the slot, else an
+/// idle one, else a new one. One hand-written state machine: a waiting checkout is polled
+/// twice per request (queued, then served), and the nested `async` functions and `select!`s
+/// it replaces cost about 300 instructions per request more (docs/performance.md, "Fifteenth
+/// pass"). Dropped while waiting, it leaves the queue (see [`Wait`]).
+pub struct CheckoutUntil<'a, C: Connector, E> {
+    pool: &'a Arc<KeyPool<C::Conn>>,
+    connector: &'a C,
+    expired: E,
+    stage: Stage<'a, C::Conn>,
+}
+
+/// Where a [`CheckoutUntil`] is.
+enum Stage<'a, T: PooledConn> {
+    Waiting(Wait<'a, T>),
+    /// A slot held, no idle connection: opening one (rare: boxed, so that the connector's
+    /// future does not enlarge every checkout's).
+    Connecting(Pin<Box<dyn Future<Output = Result<Checkout<T>, PoolError>> + Send + 'a>>),
+    /// Completed.
+    Done,
+}
+
+impl<C: Connector, E: Future<Output = ()> + Unpin> Future for CheckoutUntil<'_, C, E> {
+    type Output = Result<Checkout<C::Conn>, PoolError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let pool = this.pool;
+        let acquired = match &mut this.stage {
+            Stage::Connecting(connect) => {
+                let done = connect.as_mut().poll(cx);
+                if done.is_ready() {
+                    this.stage = Stage::Done;
+                }
+                return done;
+            }
+            // The wait is polled first: a slot handed over as the timer fires is taken.
+            Stage::Waiting(wait) => match Pin::new(wait).poll(cx) {
+                Poll::Ready(acquired) => Some(acquired),
+                Poll::Pending => match Pin::new(&mut this.expired).poll(cx) {
+                    Poll::Ready(()) => None,
+                    Poll::Pending => return Poll::Pending,
+                },
+            },
+            Stage::Done => return Poll::Ready(Err(pool.closed_error())),
+        };
+        let Stage::Waiting(wait) = std::mem::replace(&mut this.stage, Stage::Done) else {
+            return Poll::Ready(Err(pool.closed_error()));
+        };
+        match pool.end_wait(wait, acquired) {
+            Ok(Some(checkout)) => Poll::Ready(Ok(checkout)),
+            Err(e) => Poll::Ready(Err(e)),
+            // With a slot held: an idle connection, else a new one.
+            Ok(None) => match pool.take_idle(true) {
+                Ok(checkout) => Poll::Ready(Ok(checkout)),
+                Err(slot) => {
+                    let mut connect = Box::pin(pool.connect_new(this.connector, slot));
+                    let done = connect.as_mut().poll(cx);
+                    if done.is_pending() {
+                        this.stage = Stage::Connecting(connect);
+                    }
+                    done
+                }
+            },
+        }
     }
 }
 

@@ -217,6 +217,12 @@ impl Topology {
         self.select_filtered(pref, None, timeout).await
     }
 
+    /// The server [`Topology::select_filtered`] would return without waiting, if any (a
+    /// caller's fast path: no future, no timer).
+    pub fn select_now(&self, pref: ReadPref, filter: Option<&ReadFilter>) -> Option<Host> {
+        self.pick(&self.state.borrow(), pref, filter)
+    }
+
     /// [`Topology::select`] with tag sets and maxStalenessSeconds (`filter`). Staleness
     /// changes at every heartbeat without waking the snapshot's watchers, so a selection
     /// with a maximum staleness also looks again at every heartbeat.
@@ -226,7 +232,7 @@ impl Topology {
         filter: Option<&ReadFilter>,
         timeout: Duration,
     ) -> Result<Host, SelectError> {
-        if let Some(h) = self.pick(&self.state.borrow(), pref, filter) {
+        if let Some(h) = self.select_now(pref, filter) {
             return Ok(h);
         }
         self.check_now.notify_waiters();
