@@ -35,7 +35,7 @@ fi
 step "pymongo through mongoguard (integration/run_local.sh)"
 bash integration/run_local.sh
 
-step "pooled mode: PHP-FPM (php-mongodb) and pymongo (integration/run_pooled.sh)"
+step "pooled mode: PHP-FPM (php-mongodb) and pymongo, unsharded and sharded pool with send-ahead (integration/run_pooled.sh)"
 bash integration/run_pooled.sh
 
 step "the Node.js driver: passthrough, guard, pooled (integration/run_node.sh)"

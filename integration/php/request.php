@@ -40,10 +40,18 @@ try {
         throw new RuntimeException('insertedCount ' . $res->getInsertedCount());
     }
 
+    // The find's reply is this request's own: its one document has this request's _id, run and
+    // worker pid. A reply delivered to the wrong client (another request's find) fails here.
     $cursor = $manager->executeQuery("$db.$coll", new MongoDB\Driver\Query(['_id' => (string) $rid]));
     $docs = $cursor->toArray();
-    if (count($docs) !== 1 || $docs[0]->_id !== (string) $rid) {
+    if (count($docs) !== 1) {
         throw new RuntimeException('find returned ' . count($docs) . ' documents');
+    }
+    $doc = $docs[0];
+    if (($doc->_id ?? null) !== (string) $rid || ($doc->run ?? null) !== (string) $run
+        || ($doc->pid ?? null) !== getmypid()) {
+        throw new RuntimeException('reply mismatch: find by _id ' . $rid . ' returned '
+            . json_encode($doc, JSON_UNESCAPED_SLASHES));
     }
     out(['ok' => true, 'id' => (string) $rid, 'pid' => getmypid()]);
 } catch (Throwable $e) {

@@ -30,7 +30,8 @@
 //! against any database:
 //!
 //! * `{standinStats: 1, reset: <bool>}` replies `{connectionsAccepted, connectionsOpen,
-//!   authentications, messages, compressedMessages, commands: {<lower-case name>: n}, member, isWritablePrimary,
+//!   connectionsOpenMax (the most open at once since start or the last reset: then the number
+//!   open), authentications, messages, compressedMessages, commands: {<lower-case name>: n}, member, isWritablePrimary,
 //!   ok: 1}` (counts int64, `member` int32) for the member that receives it; `reset: true` zeroes
 //!   the counters (see [`Stats::reset`]) right after reading them. The request is counted
 //!   honestly: its connection is in `connectionsAccepted` / `connectionsOpen` (asking through a

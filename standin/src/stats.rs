@@ -10,6 +10,7 @@ use parking_lot::RwLock;
 pub struct Stats {
     accepted: AtomicU64,
     open: AtomicU64,
+    open_max: AtomicU64,
     messages: AtomicU64,
     compressed: AtomicU64,
     authentications: AtomicU64,
@@ -25,6 +26,12 @@ impl Stats {
     /// TCP connections currently open (a gauge: not affected by [`Stats::reset`]).
     pub fn connections_open(&self) -> u64 {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// The most TCP connections open at once since start (or since the last
+    /// [`Stats::reset`], which sets it to the connections open then).
+    pub fn connections_open_max(&self) -> u64 {
+        self.open_max.load(Ordering::Relaxed)
     }
 
     /// Wire messages received (every frame, including `moreToCome` ones and legacy opcodes).
@@ -79,6 +86,12 @@ impl Stats {
         Snapshot {
             compressed_messages: take(&self.compressed),
             connections_accepted: take(&self.accepted),
+            connections_open_max: if reset {
+                self.open_max
+                    .swap(self.open.load(Ordering::Relaxed), Ordering::Relaxed)
+            } else {
+                self.open_max.load(Ordering::Relaxed)
+            },
             messages: take(&self.messages),
             authentications: take(&self.authentications),
             commands: self
@@ -90,9 +103,12 @@ impl Stats {
         }
     }
 
-    /// Zeroes every counter except [`Stats::connections_open`].
+    /// Zeroes every counter except [`Stats::connections_open`]; sets
+    /// [`Stats::connections_open_max`] to the connections open now.
     pub fn reset(&self) {
         self.accepted.store(0, Ordering::Relaxed);
+        self.open_max
+            .store(self.open.load(Ordering::Relaxed), Ordering::Relaxed);
         self.messages.store(0, Ordering::Relaxed);
         self.compressed.store(0, Ordering::Relaxed);
         self.authentications.store(0, Ordering::Relaxed);
@@ -103,7 +119,8 @@ impl Stats {
 
     pub(crate) fn on_accept(&self) {
         self.accepted.fetch_add(1, Ordering::Relaxed);
-        self.open.fetch_add(1, Ordering::Relaxed);
+        let open = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        self.open_max.fetch_max(open, Ordering::Relaxed);
     }
 
     pub(crate) fn on_close(&self) {
@@ -141,6 +158,7 @@ impl Stats {
 pub(crate) struct Snapshot {
     pub(crate) compressed_messages: u64,
     pub(crate) connections_accepted: u64,
+    pub(crate) connections_open_max: u64,
     pub(crate) messages: u64,
     pub(crate) authentications: u64,
     pub(crate) commands: BTreeMap<String, u64>,

@@ -433,6 +433,42 @@ async fn standin_stats_command() {
     s.shutdown().await;
 }
 
+/// `connectionsOpenMax`: the most connections open at once, kept after they close; a reset
+/// sets it to the number open then.
+#[tokio::test]
+async fn standin_stats_connections_open_max() {
+    let s = StandIn::start(StandInConfig::default()).await.unwrap();
+    let mut c = Raw::connect(s.addr()).await;
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        let mut o = Raw::connect(s.addr()).await;
+        o.command(doc! {"ping": 1, "$db": "admin"}).await;
+        others.push(o);
+    }
+    drop(others);
+    let t0 = Instant::now();
+    while s.stats().connections_open() != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the two connections never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.stats().connections_open_max(), 3);
+    let r = c
+        .command(doc! {"standinStats": 1, "reset": true, "$db": "admin"})
+        .await;
+    assert_eq!(r.get_i64("connectionsOpen").unwrap(), 1);
+    assert_eq!(r.get_i64("connectionsOpenMax").unwrap(), 3);
+    let r = c.command(doc! {"standinStats": 1, "$db": "admin"}).await;
+    assert_eq!(
+        r.get_i64("connectionsOpenMax").unwrap(),
+        1,
+        "reset to the open count"
+    );
+    s.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standin_stats_without_auth_and_authentication_counts() {
     let rs = ReplicaSet::start(ReplicaSetConfig {

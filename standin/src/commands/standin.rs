@@ -15,7 +15,8 @@ fn to_i64(n: u64) -> i64 {
 
 /// `{standinStats: 1, reset: <bool>}`: this member's counters (see [`crate::Stats`]).
 ///
-/// The reply is `{connectionsAccepted, connectionsOpen, authentications, messages,
+/// The reply is `{connectionsAccepted, connectionsOpen, connectionsOpenMax (the most open at
+/// once since start or the last reset), authentications, messages,
 /// compressedMessages (OP_COMPRESSED requests), commands: {<lower-case name>: n}, member, isWritablePrimary, ok: 1}` (counts are int64,
 /// `member` int32; commands never seen, or not seen since a reset, are left out). The
 /// `standinStats` request itself is already counted (in `messages` and
@@ -34,6 +35,7 @@ pub(crate) fn stats(ctx: &Ctx, cmd: &Document) -> CmdResult {
     Ok(doc! {
         "connectionsAccepted": to_i64(snap.connections_accepted),
         "connectionsOpen": to_i64(s.connections_open()),
+        "connectionsOpenMax": to_i64(snap.connections_open_max),
         "authentications": to_i64(snap.authentications),
         "messages": to_i64(snap.messages),
         "compressedMessages": to_i64(snap.compressed_messages),
