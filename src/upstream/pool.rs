@@ -21,9 +21,12 @@
 //! shard only ([`set_home_shard`]), so a connection is opened, used, released and handed to
 //! the next waiter on one thread and its socket stays on that thread's reactor. A shard whose
 //! oldest waiter has waited [`REBALANCE_AFTER`] takes a free slot from another shard
-//! ([`Pool::rebalance`], called every [`REBALANCE_EVERY`]), or, when none is free, the next
-//! slot a shard whose clients wait at most half as long frees (that slot's connection closes
-//! first): load that stays uneven moves the limits with it, load that evens out moves them
+//! ([`Pool::rebalance`], called every [`REBALANCE_EVERY`]) — one with no connection, or
+//! whose connection has been idle for `REBALANCE_AFTER` (a slot free only between two of its
+//! shard's requests stays: moving it would close and reopen connections at every
+//! fluctuation of even load) — or, when none is free, the next
+//! slot a shard whose clients wait at most half as long (at every look for
+//! [`REBALANCE_SUSTAIN`]) frees (that slot's connection closes first): load that stays uneven moves the limits with it, load that evens out moves them
 //! back, and no waiter waits long while another shard has a slot free. A connection opened
 //! by another thread (a background task's) serves its checkout and closes. The shards'
 //! limits, their spare slots and the slots owed add up to `pool_size`: never more
@@ -58,6 +61,12 @@ pub const REBALANCE_AFTER: Duration = Duration::from_millis(50);
 
 /// How often a sharded pool's owner calls [`Pool::rebalance`].
 pub const REBALANCE_EVERY: Duration = Duration::from_millis(50);
+
+/// How long two busy shards' waits must stay apart, at every [`Pool::rebalance`], before one
+/// gives the next slot it frees to the other (a connection closes and another opens). Under
+/// even load the oldest waiters' ages cross back and forth at every look: one look moved a
+/// slot (and a connect and a login upstream) about every second request of a PHP-FPM burst.
+pub const REBALANCE_SUSTAIN: Duration = Duration::from_millis(200);
 
 thread_local! {
     /// The shard this thread checks out of, set once by a session thread.
@@ -279,6 +288,15 @@ pub struct Pool<C: Connector> {
 struct Shards<T> {
     first: Arc<KeyPool<T>>,
     rest: Box<[Arc<KeyPool<T>>]>,
+    /// What [`Pool::rebalance`] remembers between its calls.
+    balance: Arc<Mutex<Balance>>,
+}
+
+/// A key's rebalancing memory (see [`Pool::rebalance`], step 3).
+#[derive(Default)]
+struct Balance {
+    /// A waiting shard and a less waited-on one, and since when every look saw them so.
+    imbalance: Option<(usize, usize, tokio::time::Instant)>,
 }
 
 impl<T> Clone for Shards<T> {
@@ -286,6 +304,7 @@ impl<T> Clone for Shards<T> {
         Shards {
             first: self.first.clone(),
             rest: self.rest.clone(),
+            balance: self.balance.clone(),
         }
     }
 }
@@ -506,8 +525,9 @@ impl<C: Connector> Pool<C> {
     /// 2. A shard whose oldest waiter has waited [`REBALANCE_AFTER`] takes the slots other
     ///    shards have free, one per waiter.
     /// 3. If it still has one, and no give is owed yet, the shard whose oldest waiter has
-    ///    waited least (none: zero), at most half as long, gives up the next slot it frees:
-    ///    limits move back toward even when load evens out, both shards busy.
+    ///    waited least (none: zero), at most half as long, gives up the next slot it frees,
+    ///    once every call for [`REBALANCE_SUSTAIN`] saw the same two so: limits move back toward even when load evens out, both shards busy, and
+    ///    stay put while even load fluctuates.
     pub fn rebalance(&self) -> usize {
         if self.shared.shards == 1 {
             return 0;
@@ -520,9 +540,15 @@ impl<C: Connector> Pool<C> {
         taken
     }
 
-    fn rebalance_key(&self, shards: &Shards<C::Conn>) -> usize {
+    fn rebalance_key(&self, key_shards: &Shards<C::Conn>) -> usize {
         let now = tokio::time::Instant::now();
-        let shards: Vec<_> = shards.iter().collect();
+        let mut balance = key_shards
+            .balance
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Step 3's pair as this call sees it (none: the imbalance, if any, ended).
+        let mut seen = None;
+        let shards: Vec<_> = key_shards.iter().collect();
         let loads = |shards: &[&Arc<KeyPool<C::Conn>>]| -> Vec<Load> {
             shards.iter().map(|s| s.load(now)).collect()
         };
@@ -560,7 +586,7 @@ impl<C: Connector> Pool<C> {
             let freed = shards
                 .iter()
                 .enumerate()
-                .any(|(j, donor)| j != i && donor.give_slot(false) == Gave::Now);
+                .any(|(j, donor)| j != i && donor.give_slot(false, now) == Gave::Now);
             if freed {
                 continue;
             }
@@ -574,18 +600,32 @@ impl<C: Connector> Pool<C> {
                 let w = waited(l);
                 w.saturating_mul(2) <= starved_wait && w + REBALANCE_AFTER <= starved_wait
             };
-            let donor = load
+            let Some((j, donor)) = load
                 .iter()
                 .enumerate()
                 .filter(|&(j, l)| j != i && l.limit > 1 && less_waited(l))
                 .min_by_key(|(_, l)| waited(l))
-                .and_then(|(j, _)| shards.get(j));
-            match donor.map(|d| d.give_slot(true)) {
+                .and_then(|(j, _)| Some((j, shards.get(j)?)))
+            else {
+                break;
+            };
+            // Only once the same two have been apart at every look for REBALANCE_SUSTAIN.
+            let since = match balance.imbalance {
+                Some((si, sj, since)) if (si, sj) == (i, j) => since,
+                _ => now,
+            };
+            seen = Some((i, j, since));
+            if now.saturating_duration_since(since) < REBALANCE_SUSTAIN {
+                break;
+            }
+            seen = None;
+            match donor.give_slot(true, now) {
                 // Freed meanwhile: step 1 takes it.
-                Some(Gave::Now) => continue,
-                Some(Gave::Later | Gave::Nothing) | None => break,
+                Gave::Now => continue,
+                Gave::Later | Gave::Nothing => break,
             }
         }
+        balance.imbalance = seen;
         taken
     }
 
@@ -683,6 +723,7 @@ impl<C: Connector> Pool<C> {
         let shards = Shards {
             first: make(0),
             rest: (1..count).map(make).collect(),
+            balance: Arc::default(),
         };
         let pool = shards.get(home).clone();
         pools.insert(key.clone(), shards);

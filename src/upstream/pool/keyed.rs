@@ -140,6 +140,8 @@ struct Idle<T> {
     /// its life if sooner (`None`: never). Computed once, when it goes idle, so that a
     /// checkout compares one instant instead of working out two durations.
     expires: Option<Instant>,
+    /// When it went idle (see [`KeyPool::give_slot`]).
+    since: Instant,
 }
 
 /// When a connection was opened and when `max_lifetime` ends it, computed once when it is
@@ -178,7 +180,8 @@ pub(super) enum Gave {
     Now,
     /// The next slot this shard frees.
     Later,
-    /// Nothing (one slot left, closed, or every slot held and not `later`).
+    /// Nothing (one slot left, closed, every slot held and not `later`, or the free slot's
+    /// connection used within [`super::REBALANCE_AFTER`]).
     Nothing,
 }
 
@@ -269,7 +272,14 @@ impl<T: PooledConn> KeyPool<T> {
     /// limit). With every slot held and `later`, the limit drops and the next slot freed here
     /// goes to the spare slots instead of this shard's waiters ([`Gave::Later`]; its
     /// connection closes): the key never has more than `pool_size` connections open.
-    pub(super) fn give_slot(&self, later: bool) -> Gave {
+    ///
+    /// A free slot whose idle connection (the least recently used one) went idle less than
+    /// [`super::REBALANCE_AFTER`] before `now` is not given: this shard's clients are using
+    /// its connections in turns, the slot is free only between two of their requests, and
+    /// giving it would close a connection this shard opens (and authenticates) again at its
+    /// next busy moment, while the other shard opens one too. Under even load (a PHP-FPM
+    /// burst over two threads) slots would move back and forth at every fluctuation.
+    pub(super) fn give_slot(&self, later: bool, now: Instant) -> Gave {
         let mut state = self.lock();
         if self.is_closed() || state.limit <= 1 {
             return Gave::Nothing;
@@ -285,7 +295,10 @@ impl<T: PooledConn> KeyPool<T> {
         if state.total >= state.limit {
             // Connections not idle hold slots (`total <= idle + held`), so with a free slot
             // and `total` at the limit one is idle.
-            if state.idle.is_empty() {
+            let Some(lru) = state.idle.first() else {
+                return Gave::Nothing;
+            };
+            if now.saturating_duration_since(lru.since) < super::REBALANCE_AFTER {
                 return Gave::Nothing;
             }
             closed = Some(state.idle.remove(0));
@@ -754,6 +767,7 @@ impl<T: PooledConn> KeyPool<T> {
                         conn,
                         life,
                         expires,
+                        since: now,
                     });
                 }
                 None
