@@ -471,6 +471,43 @@ async fn a_busy_shard_gives_the_next_slot_it_frees_to_a_shard_whose_clients_wait
     }
 }
 
+/// A shard whose clients keep using all its connections in turns (no one waiting) still
+/// gives a slot to a shard whose clients wait, once that has lasted `REBALANCE_SUSTAIN`:
+/// the rule that keeps a slot just used with its shard must not starve the other for good.
+#[tokio::test]
+async fn a_lasting_imbalance_moves_a_slot_its_shard_uses_in_turns() {
+    let (pool, counts) = sharded(4, 2);
+    async fn use_both(pool: &Pool<Dummy>) {
+        set_home_shard(1);
+        let (x, y) = (now(pool).await, now(pool).await);
+        x.release();
+        y.release();
+    }
+    use_both(&pool).await;
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    let waiter = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    use_both(&pool).await;
+    assert_eq!(pool.rebalance(), 0, "seen once");
+    tokio::time::sleep(REBALANCE_SUSTAIN).await;
+    use_both(&pool).await;
+    assert_eq!(
+        pool.rebalance(),
+        1,
+        "shard 0's client waited REBALANCE_SUSTAIN while shard 1 had a slot free at every look"
+    );
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 4);
+    for c in held.into_iter().chain([got]) {
+        c.release();
+    }
+}
+
 /// Two busy shards whose waits are far apart at one look, and not at the next (even load
 /// fluctuates: a waiter just served, another about to be), keep their limits: a deferred
 /// give closes a connection and has another opened and authenticated upstream, which one

@@ -180,8 +180,8 @@ pub(super) enum Gave {
     Now,
     /// The next slot this shard frees.
     Later,
-    /// Nothing (one slot left, closed, every slot held and not `later`, or the free slot's
-    /// connection used within [`super::REBALANCE_AFTER`]).
+    /// Nothing (one slot left, closed, or not `later` and every slot held or the free
+    /// slot's connection used within [`super::REBALANCE_AFTER`]).
     Nothing,
 }
 
@@ -273,7 +273,8 @@ impl<T: PooledConn> KeyPool<T> {
     /// goes to the spare slots instead of this shard's waiters ([`Gave::Later`]; its
     /// connection closes): the key never has more than `pool_size` connections open.
     ///
-    /// A free slot whose idle connection (the least recently used one) went idle less than
+    /// Unless `later` (asked after an imbalance lasted [`super::REBALANCE_SUSTAIN`]), a free
+    /// slot whose idle connection (the least recently used one) went idle less than
     /// [`super::REBALANCE_AFTER`] before `now` is not given: this shard's clients are using
     /// its connections in turns, the slot is free only between two of their requests, and
     /// giving it would close a connection this shard opens (and authenticates) again at its
@@ -298,7 +299,7 @@ impl<T: PooledConn> KeyPool<T> {
             let Some(lru) = state.idle.first() else {
                 return Gave::Nothing;
             };
-            if now.saturating_duration_since(lru.since) < super::REBALANCE_AFTER {
+            if !later && now.saturating_duration_since(lru.since) < super::REBALANCE_AFTER {
                 return Gave::Nothing;
             }
             closed = Some(state.idle.remove(0));
