@@ -148,17 +148,19 @@ client_password="cli-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
 printf '%s\n' "$client_password" |
     "$bin_dir/mongoguard" users add --file "$work/users.toml" "$client_user" ||
     fail "mongoguard users add failed"
-proxy_port="$(free_port)"
-cat >"$work/mongoguard.toml" <<TOML
+# pooled_toml FILE PORT UPSTREAM_URI POOL_SIZE [PROXY_LINES]: a pooled mongoguard's config.
+pooled_toml() {
+    cat >"$1" <<TOML
 [proxy]
-listen = "127.0.0.1:$proxy_port"
+listen = "127.0.0.1:$2"
 mode = "pooled"
+${5:-}
 
 [upstream]
-uri = "$direct_uri"
+uri = "$3"
 
 [pool]
-pool_size = $pool_size
+pool_size = $4
 min_idle = 0
 checkout_timeout = "5s"
 
@@ -170,6 +172,9 @@ users_file = "$work/users.toml"
 [plan]
 enabled = "off"
 TOML
+}
+proxy_port="$(free_port)"
+pooled_toml "$work/mongoguard.toml" "$proxy_port" "$direct_uri" "$pool_size"
 "$bin_dir/mongoguard" --admin-listen off --config "$work/mongoguard.toml" >"$work/mongoguard.log" 2>&1 &
 proxy_pid=$!
 if ! wait_tcp 127.0.0.1 "$proxy_port" 120 || ! kill -0 "$proxy_pid" 2>/dev/null; then
@@ -193,26 +198,8 @@ if [ "${SKIP_SHARDED:-}" != 1 ]; then
     sharded_direct_uri="mongodb://$upstream_user:$upstream_password@$sharded_standin_addr/?authSource=admin"
     sharded_port="$(free_port)"
     sharded_admin="127.0.0.1:$(free_port)"
-    cat >"$work/mongoguard-sharded.toml" <<TOML
-[proxy]
-listen = "127.0.0.1:$sharded_port"
-mode = "pooled"
-threads = 2
-
-[upstream]
-uri = "$sharded_direct_uri"
-
-[pool]
-pool_size = $sharded_pool_size
-min_idle = 0
-checkout_timeout = "5s"
-
-[auth]
-users_file = "$work/users.toml"
-
-[plan]
-enabled = "off"
-TOML
+    pooled_toml "$work/mongoguard-sharded.toml" "$sharded_port" "$sharded_direct_uri" \
+        "$sharded_pool_size" "threads = 2"
     "$bin_dir/mongoguard" --admin-listen "$sharded_admin" --config "$work/mongoguard-sharded.toml" \
         >"$work/mongoguard-sharded.log" 2>&1 &
     sharded_pid=$!
