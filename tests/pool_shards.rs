@@ -119,6 +119,33 @@ async fn queued_waiter(
     task
 }
 
+/// Shard 1's clients check out both its connections (opening them the first time) and
+/// release them: both used just now.
+async fn use_both_of_shard_one(pool: &Pool<Dummy>) {
+    set_home_shard(1);
+    let (x, y) = (now(pool).await, now(pool).await);
+    x.release();
+    y.release();
+}
+
+/// The end of a test where one slot moved to shard 0 (`pool_size` 4): its `waiter` is
+/// served, one idle connection closed for it, never more than 4 open; all released.
+async fn served_by_a_moved_slot(
+    waiter: tokio::task::JoinHandle<mongoguard::upstream::pool::Checkout<DummyConn>>,
+    counts: &Counts,
+    held: impl IntoIterator<Item = mongoguard::upstream::pool::Checkout<DummyConn>>,
+) {
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 4);
+    for c in held.into_iter().chain([got]) {
+        c.release();
+    }
+}
+
 /// `pool_size` 5 over two shards: 3 and 2 (the remainder to the first). Each thread holds
 /// at most its shard's share at once, together never more than `pool_size`.
 #[tokio::test]
@@ -232,19 +259,13 @@ async fn a_donor_closes_an_idle_connection_for_the_slot_it_gives() {
 #[tokio::test]
 async fn a_slot_whose_connection_was_just_used_stays_with_its_shard() {
     let (pool, counts) = sharded(4, 2);
-    set_home_shard(1);
-    let (x, y) = (now(&pool).await, now(&pool).await);
-    x.release();
-    y.release();
+    use_both_of_shard_one(&pool).await;
     set_home_shard(0);
     let held = [now(&pool).await, now(&pool).await];
     let waiter = queued_waiter(&pool, 0).await;
     tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
     // Shard 1's clients use both its connections again, a moment before the rebalance.
-    set_home_shard(1);
-    let (x, y) = (now(&pool).await, now(&pool).await);
-    x.release();
-    y.release();
+    use_both_of_shard_one(&pool).await;
     assert_eq!(
         pool.rebalance(),
         0,
@@ -256,15 +277,7 @@ async fn a_slot_whose_connection_was_just_used_stays_with_its_shard() {
     // Unused for REBALANCE_AFTER: shard 1 does not need both, and one slot moves.
     tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
     assert_eq!(pool.rebalance(), 1);
-    let got = tokio::time::timeout(BOUND, waiter)
-        .await
-        .expect("served")
-        .unwrap();
-    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
-    assert!(counts.most_open.load(Ordering::SeqCst) <= 4);
-    for c in held.into_iter().chain([got]) {
-        c.release();
-    }
+    served_by_a_moved_slot(waiter, &counts, held).await;
 }
 
 /// A shard keeps one slot, and a shard with no slot free (its own clients wait or hold them
@@ -477,35 +490,21 @@ async fn a_busy_shard_gives_the_next_slot_it_frees_to_a_shard_whose_clients_wait
 #[tokio::test]
 async fn a_lasting_imbalance_moves_a_slot_its_shard_uses_in_turns() {
     let (pool, counts) = sharded(4, 2);
-    async fn use_both(pool: &Pool<Dummy>) {
-        set_home_shard(1);
-        let (x, y) = (now(pool).await, now(pool).await);
-        x.release();
-        y.release();
-    }
-    use_both(&pool).await;
+    use_both_of_shard_one(&pool).await;
     set_home_shard(0);
     let held = [now(&pool).await, now(&pool).await];
     let waiter = queued_waiter(&pool, 0).await;
     tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
-    use_both(&pool).await;
+    use_both_of_shard_one(&pool).await;
     assert_eq!(pool.rebalance(), 0, "seen once");
     tokio::time::sleep(REBALANCE_SUSTAIN).await;
-    use_both(&pool).await;
+    use_both_of_shard_one(&pool).await;
     assert_eq!(
         pool.rebalance(),
         1,
         "shard 0's client waited REBALANCE_SUSTAIN while shard 1 had a slot free at every look"
     );
-    let got = tokio::time::timeout(BOUND, waiter)
-        .await
-        .expect("served")
-        .unwrap();
-    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
-    assert!(counts.most_open.load(Ordering::SeqCst) <= 4);
-    for c in held.into_iter().chain([got]) {
-        c.release();
-    }
+    served_by_a_moved_slot(waiter, &counts, held).await;
 }
 
 /// Two busy shards whose waits are far apart at one look, and not at the next (even load
