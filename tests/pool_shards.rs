@@ -626,3 +626,124 @@ async fn limits_move_back_when_the_other_shards_clients_wait() {
     }
     assert_eq!(stats(&pool).idle, 4);
 }
+
+/// Shard `home`'s clients check out both its connections and release them: both used just
+/// now (its shard's thread).
+async fn use_both_of(pool: &Pool<Dummy>, home: usize) {
+    set_home_shard(home);
+    let (x, y) = (now(pool).await, now(pool).await);
+    x.release();
+    y.release();
+}
+
+/// Three shards: shard 0's client waits at every look while shards 1 and 2 use their
+/// connections in turns, each always with a slot free between two requests, and now one, now
+/// the other with a client waiting a few milliseconds (it is served by its own shard at
+/// once). The imbalance lasts: shard 0 must get a slot after `REBALANCE_SUSTAIN`, whichever
+/// of the two is the less waited-on at each look.
+#[tokio::test]
+async fn a_lasting_imbalance_moves_a_slot_whichever_shard_is_the_less_waited_on() {
+    let (pool, counts) = sharded(6, 3);
+    use_both_of(&pool, 1).await;
+    use_both_of(&pool, 2).await;
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    let waiter = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    let mut moved = 0;
+    for look in 0..6 {
+        // At every other look a client of shard 1 (else 2) has just queued.
+        let busy = 1 + look % 2;
+        use_both_of(&pool, busy).await;
+        set_home_shard(busy);
+        let mine = [now(&pool).await, now(&pool).await];
+        let brief = queued_waiter(&pool, busy).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        use_both_of(&pool, 3 - busy).await;
+        moved += pool.rebalance();
+        let [x, y] = mine;
+        x.release();
+        tokio::time::timeout(BOUND, brief)
+            .await
+            .expect("served by its own shard")
+            .unwrap()
+            .release();
+        y.release();
+        if moved > 0 {
+            break;
+        }
+        tokio::time::sleep(REBALANCE_SUSTAIN / 2).await;
+    }
+    assert_eq!(
+        moved,
+        1,
+        "shard 0's client waited {:?} while another shard had a slot free at every look",
+        REBALANCE_AFTER + REBALANCE_SUSTAIN * 3
+    );
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 6);
+    for c in held.into_iter().chain([got]) {
+        c.release();
+    }
+}
+
+/// Three shards: the clients of shards 0 and 1 both wait at every look, now one's, now the
+/// other's the longest (each shard serves its oldest waiter in turn and another queues),
+/// while shard 2 uses its connections in turns with a slot free at every look. The
+/// imbalance lasts for both: a slot must move after `REBALANCE_SUSTAIN`, whichever of the
+/// two waits longest at each look.
+#[tokio::test]
+async fn a_lasting_imbalance_moves_a_slot_whichever_shard_waits_longest() {
+    let (pool, counts) = sharded(6, 3);
+    use_both_of(&pool, 2).await;
+    let mut held = Vec::new();
+    let mut waiters = Vec::new();
+    for home in [0, 1] {
+        set_home_shard(home);
+        held.push(vec![now(&pool).await, now(&pool).await]);
+        waiters.push(Some(queued_waiter(&pool, home).await));
+        tokio::time::sleep(REBALANCE_SUSTAIN / 4).await;
+    }
+    tokio::time::sleep(REBALANCE_AFTER).await;
+    let mut moved = 0;
+    for look in 0..6 {
+        use_both_of(&pool, 2).await;
+        moved += pool.rebalance();
+        if moved > 0 {
+            break;
+        }
+        // The shard whose client waited longest serves it with its own slot; another queues.
+        let home = look % 2;
+        let (Some(hands), Some(slot)) = (held.get_mut(home), waiters.get_mut(home)) else {
+            unreachable!()
+        };
+        hands.pop().unwrap().release();
+        let served = tokio::time::timeout(BOUND, slot.take().unwrap())
+            .await
+            .expect("served by its own shard")
+            .unwrap();
+        hands.push(served);
+        *slot = Some(queued_waiter(&pool, home).await);
+        tokio::time::sleep(REBALANCE_SUSTAIN / 2).await;
+    }
+    assert_eq!(
+        moved, 1,
+        "shards 0 and 1 waited at every look while shard 2 had a slot free"
+    );
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 6);
+    set_home_shard(0);
+    let mut got = Vec::new();
+    for w in waiters.into_iter().flatten() {
+        if w.is_finished() {
+            got.push(w.await.unwrap());
+        } else {
+            w.abort();
+        }
+    }
+    for c in held.into_iter().flatten().chain(got) {
+        c.release();
+    }
+}

@@ -295,8 +295,10 @@ struct Shards<T> {
 /// A key's rebalancing memory (see [`Pool::rebalance`], step 3).
 #[derive(Default)]
 struct Balance {
-    /// A waiting shard and a less waited-on one, and since when every look saw them so.
-    imbalance: Option<(usize, usize, tokio::time::Instant)>,
+    /// Per shard: since when every look has seen its oldest waiter wait `REBALANCE_AFTER`
+    /// while another shard (any, not always the same one) was less waited on (`None`: the
+    /// last look did not).
+    starved_since: Vec<Option<tokio::time::Instant>>,
 }
 
 impl<T> Clone for Shards<T> {
@@ -526,8 +528,9 @@ impl<C: Connector> Pool<C> {
     ///    shards have free, one per waiter.
     /// 3. If it still has one, and no give is owed yet, the shard whose oldest waiter has
     ///    waited least (none: zero), at most half as long, gives up the next slot it frees,
-    ///    once every call for [`REBALANCE_SUSTAIN`] saw the same two so: limits move back toward even when load evens out, both shards busy, and
-    ///    stay put while even load fluctuates.
+    ///    once every call for [`REBALANCE_SUSTAIN`] saw that shard wait so while another
+    ///    (whichever, at each call) waited at most half as long: limits move back toward even
+    ///    when load evens out, both shards busy, and stay put while even load fluctuates.
     pub fn rebalance(&self) -> usize {
         if self.shared.shards == 1 {
             return 0;
@@ -546,13 +549,46 @@ impl<C: Connector> Pool<C> {
             .balance
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // Step 3's pair as this call sees it (none: the imbalance, if any, ended).
-        let mut seen = None;
         let shards: Vec<_> = key_shards.iter().collect();
         let loads = |shards: &[&Arc<KeyPool<C::Conn>>]| -> Vec<Load> {
             shards.iter().map(|s| s.load(now)).collect()
         };
         let waited = |l: &Load| l.oldest_wait.unwrap_or_default();
+        // At most half as long as `starved_wait`, and REBALANCE_AFTER less: two busy shards
+        // whose clients wait about as long keep their limits.
+        let less_waited = |l: &Load, starved_wait: Duration| {
+            let w = waited(l);
+            w.saturating_mul(2) <= starved_wait && w + REBALANCE_AFTER <= starved_wait
+        };
+        // Step 3's imbalance as this look sees it, per shard: kept from the last look if it
+        // saw it too. A shard is starved whichever other shard is the less waited-on at each
+        // look (under load that changes from one look to the next), and while another shard
+        // also waits; none while a give is owed (one at a time).
+        let first = loads(&shards);
+        let owed = first.iter().any(|l| l.owed > 0);
+        let mut starved_since: Vec<_> = first
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let starved_wait = waited(l);
+                let starved = !owed
+                    && starved_wait >= REBALANCE_AFTER
+                    && first
+                        .iter()
+                        .enumerate()
+                        .any(|(j, d)| j != i && d.limit > 1 && less_waited(d, starved_wait));
+                starved.then(|| {
+                    balance
+                        .starved_since
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .unwrap_or(now)
+                })
+            })
+            .collect();
+        // Shards that gave up a slot for step 3 this call (their imbalance starts over).
+        let mut relieved = Vec::new();
         let mut taken = 0;
         // Every move takes or gives one slot: bounded by the slots there are.
         for _ in 0..=self.shared.config.pool_size.saturating_mul(2) {
@@ -594,38 +630,37 @@ impl<C: Connector> Pool<C> {
             if load.iter().any(|l| l.owed > 0) {
                 break;
             }
-            // At most half as long, and REBALANCE_AFTER less: two busy shards whose clients
-            // wait about as long keep their limits.
-            let less_waited = |l: &Load| {
-                let w = waited(l);
-                w.saturating_mul(2) <= starved_wait && w + REBALANCE_AFTER <= starved_wait
-            };
-            let Some((j, donor)) = load
+            let Some(donor) = load
                 .iter()
                 .enumerate()
-                .filter(|&(j, l)| j != i && l.limit > 1 && less_waited(l))
+                .filter(|&(j, l)| j != i && l.limit > 1 && less_waited(l, starved_wait))
                 .min_by_key(|(_, l)| waited(l))
-                .and_then(|(j, _)| Some((j, shards.get(j)?)))
+                .and_then(|(j, _)| shards.get(j))
             else {
                 break;
             };
-            // Only once the same two have been apart at every look for REBALANCE_SUSTAIN.
-            let since = match balance.imbalance {
-                Some((si, sj, since)) if (si, sj) == (i, j) => since,
-                _ => now,
-            };
-            seen = Some((i, j, since));
-            if now.saturating_duration_since(since) < REBALANCE_SUSTAIN {
+            // Only once every look for REBALANCE_SUSTAIN saw the shard starved.
+            let sustained = starved_since
+                .get(i)
+                .copied()
+                .flatten()
+                .is_some_and(|since| now.saturating_duration_since(since) >= REBALANCE_SUSTAIN);
+            if !sustained {
                 break;
             }
-            seen = None;
+            relieved.push(i);
             match donor.give_slot(true, now) {
                 // Freed meanwhile: step 1 takes it.
                 Gave::Now => continue,
                 Gave::Later | Gave::Nothing => break,
             }
         }
-        balance.imbalance = seen;
+        for i in relieved {
+            if let Some(since) = starved_since.get_mut(i) {
+                *since = None;
+            }
+        }
+        balance.starved_since = starved_since;
         taken
     }
 
