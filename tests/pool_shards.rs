@@ -747,3 +747,43 @@ async fn a_lasting_imbalance_moves_a_slot_whichever_shard_waits_longest() {
         c.release();
     }
 }
+
+/// A lasting imbalance against a shard whose clients use all its connections in turns moves
+/// one of its slots per `REBALANCE_SUSTAIN`, not every one it has free at that look: each
+/// closes a connection the shard is still using (to be opened and authenticated again at its
+/// next busy moment), and its clients would then be the ones waiting.
+#[tokio::test]
+async fn a_lasting_imbalance_moves_one_slot_its_shard_uses_in_turns_per_look() {
+    let (pool, counts) = sharded(6, 2);
+    let use_all_of_shard_one = || async {
+        set_home_shard(1);
+        let all = [now(&pool).await, now(&pool).await, now(&pool).await];
+        for c in all {
+            c.release();
+        }
+    };
+    use_all_of_shard_one().await;
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await, now(&pool).await];
+    let w1 = queued_waiter(&pool, 0).await;
+    let w2 = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    use_all_of_shard_one().await;
+    assert_eq!(pool.rebalance(), 0, "seen once");
+    tokio::time::sleep(REBALANCE_SUSTAIN).await;
+    use_all_of_shard_one().await;
+    assert_eq!(
+        pool.rebalance(),
+        1,
+        "one look after REBALANCE_SUSTAIN took more than one slot shard 1 uses in turns"
+    );
+    assert_eq!(counts.closed.load(Ordering::SeqCst), 1);
+    let got = tokio::time::timeout(BOUND, w1)
+        .await
+        .expect("served")
+        .unwrap();
+    w2.abort();
+    for c in held.into_iter().chain([got]) {
+        c.release();
+    }
+}

@@ -529,7 +529,8 @@ impl<C: Connector> Pool<C> {
     /// 3. If it still has one, and no give is owed yet, the shard whose oldest waiter has
     ///    waited least (none: zero), at most half as long, gives up the next slot it frees,
     ///    once every call for [`REBALANCE_SUSTAIN`] saw that shard wait so while another
-    ///    (whichever, at each call) waited at most half as long: limits move back toward even
+    ///    (whichever, at each call) waited at most half as long (then the shard's imbalance
+    ///    starts over: one slot per [`REBALANCE_SUSTAIN`]): limits move back toward even
     ///    when load evens out, both shards busy, and stay put while even load fluctuates.
     pub fn rebalance(&self) -> usize {
         if self.shared.shards == 1 {
@@ -587,8 +588,6 @@ impl<C: Connector> Pool<C> {
                 })
             })
             .collect();
-        // Shards that gave up a slot for step 3 this call (their imbalance starts over).
-        let mut relieved = Vec::new();
         let mut taken = 0;
         // Every move takes or gives one slot: bounded by the slots there are.
         for _ in 0..=self.shared.config.pool_size.saturating_mul(2) {
@@ -648,16 +647,15 @@ impl<C: Connector> Pool<C> {
             if !sustained {
                 break;
             }
-            relieved.push(i);
+            // The shard's imbalance starts over: one slot per REBALANCE_SUSTAIN, not every
+            // one the donor has free at this look (each closes a connection it uses).
+            if let Some(since) = starved_since.get_mut(i) {
+                *since = None;
+            }
             match donor.give_slot(true, now) {
                 // Freed meanwhile: step 1 takes it.
                 Gave::Now => continue,
                 Gave::Later | Gave::Nothing => break,
-            }
-        }
-        for i in relieved {
-            if let Some(since) = starved_since.get_mut(i) {
-                *since = None;
             }
         }
         balance.starved_since = starved_since;
