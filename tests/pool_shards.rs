@@ -787,3 +787,43 @@ async fn a_lasting_imbalance_moves_one_slot_its_shard_uses_in_turns_per_look() {
         c.release();
     }
 }
+
+/// Three shards: shard 0's client waits; shard 1's clients hold both its connections (long
+/// requests, pinned cursors) and do not wait; shard 2's use theirs in turns, a slot free at
+/// every look. Both are the less waited-on: the lasting imbalance must take shard 2's free
+/// slot, not defer a give on shard 1, whose slots may not free for as long as shard 0's
+/// clients can wait (and while that give is owed no other is made).
+#[tokio::test]
+async fn a_lasting_imbalance_takes_a_free_slot_before_deferring_a_give() {
+    let (pool, counts) = sharded(6, 3);
+    set_home_shard(1);
+    let busy = [now(&pool).await, now(&pool).await];
+    use_both_of(&pool, 2).await;
+    set_home_shard(0);
+    let held = [now(&pool).await, now(&pool).await];
+    let waiter = queued_waiter(&pool, 0).await;
+    tokio::time::sleep(REBALANCE_AFTER + Duration::from_millis(20)).await;
+    let mut moved = 0;
+    for _ in 0..4 {
+        use_both_of(&pool, 2).await;
+        moved += pool.rebalance();
+        if moved > 0 {
+            break;
+        }
+        tokio::time::sleep(REBALANCE_SUSTAIN).await;
+    }
+    assert_eq!(
+        moved,
+        1,
+        "shard 0's client waited {:?} while shard 2 had a slot free at every look",
+        REBALANCE_AFTER + REBALANCE_SUSTAIN * 3
+    );
+    let got = tokio::time::timeout(BOUND, waiter)
+        .await
+        .expect("served")
+        .unwrap();
+    assert!(counts.most_open.load(Ordering::SeqCst) <= 6);
+    for c in held.into_iter().chain(busy).chain([got]) {
+        c.release();
+    }
+}

@@ -633,7 +633,10 @@ impl<C: Connector> Pool<C> {
                 .iter()
                 .enumerate()
                 .filter(|&(j, l)| j != i && l.limit > 1 && less_waited(l, starved_wait))
-                .min_by_key(|(_, l)| waited(l))
+                // Of shards as little waited on, one with a slot free gives it now: one with
+                // every slot held may not free one for as long as the waiter can wait, and
+                // while its give is owed no other is made.
+                .min_by_key(|(_, l)| (waited(l), !l.free))
                 .and_then(|(j, _)| shards.get(j))
             else {
                 break;

@@ -193,6 +193,8 @@ pub(super) struct Load {
     pub(super) limit: usize,
     /// Deferred gives not yet paid: slots held above the limit.
     pub(super) owed: usize,
+    /// A slot is free (then no one waits).
+    pub(super) free: bool,
 }
 
 /// Wakers to wake once the pool's lock is released.
@@ -263,6 +265,7 @@ impl<T: PooledConn> KeyPool<T> {
                 .map(|&(_, since)| now.saturating_duration_since(since)),
             limit: state.limit,
             owed: state.held.saturating_sub(state.limit),
+            free: state.held < state.limit,
         }
     }
 
